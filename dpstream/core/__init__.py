@@ -1,0 +1,1 @@
+"""The mechanisms: numpy-only, randomness injected, state serialisable."""

@@ -1,0 +1,649 @@
+"""A near-optimal continual counter in O(1) memory: a buffered linear Toeplitz mechanism.
+
+The counter releases, at every step t, an estimate of the prefix count
+``x_0 + ... + x_t`` under rho-zero-concentrated DP (event level: neighbouring
+streams differ by one in a single increment). It is the *matrix factorization*
+mechanism of Dvijotham, McMahan, Pillutla, Steinke and Thakurta (2024),
+"Efficient and Near-Optimal Noise Generation for Streaming Differential
+Privacy" (BLT = buffered linear Toeplitz), with the exact discrete Gaussian of
+Canonne, Kamath and Steinke (2020) as its noise and an integer grid that makes
+the two compatible.
+
+**Factorization.** Over one epoch of ``n`` steps the prefix sums are ``A x``
+with ``A`` the lower-triangular matrix of ones. We write ``A = B C`` with
+``C`` lower-triangular Toeplitz, ``c_0 = 1`` and
+``c_i = sum_j omega_j theta_j^(i-1)`` (``0 < theta_j < 1``, ``omega_j > 0``,
+``d`` buffers). The mechanism releases ``C x + z`` and post-processes it into
+``B (C x + z) = A x + B z``. ``C x`` streams with ``d`` buffers
+(``y_t = x_t + sum_j omega_j b_j``, then ``b_j <- theta_j b_j + x_t``) and
+``C^{-1}`` streams with the same buffers in feedback form, so the counter's
+state is ``O(d)`` numbers whatever the horizon. The parameters are optimised
+offline by ``tools/optimize_blt.py`` for each horizon (shipped in
+``blt_parameters.json``); only their accuracy depends on that table, never
+their privacy, which is recomputed here from the parameters actually used.
+
+**The integer grid (pitfall 2).** Integer noise added to a *real* ``C x``
+would leave the fractional part of ``C x`` visible: neighbouring inputs would
+have disjoint output supports. So ``C x`` is computed *exactly* on the grid
+``Z / G`` (``G = 2^40``): ``theta_j`` and ``omega_j`` are dyadic rationals
+``T_j / 2^P``, ``W_j / 2^P`` (``P = 48``), the buffers are Python integers in
+grid units, and every product is rounded to the grid by a deterministic
+integer rule (round half up)::
+
+    Y_t  = x_t G + sum_j round(W_j B_j / 2^P)
+    B_j <- round(T_j B_j / 2^P) + x_t G
+
+The released integer is ``Yhat_t = Y_t + Z_t`` with ``Z_t ~ N_Z(0, sigma_G^2)``
+drawn exactly (CKS 2020, Algorithm 3) from the replay-safe stream at
+coordinates ``(*coordinates, "blt", epoch, t)``. Everything after that is
+post-processing and may use floating point.
+
+**Sensitivity of the rounded map.** Rounding makes ``x -> Y`` slightly
+non-linear, so its sensitivity is bounded directly. Let ``x' = x + e_tau``.
+Writing each rounding as the exact product plus an error in ``[-1/2, 1/2)``,
+a buffer is its exact value plus an error ``e_j`` obeying
+``e_j <- theta_j e_j + r`` with ``|r| <= 1/2``. Both runs are identical up to
+step ``tau``; afterwards the two error sequences differ by less than
+``sum_k theta_j^k = 1/(1 - theta_j)``. Hence ``Y_tau - Y'_tau = G`` exactly and,
+for ``t > tau``, ``|Y_t - Y'_t| < G c_{t-tau} + eta`` with
+``eta = sum_j omega_j / (1 - theta_j) + d`` (the buffer errors weighted by
+``omega_j`` plus one output rounding per buffer). Over an epoch::
+
+    ||Y - Y'||_2^2 <= Delta_G^2 = G^2 + sum_{i=1}^{n-1} (G c_i + eta)^2,
+
+evaluated in exact rational arithmetic (closed-form geometric sums; the powers
+``theta^(n-1)`` are bounded from below in fixed point, which bounds the sum
+from above). ``sigma_G^2 = ceil(Delta_G^2 / (2 rho'))`` with
+``rho' = rho (1 - 10^-12)``.
+
+**Privacy.** CKS 2020 (Theorem 14, multivariate discrete Gaussian) gives
+``(Delta_G^2 / (2 sigma_G^2) + extra)``-zCDP for an epoch, where the extra term
+comes from the discreteness and is of order ``n e^(-pi^2 sigma_G^2)``. With
+``sigma_G^2 > 10^20`` it is far below ``10^-300``; it is checked numerically and
+covered by the ``10^-12 rho`` reserved above. Each event lies in exactly one
+epoch and epochs use disjoint noise coordinates and disjoint data, so the whole
+unbounded stream costs ``rho`` (parallel composition); an epoch's carried base
+is post-processing of its own releases.
+
+**Accuracy.** With ``P_k`` the prefix sums of the impulse response of
+``C^{-1}`` (``B_{t,s} = P_{t-s}``), the estimate at step ``t`` of an epoch has
+standard deviation ``sigma sqrt(sum_{k<=t} P_k^2)``, ``sigma^2`` the variance
+of ``Z_t / G``. It grows with ``t`` and is worst at the end of the epoch. Past
+the horizon, epochs restart and their errors add: the variance after ``e``
+full epochs is ``e`` times the end-of-epoch variance plus the current
+epoch's, so the error grows like ``sqrt(#epochs)``. Choose ``horizon`` at least
+the expected stream length.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+
+from dpstream.core.estimate import CounterEstimate
+from dpstream.core.ledger import PrivacyCharge
+from dpstream.core.noise import (
+    Coordinate,
+    NoiseKey,
+    discrete_gaussian,
+    discrete_gaussian_variance,
+)
+from dpstream.errors import InvalidParameterError
+
+__all__ = [
+    "GRID_BITS",
+    "BltCounter",
+    "BltCounterSpec",
+    "analytic_std",
+    "available_horizons",
+    "factorization_lower_bound",
+    "plain_tree_zcdp_worst_std",
+    "worst_step_std",
+]
+
+GRID_BITS: Final = 40
+"""``G = 2^GRID_BITS`` grid units per count."""
+_GRID: Final = 1 << GRID_BITS
+_PARAMETERS_FILE: Final = Path(__file__).with_name("blt_parameters.json")
+_FORMAT_VERSION: Final = 1
+_STATE_VERSION: Final = 1
+_RHO_RESERVE: Final = Fraction(1, 10**12)  # share of rho kept for the CKS discreteness term
+_POW_BITS: Final = 256  # fixed-point precision of the rigorous power bounds
+_MECHANISM: Final = "blt-gaussian"
+
+FloatArray = npt.NDArray[np.float64]
+
+
+# --- the parameter table --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Parameters:
+    """The dyadic BLT parameters for one horizon and what follows from them."""
+
+    horizon: int
+    precision_bits: int
+    theta_num: tuple[int, ...]  # theta_j = theta_num[j] / 2^precision_bits, increasing
+    omega_num: tuple[int, ...]
+    theta: tuple[float, ...]  # the same values as floats (exact: at most 53 bits)
+    omega: tuple[float, ...]
+    inverse_poles: tuple[float, ...]  # gamma_j: C^{-1}(z) = 1 - sum_j beta_j z / (1 - gamma_j z)
+    inverse_weights: tuple[float, ...]  # beta_j
+    eta: Fraction  # bound on the rounding part of |Y_t - Y'_t|, grid units
+    delta2: Fraction  # Delta_G^2 >= ||Y - Y'||^2 over an epoch, grid units squared
+    digest: str  # identifies the parameters in snapshots
+
+    @property
+    def buffers(self) -> int:
+        return len(self.theta_num)
+
+
+@functools.lru_cache(maxsize=1)
+def _load_table() -> dict[int, dict[str, Any]]:
+    try:
+        raw = json.loads(_PARAMETERS_FILE.read_text())
+    except (OSError, ValueError) as exc:
+        raise InvalidParameterError(
+            f"cannot read the BLT parameter table {_PARAMETERS_FILE}: {exc}"
+        ) from None
+    if raw.get("format_version") != _FORMAT_VERSION:
+        raise InvalidParameterError(
+            f"{_PARAMETERS_FILE} has format_version {raw.get('format_version')!r}, "
+            f"expected {_FORMAT_VERSION}"
+        )
+    table: dict[int, dict[str, Any]] = {}
+    for key, entry in raw["horizons"].items():
+        entry = dict(entry)
+        entry["precision_bits"] = int(raw["precision_bits"])
+        table[int(key)] = entry
+    return table
+
+
+def available_horizons() -> tuple[int, ...]:
+    """Return the horizons (powers of two) that have optimised BLT parameters."""
+    return tuple(sorted(_load_table()))
+
+
+def _inverse_poles(theta: FloatArray, omega: FloatArray) -> FloatArray:
+    """Return the poles gamma_j of C^{-1}, increasing.
+
+    ``1/C(z)`` has poles ``1/gamma`` where ``gamma`` solves the secular equation
+    ``1 + sum_j omega_j / (gamma - theta_j) = 0``. For increasing theta and
+    positive omega the left side decreases from +inf to -inf between
+    consecutive thetas, so there is exactly one root in each interval
+    ``(theta_{j-1}, theta_j)`` and one below ``theta_1`` (interlacing). Bisection
+    on each interval finds them to full double precision.
+    """
+    lo = np.empty_like(theta)
+    lo[0] = theta[0] - float(np.sum(omega)) - 1.0
+    lo[1:] = theta[:-1]
+    hi = theta.copy()
+    for _ in range(1100):  # the intervals shrink to adjacent doubles well before this
+        mid = 0.5 * (lo + hi)
+        done = (mid == lo) | (mid == hi)
+        if bool(np.all(done)):
+            break
+        f = 1.0 + np.sum(omega[None, :] / (mid[:, None] - theta[None, :]), axis=1)
+        positive = f > 0
+        lo = np.where(positive & ~done, mid, lo)
+        hi = np.where(~positive & ~done, mid, hi)
+    result: FloatArray = 0.5 * (lo + hi)
+    return result
+
+
+def _inverse_weights(theta: FloatArray, gamma: FloatArray) -> FloatArray:
+    """Return beta_j > 0 with C^{-1}(z) = 1 - sum_j beta_j z / (1 - gamma_j z) (partial fractions)."""
+    d = len(theta)
+    beta = np.empty(d)
+    for j in range(d):
+        num = float(np.prod(gamma[j] - theta))
+        den = float(np.prod([gamma[j] - gamma[k] for k in range(d) if k != j]))
+        beta[j] = -num / den
+    return beta
+
+
+def _pow_lower(num: int, bits: int, exponent: int) -> Fraction:
+    """Return a lower bound on ``(num / 2^bits)^exponent`` (0 <= num < 2^bits).
+
+    Square-and-multiply in fixed point with ``_POW_BITS`` fractional bits, each
+    product floored: every intermediate is a lower bound on the exact value.
+    """
+    if bits > _POW_BITS:
+        raise InvalidParameterError(f"precision {bits} exceeds {_POW_BITS} bits")
+    base = num << (_POW_BITS - bits)
+    result = 1 << _POW_BITS
+    while exponent:
+        if exponent & 1:
+            result = (result * base) >> _POW_BITS
+        exponent >>= 1
+        if exponent:
+            base = (base * base) >> _POW_BITS
+    return Fraction(result, 1 << _POW_BITS)
+
+
+def _sensitivity_bound(
+    theta_num: tuple[int, ...], omega_num: tuple[int, ...], bits: int, horizon: int
+) -> tuple[Fraction, Fraction]:
+    """Return ``(eta, Delta_G^2)``: the rounding slack and an upper bound on the epoch's sensitivity.
+
+    ``Delta_G^2 = G^2 + sum_{i=1}^{n-1} (G c_i + eta)^2
+    = G^2 (1 + S2) + 2 G eta S1 + (n - 1) eta^2`` with
+    ``S1 = sum_{i=1}^{n-1} c_i`` and ``S2 = sum_{i=1}^{n-1} c_i^2`` in closed
+    form (geometric sums). All arithmetic is exact except the powers
+    ``theta^(n-1)``, which enter with a minus sign and are bounded from below,
+    so the result is a rigorous upper bound.
+    """
+    one = 1 << bits
+    d = len(theta_num)
+    n1 = horizon - 1
+    eta = Fraction(d) + sum(
+        (Fraction(w, one - t) for t, w in zip(theta_num, omega_num, strict=True)), Fraction(0)
+    )
+    s1 = Fraction(0)
+    for t, w in zip(theta_num, omega_num, strict=True):
+        s1 += Fraction(w, one - t) * (1 - _pow_lower(t, bits, n1))
+    s2 = Fraction(0)
+    for tj, wj in zip(theta_num, omega_num, strict=True):
+        for tk, wk in zip(theta_num, omega_num, strict=True):
+            tt = tj * tk
+            s2 += Fraction(wj * wk, one * one - tt) * (1 - _pow_lower(tt, 2 * bits, n1))
+    g = Fraction(_GRID)
+    delta2 = g * g * (1 + s2) + 2 * g * eta * s1 + n1 * eta * eta
+    return eta, delta2
+
+
+@functools.lru_cache(maxsize=None)
+def _parameters(horizon: int) -> _Parameters:
+    table = _load_table()
+    if horizon not in table:
+        raise InvalidParameterError(_horizon_message(horizon))
+    entry = table[horizon]
+    bits = int(entry["precision_bits"])
+    pairs = sorted(zip(entry["theta_num"], entry["omega_num"], strict=True))
+    theta_num = tuple(int(t) for t, _ in pairs)
+    omega_num = tuple(int(w) for _, w in pairs)
+    where = f"{_PARAMETERS_FILE} (horizon {horizon})"
+    if not 1 <= bits <= 52:
+        raise InvalidParameterError(f"{where}: precision_bits must be in [1, 52], got {bits}")
+    if not theta_num or any(not 0 < t < (1 << bits) for t in theta_num):
+        raise InvalidParameterError(f"{where}: every theta must lie in (0, 1)")
+    if len(set(theta_num)) != len(theta_num):
+        raise InvalidParameterError(f"{where}: the thetas must be distinct")
+    if any(w <= 0 for w in omega_num):
+        raise InvalidParameterError(f"{where}: every omega must be > 0")
+    scale = float(1 << bits)
+    theta = np.array(theta_num, dtype=np.float64) / scale
+    omega = np.array(omega_num, dtype=np.float64) / scale
+    gamma = _inverse_poles(theta, omega)
+    if not bool(np.all(np.abs(gamma) < 1.0)):
+        raise InvalidParameterError(
+            f"{where}: C^{{-1}} is unstable (inverse poles {gamma.tolist()}); re-optimise"
+        )
+    beta = _inverse_weights(theta, gamma)
+    eta, delta2 = _sensitivity_bound(theta_num, omega_num, bits, horizon)
+    digest = hashlib.sha256(repr((bits, theta_num, omega_num)).encode()).hexdigest()[:16]
+    return _Parameters(
+        horizon=horizon,
+        precision_bits=bits,
+        theta_num=theta_num,
+        omega_num=omega_num,
+        theta=tuple(theta.tolist()),
+        omega=tuple(omega.tolist()),
+        inverse_poles=tuple(gamma.tolist()),
+        inverse_weights=tuple(beta.tolist()),
+        eta=eta,
+        delta2=delta2,
+        digest=digest,
+    )
+
+
+def _horizon_message(horizon: object) -> str:
+    try:
+        choices = ", ".join(f"2**{h.bit_length() - 1}" for h in available_horizons())
+    except InvalidParameterError as exc:
+        return str(exc)
+    return (
+        f"horizon must be a power of two with optimised BLT parameters ({choices}), "
+        f"got {horizon!r}"
+    )
+
+
+@functools.lru_cache(maxsize=4)
+def _unit_variance_table(horizon: int) -> FloatArray:
+    """Return ``V[t] = sum_{k<=t} P_k^2`` for ``t < horizon`` (read-only, shared).
+
+    ``P_k = 1 - sum_j beta_j (1 - gamma_j^k) / (1 - gamma_j)`` are the prefix
+    sums of the impulse response of ``C^{-1}`` (closed form of the feedback
+    recurrence), evaluated for all ``k`` at once. ``8 * horizon`` bytes.
+    """
+    p = _parameters(horizon)
+    gamma = np.array(p.inverse_poles)
+    a = np.array(p.inverse_weights) / (1.0 - gamma)
+    k = np.arange(horizon, dtype=np.int64)
+    prefix = np.full(horizon, 1.0 - float(np.sum(a)))
+    for g, aj in zip(gamma, a, strict=True):
+        prefix += aj * np.power(g, k)
+    table: FloatArray = np.cumsum(prefix * prefix)
+    table.setflags(write=False)
+    return table
+
+
+# --- the specification ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BltCounterSpec:
+    """A BLT continual counter: its privacy parameter and epoch length.
+
+    Attributes:
+        rho: the zCDP parameter the whole (unbounded) stream costs.
+        horizon: the epoch length ``n``, a power of two with parameters in the
+            shipped table. Accuracy is best up to ``horizon`` steps; beyond, the
+            error grows like the square root of the number of epochs.
+    """
+
+    rho: float
+    horizon: int = 2**20
+
+    def __post_init__(self) -> None:
+        rho = self.rho
+        if isinstance(rho, bool) or not isinstance(rho, (int, float)):
+            raise InvalidParameterError(f"rho must be a finite number > 0, got {rho!r}")
+        if not (math.isfinite(rho) and rho > 0):
+            raise InvalidParameterError(f"rho must be finite and > 0, got {rho!r}")
+        h = self.horizon
+        if isinstance(h, bool) or not isinstance(h, int) or h not in _load_table():
+            raise InvalidParameterError(_horizon_message(h))
+        _check_discreteness_term(self)
+
+    @property
+    def charge(self) -> PrivacyCharge:
+        """What the counter costs, once, for the whole stream."""
+        return PrivacyCharge(rho=self.rho, label="BLT counter")
+
+    @property
+    def mechanism(self) -> str:
+        """The mechanism's name on releases."""
+        return _MECHANISM
+
+    @property
+    def buffers(self) -> int:
+        """The number ``d`` of buffers (the counter's memory is ``O(d)``)."""
+        return _parameters(self.horizon).buffers
+
+    @property
+    def sigma2_grid(self) -> Fraction:
+        """The discrete Gaussian's ``sigma_G^2``, an integer, in grid units squared."""
+        return _sigma2_grid(self)
+
+    @property
+    def sensitivity(self) -> float:
+        """The (rounded-up) L2 sensitivity ``Delta_G / G`` of an epoch's grid releases, in counts."""
+        p = _parameters(self.horizon)
+        return math.nextafter(math.sqrt(float(p.delta2)), math.inf) / _GRID
+
+    @property
+    def noise_std(self) -> float:
+        """The standard deviation of each release's noise ``Z_t / G``, in counts."""
+        return math.sqrt(discrete_gaussian_variance(self.sigma2_grid)) / _GRID
+
+
+@functools.lru_cache(maxsize=256)
+def _sigma2_grid(spec: BltCounterSpec) -> Fraction:
+    delta2 = _parameters(spec.horizon).delta2
+    rho = Fraction(spec.rho) * (1 - _RHO_RESERVE)
+    q = delta2 / (2 * rho)
+    return Fraction(-(-q.numerator // q.denominator))  # ceil, exactly
+
+
+def _check_discreteness_term(spec: BltCounterSpec) -> None:
+    """Check that the discreteness term of CKS 2020 Theorem 14 fits in the reserved rho.
+
+    Its size is governed by ``exp(-pi^2 sigma_G^2)`` per coordinate; we bound it
+    generously by ``50 n exp(-pi^2 sigma_G^2) / (1 - exp(-pi^2 sigma_G^2))`` and
+    require that to be below the ``10^-12 rho`` kept in reserve.
+    """
+    s2 = float(_sigma2_grid(spec))
+    log_term = math.log(50.0 * spec.horizon) - math.pi**2 * s2 - math.log1p(
+        -math.exp(-math.pi**2 * s2)
+    )
+    if log_term > math.log(float(_RHO_RESERVE) * spec.rho):
+        raise InvalidParameterError(
+            f"rho = {spec.rho!r} is too large for the BLT counter's grid (sigma_G^2 = {s2:.3g})"
+        )
+
+
+# --- accuracy -------------------------------------------------------------------------------
+
+
+def _variance(spec: BltCounterSpec, epoch: int, step_in_epoch: int) -> float:
+    table = _unit_variance_table(spec.horizon)
+    s2 = spec.noise_std**2
+    return s2 * (epoch * float(table[-1]) + float(table[step_in_epoch]))
+
+
+def analytic_std(spec: BltCounterSpec, t: int) -> float:
+    """Return the standard deviation of the counter's estimate at (0-based) step ``t``."""
+    if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+        raise InvalidParameterError(f"t must be an integer >= 0, got {t!r}")
+    epoch, s = divmod(t, spec.horizon)
+    return math.sqrt(_variance(spec, epoch, s))
+
+
+def worst_step_std(spec: BltCounterSpec, steps: int) -> float:
+    """Return the largest standard deviation over the first ``steps`` steps.
+
+    The variance never decreases from one step to the next (within an epoch
+    it adds ``sigma^2 P_t^2``; at an epoch boundary the finished epoch's full
+    variance is carried), so this is the standard deviation at ``steps - 1``.
+    """
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise InvalidParameterError(f"steps must be an integer >= 1, got {steps!r}")
+    return analytic_std(spec, steps - 1)
+
+
+def plain_tree_zcdp_worst_std(rho: float, steps: int) -> float:
+    """Return the worst-step std of the plain binary tree counter with discrete Gaussian noise.
+
+    For comparison: with ``L = ceil(log2 steps) + 1`` levels an event changes
+    ``L`` nodes by one (L2 sensitivity ``sqrt(L)``), so every node gets
+    ``N_Z(0, L / (2 rho))``; a prefix sums one node per set bit of ``t + 1``, at
+    most ``floor(log2(steps + 1))`` of them.
+    """
+    if not (isinstance(rho, (int, float)) and math.isfinite(rho) and rho > 0):
+        raise InvalidParameterError(f"rho must be finite and > 0, got {rho!r}")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise InvalidParameterError(f"steps must be an integer >= 1, got {steps!r}")
+    levels = (steps - 1).bit_length() + 1
+    nodes = (steps + 1).bit_length() - 1
+    return math.sqrt(nodes * discrete_gaussian_variance(Fraction(levels) / (2 * Fraction(rho))))
+
+
+def factorization_lower_bound(rho: float, steps: int) -> float:
+    """Return a lower bound on the worst-step std of any factorization mechanism.
+
+    For ``A = B C`` with Gaussian noise calibrated to the column norm of ``C``
+    the worst-step std is ``max_row ||B|| max_col ||C|| / sqrt(2 rho)``, at
+    least ``gamma_2(A) / sqrt(2 rho)``, and ``gamma_2(A) >= ||A||_* / n`` (trace
+    norm). The singular values of the ``n x n`` prefix-sum matrix are
+    ``1 / (2 sin((2k - 1) pi / (2 (2n + 1))))``, ``k = 1..n``.
+    """
+    if not (isinstance(rho, (int, float)) and math.isfinite(rho) and rho > 0):
+        raise InvalidParameterError(f"rho must be finite and > 0, got {rho!r}")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise InvalidParameterError(f"steps must be an integer >= 1, got {steps!r}")
+    k = np.arange(1, steps + 1, dtype=np.float64)
+    singular = 0.5 / np.sin((2.0 * k - 1.0) * math.pi / (2.0 * (2 * steps + 1)))
+    return float(np.sum(singular)) / steps / math.sqrt(2.0 * rho)
+
+
+# --- the counter ----------------------------------------------------------------------------
+
+
+def _round_shift(value: int, bits: int) -> int:
+    """Return ``round(value / 2^bits)``, halves rounded up (exact integer arithmetic)."""
+    return (value + (1 << (bits - 1))) >> bits
+
+
+class BltCounter:
+    """A running BLT counter for one stream.
+
+    Args:
+        spec: the counter's specification.
+        noise_key: the secret key the noise is derived from (never stored).
+        coordinates: identifies this counter's noise (flow, key, ...); the step's
+            noise is drawn at ``(*coordinates, "blt", epoch, step_in_epoch)``, so
+            a replayed step reproduces its release exactly.
+        state: a :meth:`to_state` snapshot to resume from.
+
+    Raises:
+        InvalidParameterError: bad coordinates, or a state that does not belong
+            to this specification.
+    """
+
+    __slots__ = (
+        "spec", "_key", "_coordinates", "_p", "_sigma2", "_bits", "_epoch", "_s",
+        "_grid_buffers", "_inverse_buffers", "_partial", "_base_value",
+    )
+
+    def __init__(
+        self,
+        spec: BltCounterSpec,
+        noise_key: NoiseKey,
+        coordinates: tuple[Coordinate, ...],
+        state: dict[str, Any] | None = None,
+    ) -> None:
+        if not isinstance(coordinates, tuple) or any(
+            isinstance(c, bool) or not isinstance(c, (str, int)) for c in coordinates
+        ):
+            raise InvalidParameterError(
+                f"coordinates must be a tuple of str and int, got {coordinates!r}"
+            )
+        self.spec = spec
+        self._key = noise_key
+        self._coordinates = coordinates
+        self._p = _parameters(spec.horizon)
+        self._sigma2 = spec.sigma2_grid
+        self._bits = self._p.precision_bits
+        d = self._p.buffers
+        self._epoch = 0
+        self._s = 0
+        self._grid_buffers = [0] * d
+        self._inverse_buffers = [0.0] * d
+        self._partial = 0.0
+        self._base_value = 0.0
+        if state is not None:
+            self._restore(state)
+
+    @property
+    def steps_done(self) -> int:
+        """How many steps this counter has processed."""
+        return self._epoch * self.spec.horizon + self._s
+
+    def step(self, increment: int) -> CounterEstimate:
+        """Add the next step's increment and return the private prefix-count estimate.
+
+        Args:
+            increment: the number of events in this step (an integer >= 0).
+        """
+        if isinstance(increment, bool) or not isinstance(increment, (int, np.integer)):
+            raise InvalidParameterError(
+                f"increment must be an integer >= 0, got {type(increment).__name__}"
+            )
+        x = int(increment)
+        if x < 0:
+            raise InvalidParameterError("increment must be an integer >= 0, got a negative one")
+        p, bits = self._p, self._bits
+        xg = x * _GRID
+        # C x on the grid, exactly (Python integers), then the buffer update.
+        y = xg
+        buffers = self._grid_buffers
+        for j, b in enumerate(buffers):
+            y += _round_shift(p.omega_num[j] * b, bits)
+            buffers[j] = _round_shift(p.theta_num[j] * b, bits) + xg
+        rng = self._key.stream(*self._coordinates, "blt", self._epoch, self._s)
+        released = y + discrete_gaussian(rng, self._sigma2)
+        # Post-processing of the release: C^{-1} in feedback form, then the prefix sum.
+        w = float(released) / _GRID
+        inverse = self._inverse_buffers
+        u = w
+        for j, b in enumerate(inverse):
+            u -= p.omega[j] * b
+        for j, b in enumerate(inverse):
+            inverse[j] = p.theta[j] * b + u
+        self._partial += u
+        value = self._base_value + self._partial
+        step = self.steps_done
+        std = math.sqrt(_variance(self.spec, self._epoch, self._s))
+        self._s += 1
+        if self._s == self.spec.horizon:
+            self._next_epoch(value)
+        return CounterEstimate(step=step, value=value, std=std)
+
+    def _next_epoch(self, value: float) -> None:
+        """Carry the finished epoch's final estimate into the base and reset the buffers."""
+        d = self._p.buffers
+        self._base_value = value
+        self._epoch += 1
+        self._s = 0
+        self._grid_buffers = [0] * d
+        self._inverse_buffers = [0.0] * d
+        self._partial = 0.0
+
+    # -- state --
+    def to_state(self) -> dict[str, Any]:
+        """Return a plain-data snapshot (no key; holds true-count buffers: keep it secret).
+
+        The grid buffers are unbounded integers, stored as decimal strings so
+        that the snapshot survives JSON codecs limited to 64-bit integers.
+        """
+        return {
+            "mechanism": _MECHANISM,
+            "version": _STATE_VERSION,
+            "rho": self.spec.rho,
+            "horizon": self.spec.horizon,
+            "parameters": self._p.digest,
+            "epoch": self._epoch,
+            "step_in_epoch": self._s,
+            "grid_buffers": [str(b) for b in self._grid_buffers],
+            "inverse_buffers": list(self._inverse_buffers),
+            "partial": self._partial,
+            "base_value": self._base_value,
+        }
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        mine = self.to_state()
+        for field in ("mechanism", "version", "rho", "horizon", "parameters"):
+            if state.get(field) != mine[field]:
+                raise InvalidParameterError(
+                    f"the snapshot's {field} is {state.get(field)!r} but this BLT counter's is "
+                    f"{mine[field]!r}: it belongs to another counter specification"
+                )
+        d = self._p.buffers
+        try:
+            epoch, s = int(state["epoch"]), int(state["step_in_epoch"])
+            grid = [int(b) for b in state["grid_buffers"]]
+            inverse = [float(b) for b in state["inverse_buffers"]]
+            partial, base = float(state["partial"]), float(state["base_value"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidParameterError(f"malformed BLT counter snapshot: {exc!r}") from None
+        if epoch < 0 or not 0 <= s < self.spec.horizon or len(grid) != d or len(inverse) != d:
+            raise InvalidParameterError(
+                f"malformed BLT counter snapshot: epoch {epoch}, step {s}, "
+                f"{len(grid)}/{len(inverse)} buffers (expected {d})"
+            )
+        self._epoch, self._s = epoch, s
+        self._grid_buffers, self._inverse_buffers = grid, inverse
+        self._partial, self._base_value = partial, base
+
+    def __repr__(self) -> str:
+        return f"BltCounter(rho={self.spec.rho}, horizon={self.spec.horizon}, steps_done={self.steps_done})"

@@ -1,0 +1,393 @@
+"""The threshold monitor: say once, privately, when a running count crosses a threshold.
+
+This solves the threshold monitor problem (Problem 1.6 of paper 002) with
+the AboveThreshold algorithm (Dwork, Naor, Reingold, Rothblum, Vadhan 2009;
+Dwork & Roth 2014, Algorithm 1), as paper 002's Observation 1.8 suggests: at
+every step the prefix count ``c_t`` is one query of sensitivity 1, tested
+against a noisy threshold, and the monitor halts at the first "above".
+
+Line by line (Dwork & Roth, Algorithm 1, with discrete Laplace noise):
+
+1. ``rho ~ DLap(2 / epsilon)``, drawn **once** for the monitor's lifetime.
+2. For each step ``t``: ``nu_t ~ DLap(4 / epsilon)``, drawn **fresh**.
+3. If ``c_t + nu_t >= threshold + rho``: output "above" (``True``) and halt.
+   Otherwise output "below" (``False``).
+
+The whole run is epsilon-DP with respect to adding or removing one event
+(the proof of Dwork & Roth, Theorem 3.23, goes through unchanged for
+integer-valued queries and discrete Laplace noise: it only shifts ``rho`` by
+1 and one ``nu_t`` by 2). Nothing but the bit is released: the noise that
+decided "above" is never used for an answer, and the threshold noise is
+never reused after a halt (a halted monitor stays halted; a new monitor has
+new coordinates). These are the broken variants listed by Lyu, Su, Li 2017.
+
+Noise is exact (Canonne, Kamath, Steinke 2020) and replay-safe: ``rho`` comes
+from ``(*coordinates, "monitor", "threshold")`` and ``nu_t`` from
+``(*coordinates, "monitor", "query", t)``, so a replay after a crash makes the
+same decisions.
+
+**After halting** :meth:`ThresholdMonitor.step` keeps accepting steps and
+returns ``False`` without looking at the data or drawing noise; check
+:attr:`ThresholdMonitor.fired` to tell "halted" from "below".
+
+**Horizon.** With ``horizon`` set, the monitor tests only the steps
+``0 .. horizon - 1`` and then *expires*: it never fires afterwards. A horizon
+makes :func:`admission_delta` finite, the probability that a monitor started
+lazily at a key's first event fires although the key has only that one event.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, Final
+
+import numpy as np
+
+from dpstream.core.ledger import PrivacyCharge
+from dpstream.core.noise import NoiseKey, discrete_laplace
+from dpstream.errors import InvalidParameterError
+
+__all__ = [
+    "ThresholdMonitor",
+    "ThresholdMonitorSpec",
+    "admission_delta",
+    "difference_tail",
+    "minimal_threshold",
+]
+
+_STATE_VERSION: Final = 1
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _check_epsilon(epsilon: object) -> float:
+    if not (
+        isinstance(epsilon, (int, float))
+        and not isinstance(epsilon, bool)
+        and math.isfinite(epsilon)
+        and epsilon > 0
+    ):
+        raise InvalidParameterError(f"epsilon must be finite and > 0, got {epsilon!r}")
+    return float(epsilon)
+
+
+def _check_horizon(horizon: object) -> int:
+    if not _is_int(horizon) or horizon < 1:  # type: ignore[operator]
+        raise InvalidParameterError(f"horizon must be an integer >= 1, got {horizon!r}")
+    return int(horizon)  # type: ignore[call-overload]
+
+
+@dataclass(frozen=True)
+class ThresholdMonitorSpec:
+    """Parameters of a threshold monitor.
+
+    Attributes:
+        epsilon: the pure-DP epsilon of the whole run.
+        threshold: the count ``tau`` to detect (an integer >= 1).
+        horizon: if set, the number of steps tested before the monitor expires.
+    """
+
+    epsilon: float
+    threshold: int
+    horizon: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_epsilon(self.epsilon)
+        if not _is_int(self.threshold) or self.threshold < 1:
+            raise InvalidParameterError(
+                f"threshold must be an integer >= 1, got {self.threshold!r}"
+            )
+        if self.horizon is not None:
+            _check_horizon(self.horizon)
+
+    @property
+    def charge(self) -> PrivacyCharge:
+        """The privacy cost of the whole run (one query's worth, Dwork & Roth Thm 3.23)."""
+        return PrivacyCharge(epsilon=float(self.epsilon), label="threshold monitor")
+
+    @property
+    def threshold_scale(self) -> Fraction:
+        """The exact scale ``2 / epsilon`` of the threshold noise ``rho``."""
+        return Fraction(2) / Fraction(self.epsilon)
+
+    @property
+    def query_scale(self) -> Fraction:
+        """The exact scale ``4 / epsilon`` of each query noise ``nu_t``."""
+        return Fraction(4) / Fraction(self.epsilon)
+
+
+class ThresholdMonitor:
+    """A running AboveThreshold test of a prefix count.
+
+    Args:
+        spec: the monitor's parameters.
+        noise_key: the secret key all noise is derived from.
+        coordinates: the release's coordinates, e.g. ``(flow, mechanism, key)``.
+        state: a dict from :meth:`to_state` to resume from, or ``None`` to start.
+
+    Raises:
+        InvalidParameterError: bad coordinates, or a malformed or mismatched state.
+    """
+
+    __slots__ = ("spec", "_key", "_coordinates", "_steps", "_count", "_fired_at", "_rho")
+
+    def __init__(
+        self,
+        spec: ThresholdMonitorSpec,
+        noise_key: NoiseKey,
+        coordinates: tuple[str | int, ...],
+        state: dict[str, Any] | None = None,
+    ) -> None:
+        if not isinstance(coordinates, tuple) or not all(
+            isinstance(c, (str, int)) and not isinstance(c, bool) for c in coordinates
+        ):
+            raise InvalidParameterError(
+                f"coordinates must be a tuple of str or int, got {coordinates!r}"
+            )
+        self.spec = spec
+        self._key = noise_key
+        self._coordinates = coordinates
+        self._steps = 0
+        self._count = 0
+        self._fired_at: int | None = None
+        self._rho: int | None = None  # derived from the key when first needed; never stored
+        if state is not None:
+            self._load(state)
+
+    def _load(self, state: dict[str, Any]) -> None:
+        try:
+            if state["version"] != _STATE_VERSION:
+                raise InvalidParameterError(
+                    f"unknown threshold monitor state version {state['version']!r}"
+                )
+            same = (
+                Fraction(state["epsilon"]) == Fraction(self.spec.epsilon)
+                and state["threshold"] == self.spec.threshold
+                and state["horizon"] == self.spec.horizon
+            )
+            if not same:
+                raise InvalidParameterError(
+                    "threshold monitor state was made with another spec "
+                    f"(epsilon={state['epsilon']!r}, threshold={state['threshold']!r}, "
+                    f"horizon={state['horizon']!r})"
+                )
+            steps, count, fired_at = int(state["steps"]), int(state["count"]), state["fired_at"]
+        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, InvalidParameterError):
+                raise
+            raise InvalidParameterError(f"malformed threshold monitor state: {exc!r}") from None
+        if steps < 0 or count < 0 or not (
+            fired_at is None or (_is_int(fired_at) and 0 <= fired_at < steps)
+        ):
+            raise InvalidParameterError("malformed threshold monitor state: inconsistent fields")
+        self._steps, self._count = steps, count
+        self._fired_at = None if fired_at is None else int(fired_at)
+
+    def to_state(self) -> dict[str, Any]:
+        """Return the state as plain JSON- and pickle-safe data (no key, no noise).
+
+        It holds the true prefix count: keep it secret.
+        """
+        return {
+            "version": _STATE_VERSION,
+            "epsilon": float(self.spec.epsilon),
+            "threshold": int(self.spec.threshold),
+            "horizon": None if self.spec.horizon is None else int(self.spec.horizon),
+            "steps": self._steps,
+            "count": self._count,
+            "fired_at": self._fired_at,
+        }
+
+    @property
+    def fired(self) -> bool:
+        """Whether the monitor has answered "above" (and halted)."""
+        return self._fired_at is not None
+
+    @property
+    def fired_at(self) -> int | None:
+        """The 0-based step at which it fired, or ``None``."""
+        return self._fired_at
+
+    @property
+    def count_steps(self) -> int:
+        """The number of steps fed so far (including any after halting)."""
+        return self._steps
+
+    @property
+    def expired(self) -> bool:
+        """Whether the horizon has passed without firing (it never fires now)."""
+        h = self.spec.horizon
+        return self._fired_at is None and h is not None and self._steps >= h
+
+    @property
+    def halted(self) -> bool:
+        """Whether the monitor no longer tests (fired or expired)."""
+        return self.fired or self.expired
+
+    def _threshold_noise(self) -> int:
+        if self._rho is None:  # Algorithm 1, line 1: once per monitor
+            rng = self._key.stream(*self._coordinates, "monitor", "threshold")
+            self._rho = discrete_laplace(rng, self.spec.threshold_scale)
+        return self._rho
+
+    def step(self, increment: int) -> bool:
+        """Feed one step's events; return ``True`` exactly on the step the monitor fires.
+
+        Args:
+            increment: the number of events in this step (an integer >= 0).
+
+        Returns:
+            ``True`` if the noisy prefix count crossed the noisy threshold at
+            this step; ``False`` otherwise, and always once halted or expired.
+
+        Raises:
+            InvalidParameterError: ``increment`` is not a non-negative integer.
+        """
+        if not _is_int(increment) or increment < 0:
+            raise InvalidParameterError(
+                f"increment must be an integer >= 0, got {increment!r}"
+            )
+        t = self._steps
+        self._steps = t + 1
+        if self._fired_at is not None:
+            return False  # halted: the data is not looked at again
+        self._count += int(increment)
+        horizon = self.spec.horizon
+        if horizon is not None and t >= horizon:
+            return False  # expired
+        rho = self._threshold_noise()
+        # Algorithm 1, line 2: fresh query noise at every step
+        rng = self._key.stream(*self._coordinates, "monitor", "query", t)
+        nu = discrete_laplace(rng, self.spec.query_scale)
+        if self._count + nu >= self.spec.threshold + rho:  # line 3
+            self._fired_at = t
+            return True
+        return False
+
+    def __repr__(self) -> str:
+        return (
+            f"ThresholdMonitor(epsilon={self.spec.epsilon!r}, threshold={self.spec.threshold}, "
+            f"horizon={self.spec.horizon}, steps={self._steps}, fired_at={self._fired_at})"
+        )
+
+
+# --- the admission bound ------------------------------------------------------
+
+
+def _log_dlap_params(scale: float) -> tuple[float, float]:
+    """Return ``(log p, log((1 - p) / (1 + p)))`` for DLap(scale), p = exp(-1/scale)."""
+    log_p = -1.0 / scale
+    one_minus_p = -math.expm1(log_p)
+    return log_p, math.log(one_minus_p) - math.log1p(math.exp(log_p))
+
+
+def _log_upper_tail(k: int, nu_scale: float, rho_scale: float) -> float:
+    """Return ``log P(nu - rho >= k)`` for ``k >= 1``, nu ~ DLap(nu_scale), rho ~ DLap(rho_scale).
+
+    With ``a = exp(-1/nu_scale)``, ``c = exp(-1/rho_scale)``, the tail of nu is
+    ``P(nu >= m) = a^m / (1 + a)`` for ``m >= 1`` and ``1 - a^(1 - m) / (1 + a)``
+    for ``m <= 0``. Summing it over the pmf ``C_rho c^|r|`` of rho splits into
+    three geometric series, which give the closed form
+
+        P = C_rho a^k / (1 + a) [1 / (1 - a c) + c (1 - (c/a)^(k-1)) / (a - c)]
+          + C_rho c^k (1 - a^2 c) / ((1 - c)(1 + a)(1 - a c)),
+
+    evaluated here in log space so that large ``k`` does not underflow.
+    """
+    log_a = -1.0 / nu_scale  # the normaliser of nu is folded into its tail
+    log_c, log_norm_c = _log_dlap_params(rho_scale)
+    a, c = math.exp(log_a), math.exp(log_c)
+    log_one_minus_ac = math.log(-math.expm1(log_a + log_c))
+    log_one_plus_a = math.log1p(a)
+    # c (1 - (c/a)^(k-1)) / (a - c), stable also when a is close to c
+    ell = log_c - log_a
+    if ell == 0.0:
+        middle = float(k - 1)
+    else:
+        middle = (c / a) * math.expm1((k - 1) * ell) / math.expm1(ell)
+    bracket_a = math.exp(-log_one_minus_ac) + middle
+    term_a = log_norm_c + k * log_a - log_one_plus_a + math.log(bracket_a)
+    log_factor_c = (
+        math.log(-math.expm1(2 * log_a + log_c))
+        - math.log(-math.expm1(log_c))
+        - log_one_plus_a
+        - log_one_minus_ac
+    )
+    term_c = log_norm_c + k * log_c + log_factor_c
+    hi, lo = max(term_a, term_c), min(term_a, term_c)
+    return hi + math.log1p(math.exp(lo - hi))
+
+
+def difference_tail(epsilon: float, k: int) -> float:
+    """Return ``P(nu - rho >= k)`` for the monitor's noises at ``epsilon``.
+
+    ``nu ~ DLap(4/epsilon)`` and ``rho ~ DLap(2/epsilon)`` are independent.
+    ``nu - rho`` is symmetric, so for ``k <= 0`` this is ``1 - P(nu - rho >= 1 - k)``.
+    """
+    eps = _check_epsilon(epsilon)
+    if not _is_int(k):
+        raise InvalidParameterError(f"k must be an integer, got {k!r}")
+    k = int(k)
+    nu_scale, rho_scale = 4.0 / eps, 2.0 / eps
+    if k >= 1:
+        return math.exp(_log_upper_tail(k, nu_scale, rho_scale))
+    return -math.expm1(_log_upper_tail(1 - k, nu_scale, rho_scale))
+
+
+def admission_delta(spec: ThresholdMonitorSpec) -> float:
+    """Bound the probability that a key with a single event ever fires its monitor.
+
+    A monitor started at a key's first event sees prefix counts ``c_t <= 1``
+    if that is the key's only event, and fires at step ``t`` only if
+    ``1 + nu_t - rho >= threshold``. By the union bound over the ``horizon``
+    tested steps (nu_t identically distributed, rho shared), the probability
+    of ever firing is at most ``horizon * P(nu - rho >= threshold - 1)``.
+    The result is clamped to 1; a value below the smallest positive double is
+    reported as that double, never as 0.
+
+    Raises:
+        InvalidParameterError: ``spec.horizon`` is not set (the bound is infinite).
+    """
+    if spec.horizon is None:
+        raise InvalidParameterError(
+            "admission_delta needs a horizon: without one, a single event fires eventually"
+        )
+    k = int(spec.threshold) - 1
+    eps = float(spec.epsilon)
+    if k <= 0:
+        return 1.0
+    log_delta = math.log(int(spec.horizon)) + _log_upper_tail(k, 4.0 / eps, 2.0 / eps)
+    if log_delta >= 0.0:
+        return 1.0
+    return max(math.exp(log_delta), math.ulp(0.0))
+
+
+def minimal_threshold(epsilon: float, horizon: int, delta: float) -> int:
+    """Return the smallest threshold whose :func:`admission_delta` is at most ``delta``.
+
+    Raises:
+        InvalidParameterError: a parameter is out of range.
+    """
+    eps = _check_epsilon(epsilon)
+    horizon = _check_horizon(horizon)
+    if not (isinstance(delta, (int, float)) and 0 < delta < 1):
+        raise InvalidParameterError(f"delta must be in (0, 1), got {delta!r}")
+
+    def ok(threshold: int) -> bool:
+        return admission_delta(ThresholdMonitorSpec(eps, threshold, horizon)) <= delta
+
+    hi = 1
+    while not ok(hi):
+        hi *= 2
+    lo = hi // 2  # not ok (or 0)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi

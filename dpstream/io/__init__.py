@@ -1,0 +1,1 @@
+"""Kafka edges of dpstream: the embedded demo broker and topic helpers."""

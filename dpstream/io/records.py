@@ -1,0 +1,93 @@
+"""The versioned JSON records dpstream publishes (documented in README.md).
+
+* ``dpstream.release/1`` — one private count for one key and time step.
+* ``dpstream.alert/1`` — a key's threshold monitor fired.
+* ``dpstream.status/1`` — budget exhaustion (on the releases topic, so its consumers see it).
+* ``dpstream.dead_letter/1`` — a record that could not be used, with the reason and the original
+  bytes (base64). Dead letters hold raw data: give the dead-letter topic to operators only,
+  never to the audience of the releases.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Final
+
+import orjson
+
+from dpstream.core.key_statistics import Alert, BudgetExhausted, Release
+
+__all__ = [
+    "ALERT_SCHEMA",
+    "DEAD_LETTER_SCHEMA",
+    "DeadLetter",
+    "RELEASE_SCHEMA",
+    "RecordEncoder",
+    "STATUS_SCHEMA",
+]
+
+RELEASE_SCHEMA: Final = "dpstream.release/1"
+ALERT_SCHEMA: Final = "dpstream.alert/1"
+STATUS_SCHEMA: Final = "dpstream.status/1"
+DEAD_LETTER_SCHEMA: Final = "dpstream.dead_letter/1"
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """An input record that was not used, and why."""
+
+    reason: str
+    original: bytes
+    topic: str | None = None
+    partition: int | None = None
+    offset: int | None = None
+
+
+def _iso(moment: datetime) -> str:
+    return moment.isoformat().replace("+00:00", "Z")
+
+
+class RecordEncoder:
+    """Turns core outputs into ``(topic_role, key_bytes, value_bytes)`` triples."""
+
+    def __init__(self, flow: str, origin: datetime, step_seconds: float) -> None:
+        self.flow, self.origin, self.step_seconds = flow, origin, step_seconds
+
+    def window(self, step: int) -> dict[str, str]:
+        """The event-time window [start, end) of a global step."""
+        start = self.origin + timedelta(seconds=step * self.step_seconds)
+        return {"start": _iso(start), "end": _iso(start + timedelta(seconds=self.step_seconds))}
+
+    def encode(self, item: Release | Alert | BudgetExhausted) -> tuple[str, bytes, bytes]:
+        """Encode one output; the first element names the topic role."""
+        if isinstance(item, Release):
+            return "releases", item.key.encode(), orjson.dumps({
+                "schema": RELEASE_SCHEMA, "flow": self.flow, "mechanism": item.mechanism,
+                "key": item.key, "step": item.step, "window": self.window(item.step),
+                "value": item.value, "std": item.std,
+                "privacy": {"unit": "event", "accounting": item.unit, "spent": item.spent,
+                            "budget": item.budget, "delta": item.delta},
+            })
+        if isinstance(item, Alert):
+            return "alerts", item.key.encode(), orjson.dumps({
+                "schema": ALERT_SCHEMA, "flow": self.flow, "key": item.key, "step": item.step,
+                "window": self.window(item.step), "threshold": item.threshold,
+                "epsilon": item.epsilon,
+            })
+        return "releases", item.key.encode(), orjson.dumps({
+            "schema": STATUS_SCHEMA, "flow": self.flow, "status": "budget_exhausted",
+            "key": item.key, "step": item.step, "window": self.window(item.step),
+            "refused": item.label, "reason": item.reason, "spent": item.spent,
+            "budget": item.budget, "accounting": item.unit,
+        })
+
+    def encode_dead_letter(self, letter: DeadLetter) -> tuple[str, bytes | None, bytes]:
+        """Encode a dead letter for the dead-letter topic."""
+        return "dead_letters", None, orjson.dumps({
+            "schema": DEAD_LETTER_SCHEMA, "flow": self.flow, "reason": letter.reason,
+            "source": {"topic": letter.topic, "partition": letter.partition,
+                       "offset": letter.offset},
+            "original_base64": base64.b64encode(letter.original).decode(),
+        })

@@ -1,0 +1,130 @@
+"""One shard of the keyed statistics: closes time steps and steps every key.
+
+Keys are spread over a fixed number of shards (``flow.shards``); Bytewax
+partitions the shards over workers and snapshots each shard's state for
+recovery. A shard learns every input partition's frontier (the first step that
+partition has not closed) from the updates it receives, and closes step ``s``
+once all ``partitions`` input partitions have moved past it. Closing a step
+steps *every* key of the shard, with zero increments for keys that had no
+events, so steps without events still release for admitted keys. At the end
+of a bounded input (EOF) the steps up to the last event's step are closed too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dpstream.core.key_statistics import KeyStatistics, Output, StatisticsSpec
+from dpstream.core.noise import NoiseKey
+from dpstream.stream.events import ShardUpdate
+
+__all__ = ["ShardState"]
+
+
+class ShardState:
+    """The statistics of the keys of one shard, and the step clock that drives them.
+
+    Args:
+        spec: what to compute per key.
+        partitions: how many input partitions must close a step before it is released.
+        declared_by_shard: the declared keys of every shard (declared universe), else None;
+            the shard takes its own when its first update tells it which shard it is.
+        noise: the secret noise key.
+        state: a :meth:`to_state` snapshot to resume from.
+    """
+
+    def __init__(self, spec: StatisticsSpec, partitions: int,
+                 declared_by_shard: dict[int, list[str]] | None, noise: NoiseKey,
+                 state: dict[str, Any] | None = None) -> None:
+        self.spec, self.partitions, self.noise = spec, partitions, noise
+        self._declared_by_shard = declared_by_shard
+        self.shard: int | None = None
+        self.declared_keys: list[str] | None = None
+        self.frontiers: dict[int, int] = {}
+        self.last_steps: dict[int, int] = {}
+        self.pending: dict[int, dict[str, int]] = {}
+        self.keys: dict[str, KeyStatistics] = {}
+        self.next_step: int | None = 0 if declared_by_shard is not None else None
+        if state is not None:
+            self._bind(state["shard"])
+            self.frontiers = dict(state["frontiers"])
+            self.last_steps = dict(state["last_steps"])
+            self.pending = {s: dict(k) for s, k in state["pending"].items()}
+            self.next_step = state["next_step"]
+            self.keys = {k: KeyStatistics(spec, k, 0, noise, s) for k, s in state["keys"].items()}
+
+    def to_state(self) -> dict[str, Any]:
+        """Plain-data snapshot (holds true counts: the recovery store is secret)."""
+        return {
+            "shard": self.shard,
+            "frontiers": dict(self.frontiers),
+            "last_steps": dict(self.last_steps),
+            "pending": {s: dict(k) for s, k in self.pending.items()},
+            "next_step": self.next_step,
+            "keys": {k: stats.to_state() for k, stats in self.keys.items()},
+        }
+
+    def update(self, update: ShardUpdate) -> list[Output]:
+        """Take one partition's update and release every step that is now closed."""
+        if self.shard is None:
+            self._bind(update.shard)
+        if update.frontier is not None:
+            self.frontiers[update.partition] = max(
+                update.frontier, self.frontiers.get(update.partition, update.frontier))
+        if update.last_step is not None:
+            self.last_steps[update.partition] = max(
+                update.last_step, self.last_steps.get(update.partition, update.last_step))
+        for step, keys in update.increments.items():
+            bucket = self.pending.setdefault(step, {})
+            for key, n in keys.items():
+                bucket[key] = bucket.get(key, 0) + n
+        if len(self.frontiers) < self.partitions:
+            return []
+        return self._close_until(min(self.frontiers.values()))
+
+    def _bind(self, shard: int | None) -> None:
+        self.shard = shard
+        if self._declared_by_shard is not None and shard is not None:
+            self.declared_keys = sorted(self._declared_by_shard.get(shard, []))
+
+    def end_of_input(self) -> list[Output]:
+        """Close every step up to the last step any partition has seen (bounded input)."""
+        candidates = list(self.last_steps.values()) + list(self.pending)
+        if not candidates:
+            return []
+        return self._close_until(max(candidates) + 1)
+
+    def _close_until(self, end: int) -> list[Output]:
+        """Close the steps before ``end``."""
+        if self.next_step is None:
+            if not self.pending:
+                return []
+            self.next_step = min(self.pending)
+        out: list[Output] = []
+        while self.next_step < end:
+            if not self.keys and self.declared_keys is None:
+                future = [s for s in self.pending if s >= self.next_step]
+                if not future:
+                    self.next_step = end
+                    break
+                self.next_step = max(self.next_step, min(future))
+                if self.next_step >= end:
+                    break
+            out.extend(self._close(self.next_step))
+            self.next_step += 1
+        return out
+
+    def _close(self, step: int) -> list[Output]:
+        increments = self.pending.pop(step, {})
+        if self.declared_keys is not None and not self.keys:
+            self.keys = {k: KeyStatistics(self.spec, k, step, self.noise)
+                         for k in self.declared_keys}
+        for key in increments:
+            if key not in self.keys:
+                self.keys[key] = KeyStatistics(self.spec, key, step, self.noise)
+        out: list[Output] = []
+        for key in sorted(self.keys):
+            stats = self.keys[key]
+            if not stats.dormant:
+                out.extend(stats.step(increments.get(key, 0)))
+        return out

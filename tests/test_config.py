@@ -1,0 +1,94 @@
+"""Configuration: valid files load; every bad setting fails at start-up with a precise message."""
+
+from pathlib import Path
+
+import pytest
+
+from dpstream.config import load_config, parse_config
+from dpstream.errors import ConfigError
+
+EXAMPLE = Path(__file__).parent.parent / "deploy" / "counters.example.toml"
+
+
+def base(**tables):
+    raw = {"flow": {"origin": "2026-11-20T00:00:00Z", "step": "1s"},
+           "privacy": {"accounting": "pure", "budget": 1.0, "delta": 1e-6}}
+    for name, values in tables.items():
+        raw.setdefault(name, {}).update(values)
+    return raw
+
+
+def test_example_file_loads_and_describes_itself():
+    config = load_config(EXAMPLE, environ={})
+    assert config.step_seconds == 60
+    text = config.describe()
+    assert "tree-laplace" in text and "admission delta" in text
+
+
+def test_environment_overrides(tmp_path):
+    config = load_config(EXAMPLE, environ={"DPSTREAM_BROKERS": "a:1,b:2",
+                                           "DPSTREAM_METRICS_PORT": "0"})
+    assert config.kafka.brokers == ("a:1", "b:2")
+    assert config.metrics_port == 0
+    with pytest.raises(ConfigError, match=r"\$DPSTREAM_METRICS_PORT must be an integer"):
+        load_config(EXAMPLE, environ={"DPSTREAM_METRICS_PORT": "x"})
+
+
+def test_zcdp_declared_config():
+    config = parse_config(base(privacy={"accounting": "zcdp", "budget": 0.5},
+                               counter={"rho": 0.4, "horizon": 65536},
+                               admission={"mode": "declared", "keys": ["eu", "us"]}))
+    assert config.privacy.counter.mechanism == "blt-gaussian"
+    assert config.privacy.monitor is None
+    assert "(epsilon, delta)" in config.describe()
+
+
+def test_open_mode_default_threshold_meets_delta():
+    config = parse_config(base())
+    assert config.admission.delta <= 1e-6
+    assert config.privacy.monitor.threshold > 1
+
+
+@pytest.mark.parametrize("raw, message", [
+    (base(flow={"step": "fast"}), "flow.step must be a duration like '1s'"),
+    (base(flow={"step": 0}), "flow.step must be > 0"),
+    (base(flow={"origin": "yesterday"}), "flow.origin must be an ISO-8601 time"),
+    (base(flow={"shards": 0}), "flow.shards must be between 1 and 4096"),
+    (base(flow={"stpe": "1s"}), r"unknown setting\(s\) in \[flow\]: stpe"),
+    (base(privacy={"budget": -1}), "privacy.budget must be finite and > 0, got -1"),
+    (base(privacy={"accounting": "renyi"}), "privacy.accounting must be 'pure' or 'zcdp'"),
+    (base(privacy={"budget": 0.5}, counter={"epsilon": 0.7}), "privacy.budget = 0.5 epsilon per "
+     "key cannot pay for"),
+    (base(counter={"horizon": 1000}), r"\[counter\]: .*power of two"),
+    (base(counter={"rho": 0.1}), r"unknown setting\(s\) in \[counter\]: rho"),
+    (base(monitor={"threshold": 5}), "monitor.threshold = 5 admits a key with a single event"),
+    (base(admission={"mode": "declared"}), "admission.keys"),
+    (base(admission={"mode": "open", "keys": ["a"]}), "only used with admission.mode = 'declared'"),
+    (base(admission={"mode": "open"}, monitor={"enabled": False}), "needs the threshold monitor"),
+    (base(kafka={"input_topic": "bad topic!"}), "not a valid Kafka topic name"),
+    (base(kafka={"releases_topic": "events"}), "kafka topics must all differ"),
+    (base(metrics={"port": 70000}), "metrics.port must be in 0..65535"),
+    ({"flwo": {}}, r"unknown table\(s\) flwo"),
+    ({"privacy": {"budget": "1"}}, "privacy.budget must be float, got '1'"),
+])
+def test_bad_settings_fail_precisely(raw, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_config(raw)
+
+
+def test_declared_mode_requires_origin():
+    raw = base(admission={"mode": "declared", "keys": ["a"]})
+    del raw["flow"]["origin"]
+    with pytest.raises(ConfigError, match="flow.origin is required"):
+        parse_config(raw)
+
+
+def test_unreadable_files(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read configuration"):
+        load_config(tmp_path / "missing.toml", environ={})
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[flow\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(bad, environ={})
+    with pytest.raises(ConfigError, match="DPSTREAM_CONFIG"):
+        load_config(None, environ={})
