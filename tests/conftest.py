@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from dpstream.io.broker import EmbeddedBroker
     from support.prometheus import PrometheusServer
+
+    from dpstream.io.broker import EmbeddedBroker
 
 
 @pytest.fixture(scope="session")
@@ -39,9 +40,7 @@ def broker() -> Iterator[EmbeddedBroker]:
 
 
 @pytest.fixture
-def topic_factory(
-    broker: EmbeddedBroker, request: pytest.FixtureRequest
-) -> Callable[..., str]:
+def topic_factory(broker: EmbeddedBroker, request: pytest.FixtureRequest) -> Callable[..., str]:
     """Return ``make(partitions=1, suffix="") -> name`` creating a fresh, uniquely named topic.
 
     Names carry the test's name, so broker logs and failure messages point at the test. The broker

@@ -192,7 +192,8 @@ def _inverse_poles(theta: FloatArray, omega: FloatArray) -> FloatArray:
         done = (mid == lo) | (mid == hi)
         if bool(np.all(done)):
             break
-        f = 1.0 + np.sum(omega[None, :] / (mid[:, None] - theta[None, :]), axis=1)
+        with np.errstate(divide="ignore", invalid="ignore"):  # only at finished intervals
+            f = 1.0 + np.sum(omega[None, :] / (mid[:, None] - theta[None, :]), axis=1)
         positive = f > 0
         lo = np.where(positive & ~done, mid, lo)
         hi = np.where(~positive & ~done, mid, hi)
@@ -201,7 +202,11 @@ def _inverse_poles(theta: FloatArray, omega: FloatArray) -> FloatArray:
 
 
 def _inverse_weights(theta: FloatArray, gamma: FloatArray) -> FloatArray:
-    """Return beta_j > 0 with C^{-1}(z) = 1 - sum_j beta_j z / (1 - gamma_j z) (partial fractions)."""
+    """Return the partial-fraction weights beta_j > 0 of the inverse.
+
+    ``C^{-1}(z) = 1 - sum_j beta_j z / (1 - gamma_j z)``, so the impulse response
+    is ``r_0 = 1``, ``r_k = -sum_j beta_j gamma_j^(k-1)``.
+    """
     d = len(theta)
     beta = np.empty(d)
     for j in range(d):
@@ -233,7 +238,7 @@ def _pow_lower(num: int, bits: int, exponent: int) -> Fraction:
 def _sensitivity_bound(
     theta_num: tuple[int, ...], omega_num: tuple[int, ...], bits: int, horizon: int
 ) -> tuple[Fraction, Fraction]:
-    """Return ``(eta, Delta_G^2)``: the rounding slack and an upper bound on the epoch's sensitivity.
+    """Return ``(eta, Delta_G^2)``: the rounding slack and a bound on the epoch's sensitivity.
 
     ``Delta_G^2 = G^2 + sum_{i=1}^{n-1} (G c_i + eta)^2
     = G^2 (1 + S2) + 2 G eta S1 + (n - 1) eta^2`` with
@@ -261,7 +266,7 @@ def _sensitivity_bound(
     return eta, delta2
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _parameters(horizon: int) -> _Parameters:
     table = _load_table()
     if horizon not in table:
@@ -349,6 +354,7 @@ class BltCounterSpec:
         horizon: the epoch length ``n``, a power of two with parameters in the
             shipped table. Accuracy is best up to ``horizon`` steps; beyond, the
             error grows like the square root of the number of epochs.
+
     """
 
     rho: float
@@ -387,7 +393,7 @@ class BltCounterSpec:
 
     @property
     def sensitivity(self) -> float:
-        """The (rounded-up) L2 sensitivity ``Delta_G / G`` of an epoch's grid releases, in counts."""
+        """The (rounded-up) L2 sensitivity ``Delta_G / G`` of an epoch's releases, in counts."""
         p = _parameters(self.horizon)
         return math.nextafter(math.sqrt(float(p.delta2)), math.inf) / _GRID
 
@@ -494,6 +500,35 @@ def _round_shift(value: int, bits: int) -> int:
     return (value + (1 << (bits - 1))) >> bits
 
 
+def _grid_step(p: _Parameters, buffers: list[int], x: int) -> int:
+    """Return ``Y_t``, the grid value of ``G (C x)_t``, and advance the integer buffers in place.
+
+    ``Y_t = x G + sum_j round(W_j B_j / 2^P)``, then
+    ``B_j <- round(T_j B_j / 2^P) + x G``: exact integer arithmetic, so the
+    released ``Y_t + Z_t`` lives on the integer grid whatever the input.
+    """
+    bits = p.precision_bits
+    xg = x * _GRID
+    y = xg
+    for j, b in enumerate(buffers):
+        y += _round_shift(p.omega_num[j] * b, bits)
+        buffers[j] = _round_shift(p.theta_num[j] * b, bits) + xg
+    return y
+
+
+def _inverse_step(p: _Parameters, buffers: list[float], w: float) -> float:
+    """Return ``(C^{-1} w)_t`` and advance the float buffers (feedback form, post-processing).
+
+    ``u = w - sum_j omega_j b_j``, then ``b_j <- theta_j b_j + u``.
+    """
+    u = w
+    for j, b in enumerate(buffers):
+        u -= p.omega[j] * b
+    for j, b in enumerate(buffers):
+        buffers[j] = p.theta[j] * b + u
+    return u
+
+
 class BltCounter:
     """A running BLT counter for one stream.
 
@@ -508,10 +543,11 @@ class BltCounter:
     Raises:
         InvalidParameterError: bad coordinates, or a state that does not belong
             to this specification.
+
     """
 
     __slots__ = (
-        "spec", "_key", "_coordinates", "_p", "_sigma2", "_bits", "_epoch", "_s",
+        "spec", "_key", "_coordinates", "_p", "_sigma2", "_epoch", "_s",
         "_grid_buffers", "_inverse_buffers", "_partial", "_base_value",
     )
 
@@ -533,7 +569,6 @@ class BltCounter:
         self._coordinates = coordinates
         self._p = _parameters(spec.horizon)
         self._sigma2 = spec.sigma2_grid
-        self._bits = self._p.precision_bits
         d = self._p.buffers
         self._epoch = 0
         self._s = 0
@@ -554,6 +589,7 @@ class BltCounter:
 
         Args:
             increment: the number of events in this step (an integer >= 0).
+
         """
         if isinstance(increment, bool) or not isinstance(increment, (int, np.integer)):
             raise InvalidParameterError(
@@ -562,25 +598,11 @@ class BltCounter:
         x = int(increment)
         if x < 0:
             raise InvalidParameterError("increment must be an integer >= 0, got a negative one")
-        p, bits = self._p, self._bits
-        xg = x * _GRID
-        # C x on the grid, exactly (Python integers), then the buffer update.
-        y = xg
-        buffers = self._grid_buffers
-        for j, b in enumerate(buffers):
-            y += _round_shift(p.omega_num[j] * b, bits)
-            buffers[j] = _round_shift(p.theta_num[j] * b, bits) + xg
+        y = _grid_step(self._p, self._grid_buffers, x)
         rng = self._key.stream(*self._coordinates, "blt", self._epoch, self._s)
         released = y + discrete_gaussian(rng, self._sigma2)
-        # Post-processing of the release: C^{-1} in feedback form, then the prefix sum.
-        w = float(released) / _GRID
-        inverse = self._inverse_buffers
-        u = w
-        for j, b in enumerate(inverse):
-            u -= p.omega[j] * b
-        for j, b in enumerate(inverse):
-            inverse[j] = p.theta[j] * b + u
-        self._partial += u
+        # Post-processing of the integer release: C^{-1}, then the prefix sum.
+        self._partial += _inverse_step(self._p, self._inverse_buffers, float(released) / _GRID)
         value = self._base_value + self._partial
         step = self.steps_done
         std = math.sqrt(_variance(self.spec, self._epoch, self._s))
@@ -646,4 +668,7 @@ class BltCounter:
         self._partial, self._base_value = partial, base
 
     def __repr__(self) -> str:
-        return f"BltCounter(rho={self.spec.rho}, horizon={self.spec.horizon}, steps_done={self.steps_done})"
+        return (
+            f"BltCounter(rho={self.spec.rho}, horizon={self.spec.horizon}, "
+            f"steps_done={self.steps_done})"
+        )

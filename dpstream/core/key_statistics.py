@@ -136,9 +136,10 @@ class KeyStatistics:
         self.initial_value = 0.0
         self.initial_var = 0.0
         self._pending: list[Output] = []
+        self._monitor_coords: tuple[Any, ...] = self._coords + ("monitor",)
         if spec.monitor is not None:
             if self._pay(spec.monitor.charge, start_step):
-                self.monitor = ThresholdMonitor(spec.monitor, noise, self._coords + ("monitor",))
+                self.monitor = ThresholdMonitor(spec.monitor, noise, self._monitor_coords)
         if spec.mode == "declared" and not self.exhausted:
             self._start_counter(start_step, initial=None)
 
@@ -179,6 +180,8 @@ class KeyStatistics:
     @property
     def dormant(self) -> bool:
         """Whether the key will never publish anything again (expired monitor or exhausted)."""
+        if self._pending:
+            return False
         if self.exhausted:
             return True
         return self.counter is None and (self.monitor is None or self.monitor.expired)
@@ -230,47 +233,50 @@ class KeyStatistics:
             "next_step": self.next_step, "prefix": self.prefix, "exhausted": self.exhausted,
             "ledger": self.ledger.to_state(),
             "monitor": None if self.monitor is None else self.monitor.to_state(),
+            "monitor_coords": list(self._monitor_coords),
+            "monitor_spec": repr(self.spec.monitor),
             "counter": None if self.counter is None else self.counter.to_state(),
             "counter_start": self.counter_start,
+            "counter_spec": repr(self.spec.counter),
             "initial": (self.initial_value, self.initial_var),
             "pending": list(self._pending),
-            "spec": self._spec_fingerprint(),
         }
 
-    def _spec_fingerprint(self) -> str:
-        return repr((self.spec.counter, self.spec.monitor, self.spec.initial))
-
     def _restore(self, state: dict[str, Any]) -> None:
+        """Resume from a snapshot under the configuration in force now.
+
+        The budget is the configured one: if it is now below what the key has
+        already spent, the key stops with a :class:`BudgetExhausted` status. A
+        changed mechanism is not resumed from state made for another one: a
+        changed counter is retired and a new one started at the resume step
+        (paying again for a fresh initial count and the counter), and a changed
+        monitor that had not fired yet is started afresh with fresh threshold
+        noise (paying again). A refused charge is announced the same way.
+        """
         self.next_step = state["next_step"]
         self.prefix = state["prefix"]
         self.exhausted = state["exhausted"]
         self.ledger = PrivacyLedger.from_state(state["ledger"])
-        self.monitor = (None if state["monitor"] is None or self.spec.monitor is None else
-                        ThresholdMonitor(self.spec.monitor, self._noise,
-                                         self._coords + ("monitor",), state["monitor"]))
         self.counter_start = state["counter_start"]
-        self.counter = (None if state["counter"] is None else
-                        _new_counter(self.spec.counter, self._noise,
-                                     self._coords + ("counter", self.counter_start),
-                                     state["counter"]))
         self.initial_value, self.initial_var = state["initial"]
         self._pending = list(state["pending"])
-        self._apply_configuration_change(state)
-
-    def _apply_configuration_change(self, state: dict[str, Any]) -> None:
-        """Resume under the configuration in force now.
-
-        The budget is the configured one: if it is now below what the key has
-        already spent, the key stops with a :class:`BudgetExhausted` status.
-        A changed counter specification retires the running counter and starts
-        a new one at the resume step, paying again for a fresh initial count and
-        the new counter; a refused charge is announced the same way.
-        """
+        self._monitor_coords = tuple(state["monitor_coords"])
+        self.monitor, self.counter = None, None
+        monitor_same = state["monitor_spec"] == repr(self.spec.monitor)
+        counter_same = state["counter_spec"] == repr(self.spec.counter)
+        if state["monitor"] is not None and monitor_same:
+            assert self.spec.monitor is not None
+            self.monitor = ThresholdMonitor(self.spec.monitor, self._noise, self._monitor_coords,
+                                            state["monitor"])
+        if state["counter"] is not None and counter_same:
+            self.counter = _new_counter(self.spec.counter, self._noise,
+                                        self._coords + ("counter", self.counter_start),
+                                        state["counter"])
         if self.exhausted:
             return
-        configured = PrivacyLedger(self.spec.accounting, self.spec.budget, self.spec.delta_budget)
-        self.ledger.rebudget(configured)
-        if self.ledger.spent > self.ledger.budget or self.ledger.spent_delta > self.spec.delta_budget:
+        self.ledger.rebudget(PrivacyLedger(self.spec.accounting, self.spec.budget,
+                                           self.spec.delta_budget))
+        if self.ledger.remaining < 0 or self.ledger.spent_delta > self.spec.delta_budget:
             self.exhausted = True
             self._pending.append(BudgetExhausted(
                 self.key, self.next_step, "budget change",
@@ -278,11 +284,15 @@ class KeyStatistics:
                 f"this key has already spent ({self.ledger.spent:g})",
                 self.ledger.spent, self.ledger.budget, self.ledger.unit))
             return
-        if state.get("spec") == self._spec_fingerprint() or self.counter is None:
-            return
-        restart = self.spec.initial or (
-            PrivacyCharge(epsilon=self.spec.counter.charge.epsilon,
-                          rho=self.spec.counter.charge.rho, label="initial count (restart)"))
-        self.prefix_at_restart = self.prefix
-        self.counter = None
-        self._start_counter(self.next_step - 1, initial=restart)
+        restart_step = self.next_step - 1
+        monitor_was_waiting = state["monitor"] is not None and state["counter_start"] is None
+        if not monitor_same and self.spec.monitor is not None and monitor_was_waiting:
+            if self._pay(self.spec.monitor.charge, restart_step):
+                self._monitor_coords = self._coords + ("monitor", restart_step)
+                self.monitor = ThresholdMonitor(self.spec.monitor, self._noise,
+                                                self._monitor_coords)
+        if state["counter"] is not None and not counter_same and not self.exhausted:
+            restart = self.spec.initial or PrivacyCharge(
+                epsilon=self.spec.counter.charge.epsilon, rho=self.spec.counter.charge.rho,
+                label="initial count (restart)")
+            self._start_counter(restart_step, initial=restart)

@@ -76,9 +76,9 @@ def _check_epsilon(epsilon: object) -> float:
 
 
 def _check_horizon(horizon: object) -> int:
-    if not _is_int(horizon) or horizon < 1:  # type: ignore[operator]
+    if not isinstance(horizon, (int, np.integer)) or not _is_int(horizon) or horizon < 1:
         raise InvalidParameterError(f"horizon must be an integer >= 1, got {horizon!r}")
-    return int(horizon)  # type: ignore[call-overload]
+    return int(horizon)
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,7 @@ class ThresholdMonitorSpec:
         epsilon: the pure-DP epsilon of the whole run.
         threshold: the count ``tau`` to detect (an integer >= 1).
         horizon: if set, the number of steps tested before the monitor expires.
+
     """
 
     epsilon: float
@@ -131,6 +132,7 @@ class ThresholdMonitor:
 
     Raises:
         InvalidParameterError: bad coordinates, or a malformed or mismatched state.
+
     """
 
     __slots__ = ("spec", "_key", "_coordinates", "_steps", "_count", "_fired_at", "_rho")
@@ -180,8 +182,10 @@ class ThresholdMonitor:
             if isinstance(exc, InvalidParameterError):
                 raise
             raise InvalidParameterError(f"malformed threshold monitor state: {exc!r}") from None
-        if steps < 0 or count < 0 or not (
-            fired_at is None or (_is_int(fired_at) and 0 <= fired_at < steps)
+        if (
+            steps < 0
+            or count < 0
+            or not (fired_at is None or (_is_int(fired_at) and 0 <= fired_at < steps))
         ):
             raise InvalidParameterError("malformed threshold monitor state: inconsistent fields")
         self._steps, self._count = steps, count
@@ -246,11 +250,10 @@ class ThresholdMonitor:
 
         Raises:
             InvalidParameterError: ``increment`` is not a non-negative integer.
+
         """
         if not _is_int(increment) or increment < 0:
-            raise InvalidParameterError(
-                f"increment must be an integer >= 0, got {increment!r}"
-            )
+            raise InvalidParameterError(f"increment must be an integer >= 0, got {increment!r}")
         t = self._steps
         self._steps = t + 1
         if self._fired_at is not None:
@@ -351,6 +354,7 @@ def admission_delta(spec: ThresholdMonitorSpec) -> float:
 
     Raises:
         InvalidParameterError: ``spec.horizon`` is not set (the bound is infinite).
+
     """
     if spec.horizon is None:
         raise InvalidParameterError(
@@ -371,6 +375,7 @@ def minimal_threshold(epsilon: float, horizon: int, delta: float) -> int:
 
     Raises:
         InvalidParameterError: a parameter is out of range.
+
     """
     eps = _check_epsilon(epsilon)
     horizon = _check_horizon(horizon)

