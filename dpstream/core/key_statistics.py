@@ -28,7 +28,7 @@ from fractions import Fraction
 from typing import Any, Literal
 
 from dpstream.core.blt_counter import BltCounter, BltCounterSpec
-from dpstream.core.ledger import PrivacyCharge, PrivacyLedger
+from dpstream.core.ledger import PrivacyCharge, PrivacyLedger, exact
 from dpstream.core.noise import (
     NoiseKey,
     discrete_gaussian,
@@ -213,10 +213,10 @@ class KeyStatistics:
         """Release the prefix count once: sensitivity 1 (one event changes it by one)."""
         rng = self._noise.stream(*self._coords, "initial", step)
         if charge.epsilon:
-            scale = 1 / Fraction(charge.epsilon)
+            scale = 1 / exact(charge.epsilon)
             return float(self.prefix + discrete_laplace(rng, scale)), discrete_laplace_variance(
                 scale)
-        sigma2 = Fraction(1) / (2 * Fraction(charge.rho))  # rho = 1/(2 sigma^2), CKS 2020
+        sigma2 = Fraction(1) / (2 * exact(charge.rho))  # rho = 1/(2 sigma^2), CKS 2020
         return float(self.prefix + discrete_gaussian(rng, sigma2)), discrete_gaussian_variance(
             sigma2)
 

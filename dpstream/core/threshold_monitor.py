@@ -45,7 +45,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from dpstream.core.ledger import PrivacyCharge
+from dpstream.core.ledger import PrivacyCharge, exact
 from dpstream.core.noise import NoiseKey, discrete_laplace
 from dpstream.errors import InvalidParameterError
 
@@ -113,12 +113,12 @@ class ThresholdMonitorSpec:
     @property
     def threshold_scale(self) -> Fraction:
         """The exact scale ``2 / epsilon`` of the threshold noise ``rho``."""
-        return Fraction(2) / Fraction(self.epsilon)
+        return Fraction(2) / exact(self.epsilon)
 
     @property
     def query_scale(self) -> Fraction:
         """The exact scale ``4 / epsilon`` of each query noise ``nu_t``."""
-        return Fraction(4) / Fraction(self.epsilon)
+        return Fraction(4) / exact(self.epsilon)
 
 
 class ThresholdMonitor:

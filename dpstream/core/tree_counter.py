@@ -50,7 +50,7 @@ from typing import Any, ClassVar, Final
 import numpy as np
 
 from dpstream.core.estimate import CounterEstimate
-from dpstream.core.ledger import PrivacyCharge
+from dpstream.core.ledger import PrivacyCharge, exact
 from dpstream.core.noise import NoiseKey, discrete_laplace, discrete_laplace_variance
 from dpstream.errors import InvalidParameterError
 
@@ -128,7 +128,7 @@ class TreeCounterSpec:
 
     def noise_scale(self, epoch: int) -> Fraction:
         """Return the exact discrete Laplace scale ``(m_j + 1) / epsilon`` of epoch ``epoch``."""
-        return Fraction(self.levels(epoch)) / Fraction(self.epsilon)
+        return Fraction(self.levels(epoch)) / exact(self.epsilon)
 
     def node_variance(self, epoch: int) -> float:
         """Return the variance ``v`` of one node's noise in epoch ``epoch``."""
