@@ -46,7 +46,7 @@ def test_embedded_broker_starts_answers_and_stops():
     embedded.stop()  # idempotent
 
 
-def test_embedded_broker_reports_a_taken_port_with_its_stderr():
+def test_embedded_broker_reports_a_taken_port_with_its_stderr(tmp_path):
     import socket
 
     with socket.socket() as taken:
@@ -54,7 +54,8 @@ def test_embedded_broker_reports_a_taken_port_with_its_stderr():
         taken.listen()
         port = taken.getsockname()[1]
         with pytest.raises(DpstreamError, match=rf"127\.0\.0\.1:{port}.*stderr tail"):
-            EmbeddedBroker(port=port, start_timeout=10).start()
+            EmbeddedBroker(port=port, start_timeout=10, log_dir=tmp_path).start()
+    assert "AddrInUse" in (tmp_path / "tansu.stderr.log").read_text()  # logs kept for debugging
 
 
 def test_embedded_broker_retries_when_it_loses_the_race_for_a_port(monkeypatch):

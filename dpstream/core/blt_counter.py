@@ -18,9 +18,12 @@ with ``A`` the lower-triangular matrix of ones. We write ``A = B C`` with
 (``y_t = x_t + sum_j omega_j b_j``, then ``b_j <- theta_j b_j + x_t``) and
 ``C^{-1}`` streams with the same buffers in feedback form, so the counter's
 state is ``O(d)`` numbers whatever the horizon. The parameters are optimised
-offline by ``tools/optimize_blt.py`` for each horizon (shipped in
-``blt_parameters.json``); only their accuracy depends on that table, never
-their privacy, which is recomputed here from the parameters actually used.
+offline by ``tools/optimize_blt.py`` for each horizon ``2^4 .. 2^24`` (shipped
+in ``blt_parameters.json``; ``d = 4``, or ``d = 5`` from ``2^20`` on, where the
+fifth buffer gains 1-2%). Only accuracy depends on that table, never privacy:
+the sensitivity is recomputed here from the dyadic parameters actually used,
+and the inverse is checked to be stable (its poles interlace the thetas and lie
+in ``(-1, 1)``).
 
 **The integer grid (pitfall 2).** Integer noise added to a *real* ``C x``
 would leave the fractional part of ``C x`` visible: neighbouring inputs would
@@ -58,9 +61,11 @@ from above). ``sigma_G^2 = ceil(Delta_G^2 / (2 rho'))`` with
 
 **Privacy.** CKS 2020 (Theorem 14, multivariate discrete Gaussian) gives
 ``(Delta_G^2 / (2 sigma_G^2) + extra)``-zCDP for an epoch, where the extra term
-comes from the discreteness and is of order ``n e^(-pi^2 sigma_G^2)``. With
-``sigma_G^2 > 10^20`` it is far below ``10^-300``; it is checked numerically and
-covered by the ``10^-12 rho`` reserved above. Each event lies in exactly one
+comes from the discreteness and is of order ``n e^(-pi^2 sigma_G^2)``. Since
+``Delta_G >= G = 2^40``, ``sigma_G^2 >= 2^80 / (2 rho)``: for any practical rho
+the term is below ``10^-300``. It is bounded generously and checked against the
+``10^-12 rho`` reserved above when the spec is built (a rho so large that it
+would not fit is refused). Each event lies in exactly one
 epoch and epochs use disjoint noise coordinates and disjoint data, so the whole
 unbounded stream costs ``rho`` (parallel composition); an epoch's carried base
 is post-processing of its own releases.
@@ -90,7 +95,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dpstream.core.estimate import CounterEstimate
-from dpstream.core.ledger import PrivacyCharge
+from dpstream.core.ledger import PrivacyCharge, exact
 from dpstream.core.noise import (
     Coordinate,
     NoiseKey,
@@ -406,7 +411,7 @@ class BltCounterSpec:
 @functools.lru_cache(maxsize=256)
 def _sigma2_grid(spec: BltCounterSpec) -> Fraction:
     delta2 = _parameters(spec.horizon).delta2
-    rho = Fraction(spec.rho) * (1 - _RHO_RESERVE)
+    rho = exact(spec.rho) * (1 - _RHO_RESERVE)
     q = delta2 / (2 * rho)
     return Fraction(-(-q.numerator // q.denominator))  # ceil, exactly
 

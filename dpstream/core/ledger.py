@@ -19,6 +19,7 @@ Two accountings:
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from fractions import Fraction
@@ -32,6 +33,7 @@ Accounting = Literal["pure", "zcdp"]
 _ACCOUNTINGS: Final = ("pure", "zcdp")
 
 
+@functools.lru_cache(maxsize=1024)
 def exact(value: float | int | Fraction) -> Fraction:
     """Return the exact rational a privacy parameter stands for: its shortest decimal form.
 
@@ -113,13 +115,7 @@ class PrivacyLedger:
     # -- the privacy map (deterministic, exact) --
     def cost_of(self, charge: PrivacyCharge) -> Fraction:
         """Return what ``charge`` costs in this ledger's unit (epsilon or rho), exactly."""
-        if self.accounting == "pure":
-            if charge.rho:
-                raise InvalidParameterError(
-                    "a pure-DP ledger cannot pay a zCDP charge (rho > 0); use accounting 'zcdp'"
-                )
-            return exact(charge.epsilon)
-        return exact(charge.rho) + exact(charge.epsilon) ** 2 / 2
+        return _cost(self.accounting, charge.epsilon, charge.rho)
 
     def can_afford(self, charge: PrivacyCharge) -> bool:
         """Return whether ``charge`` fits in what remains (nothing is committed)."""
@@ -221,6 +217,17 @@ class PrivacyLedger:
             f"PrivacyLedger({self.accounting}, spent={self.spent:.6g}/{self.budget:.6g} {self.unit},"
             f" delta={self.spent_delta:.3g})"
         )
+
+
+@functools.lru_cache(maxsize=1024)
+def _cost(accounting: Accounting, epsilon: float, rho: float) -> Fraction:
+    if accounting == "pure":
+        if rho:
+            raise InvalidParameterError(
+                "a pure-DP ledger cannot pay a zCDP charge (rho > 0); use accounting 'zcdp'"
+            )
+        return exact(epsilon)
+    return exact(rho) + exact(epsilon) ** 2 / 2
 
 
 def _frac_to_str(value: Fraction) -> str:

@@ -61,21 +61,17 @@ class RandomIntegers(Protocol):
 
 
 def _encode_coordinates(coordinates: tuple[Coordinate, ...]) -> bytes:
-    """Encode coordinates injectively: each part is typed and length-prefixed."""
-    out = bytearray()
+    """Encode coordinates injectively.
+
+    ``repr`` of a tuple of ``str`` and ``int`` is injective (strings are quoted and
+    escaped, integers are not), and it runs in C: this is on the per-release path.
+    """
     for part in coordinates:
-        if isinstance(part, bool) or not isinstance(part, (str, int)):
+        if type(part) is not str and type(part) is not int:
             raise InvalidParameterError(
                 f"noise coordinates must be str or int, got {type(part).__name__}"
             )
-        if isinstance(part, int):
-            raw = str(part).encode()
-            out += b"i"
-        else:
-            raw = part.encode("utf-8")
-            out += b"s"
-        out += len(raw).to_bytes(4, "big") + raw
-    return bytes(out)
+    return repr(coordinates).encode("utf-8", "surrogatepass")
 
 
 class _PrfStream:

@@ -38,6 +38,8 @@ lazily at a key's first event fires although the key has only that one event.
 
 from __future__ import annotations
 
+import functools
+
 import math
 from dataclasses import dataclass
 from fractions import Fraction
@@ -110,12 +112,12 @@ class ThresholdMonitorSpec:
         """The privacy cost of the whole run (one query's worth, Dwork & Roth Thm 3.23)."""
         return PrivacyCharge(epsilon=float(self.epsilon), label="threshold monitor")
 
-    @property
+    @functools.cached_property
     def threshold_scale(self) -> Fraction:
         """The exact scale ``2 / epsilon`` of the threshold noise ``rho``."""
         return Fraction(2) / exact(self.epsilon)
 
-    @property
+    @functools.cached_property
     def query_scale(self) -> Fraction:
         """The exact scale ``4 / epsilon`` of each query noise ``nu_t``."""
         return Fraction(4) / exact(self.epsilon)

@@ -42,6 +42,8 @@ recovery store that keeps it must be treated as secret.
 
 from __future__ import annotations
 
+import functools
+
 import math
 from dataclasses import dataclass
 from fractions import Fraction
@@ -67,6 +69,16 @@ _STATE_VERSION: Final = 1
 
 def _is_int(value: object) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+@functools.lru_cache(maxsize=256)
+def _noise_scale(levels: int, epsilon: float) -> Fraction:
+    return Fraction(levels) / exact(epsilon)
+
+
+@functools.lru_cache(maxsize=256)
+def _node_variance(levels: int, epsilon: float) -> float:
+    return discrete_laplace_variance(_noise_scale(levels, epsilon))
 
 
 @dataclass(frozen=True)
@@ -128,11 +140,11 @@ class TreeCounterSpec:
 
     def noise_scale(self, epoch: int) -> Fraction:
         """Return the exact discrete Laplace scale ``(m_j + 1) / epsilon`` of epoch ``epoch``."""
-        return Fraction(self.levels(epoch)) / exact(self.epsilon)
+        return _noise_scale(self.levels(epoch), self.epsilon)
 
     def node_variance(self, epoch: int) -> float:
         """Return the variance ``v`` of one node's noise in epoch ``epoch``."""
-        return discrete_laplace_variance(self.noise_scale(epoch))
+        return _node_variance(self.levels(epoch), self.epsilon)
 
 
 def _combined_variances(v: float, levels: int) -> list[float]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 import bytewax.operators as op
@@ -21,12 +22,11 @@ from bytewax.operators import StatefulBatchLogic
 from dpstream.core.key_statistics import Output, StatisticsSpec
 from dpstream.core.noise import NoiseKey
 from dpstream.io.records import DeadLetter
-from dpstream.stream.events import EventRules, PartitionClock, ShardUpdate, shard_of
+from dpstream.stream.events import EventRules, PartitionClock, RawMessage, ShardUpdate, shard_of
 from dpstream.stream.shard import ShardState
 
 __all__ = ["StepAssignment", "assign_steps", "keyed_statistics"]
 
-RawMessage = tuple[int, bytes | None, int | None, str | None]  # partition, value, offset, topic
 Observer = Callable[[str, int], None]
 
 
@@ -42,7 +42,7 @@ class _PartitionLogic(StatefulBatchLogic[list[RawMessage], Any, dict[str, Any]])
         out: list[Any] = []
         for batch in values:
             before = self.clock.events
-            updates, dead = self.clock.process(batch[0][0], [(v, o, t) for _, v, o, t in batch])
+            updates, dead = self.clock.process(batch[0][0], batch)
             out.extend((str(update.shard), update) for update in updates)
             out.extend(dead)
             self.observe("events", self.clock.events - before)
@@ -63,6 +63,9 @@ class StepAssignment:
 
 
 def _group_by_partition(batch: list[RawMessage]) -> list[tuple[str, list[RawMessage]]]:
+    partitions = set(map(itemgetter(0), batch))
+    if len(partitions) == 1:  # the usual case: a Kafka source batch comes from one partition
+        return [(str(partitions.pop()), batch)]
     groups: dict[int, list[RawMessage]] = defaultdict(list)
     for message in batch:
         groups[message[0]].append(message)

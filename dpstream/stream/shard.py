@@ -75,7 +75,10 @@ class ShardState:
             self.last_steps[update.partition] = max(
                 update.last_step, self.last_steps.get(update.partition, update.last_step))
         for step, keys in update.increments.items():
-            bucket = self.pending.setdefault(step, {})
+            bucket = self.pending.get(step)
+            if bucket is None:
+                self.pending[step] = keys  # the update is ours: adopt it instead of copying
+                continue
             for key, n in keys.items():
                 bucket[key] = bucket.get(key, 0) + n
         if len(self.frontiers) < self.partitions:
