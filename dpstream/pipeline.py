@@ -24,6 +24,7 @@ from dpstream.io.records import DeadLetter, RecordEncoder
 from dpstream.metrics import FlowMetrics
 from dpstream.stream.events import EventRules
 from dpstream.stream.operators import RawMessage, assign_steps, keyed_statistics
+from dpstream.stream.shard import ShardState
 
 __all__ = ["build_counters_flow", "statistics_spec"]
 
@@ -60,6 +61,7 @@ def build_counters_flow(
     source: Source[RawMessage] | None = None,
     sink: Sink[Encoded] | None = None,
     metrics: FlowMetrics | None = None,
+    shard_class: type[ShardState] = ShardState,
 ) -> Dataflow:
     """Build the counters dataflow.
 
@@ -71,6 +73,7 @@ def build_counters_flow(
         source: in-memory input of ``(partition, value, offset, topic)``; Kafka if None.
         sink: in-memory output of ``(topic_role, key, value)``; Kafka if None.
         metrics: where to count; nothing is counted if None.
+        shard_class: the per-shard state; only ``bench/``'s non-private baseline changes it.
     """
     flow = Dataflow(config.name)
     kafka = config.kafka
@@ -106,7 +109,7 @@ def build_counters_flow(
         observe_outputs = lambda outs: None  # noqa: E731
     declared = config.admission.keys if config.admission.mode == "declared" else None
     outputs = keyed_statistics("statistics", assigned.updates, spec, partitions, config.shards,
-                               declared, noise, observe_outputs)
+                               declared, noise, observe_outputs, shard_class)
 
     encoder = RecordEncoder(config.name, config.origin, config.step_seconds)
     dead = assigned.dead_letters if errors is None else op.merge("all_dead", assigned.dead_letters,

@@ -112,9 +112,12 @@ def _ignore_outputs(_outputs: list[Output]) -> None:
 def keyed_statistics(step_id: str, up: Stream[tuple[str, ShardUpdate]], spec: StatisticsSpec,
                      partitions: int, shards: int, declared_keys: tuple[str, ...] | None,
                      noise: NoiseKey,
-                     observe: Callable[[list[Output]], None] = _ignore_outputs
-                     ) -> Stream[Output]:
-    """Run every key's monitor and counter, shard by shard; emit releases, alerts, statuses."""
+                     observe: Callable[[list[Output]], None] = _ignore_outputs,
+                     shard_class: type[ShardState] = ShardState) -> Stream[Output]:
+    """Run every key's monitor and counter, shard by shard; emit releases, alerts, statuses.
+
+    ``shard_class`` exists for the non-private baseline of ``bench/``; keep the default.
+    """
     declared_by_shard: dict[int, list[str]] | None = None
     if declared_keys is not None:
         declared_by_shard = defaultdict(list)
@@ -123,7 +126,7 @@ def keyed_statistics(step_id: str, up: Stream[tuple[str, ShardUpdate]], spec: St
         declared_by_shard = dict(declared_by_shard)
 
     def build(state: dict[str, Any] | None) -> _ShardLogic:
-        return _ShardLogic(ShardState(spec, partitions, declared_by_shard, noise, state), observe)
+        return _ShardLogic(shard_class(spec, partitions, declared_by_shard, noise, state), observe)
 
     keyed = op.stateful_batch("shards", up, build)
     return op.key_rm("unkey", keyed)

@@ -51,7 +51,7 @@ class ShardState:
             self.last_steps = dict(state["last_steps"])
             self.pending = {s: dict(k) for s, k in state["pending"].items()}
             self.next_step = state["next_step"]
-            self.keys = {k: KeyStatistics(spec, k, 0, noise, s) for k, s in state["keys"].items()}
+            self.keys = {k: self._restore_key(k, s) for k, s in state["keys"].items()}
 
     def to_state(self) -> dict[str, Any]:
         """Plain-data snapshot (holds true counts: the recovery store is secret)."""
@@ -84,6 +84,13 @@ class ShardState:
         if len(self.frontiers) < self.partitions:
             return []
         return self._close_until(min(self.frontiers.values()))
+
+    def _new_key(self, key: str, step: int) -> KeyStatistics:
+        """The statistics of a key first seen at ``step`` (benchmarks override this)."""
+        return KeyStatistics(self.spec, key, step, self.noise)
+
+    def _restore_key(self, key: str, state: dict[str, Any]) -> KeyStatistics:
+        return KeyStatistics(self.spec, key, 0, self.noise, state)
 
     def _bind(self, shard: int | None) -> None:
         self.shard = shard
@@ -120,11 +127,10 @@ class ShardState:
     def _close(self, step: int) -> list[Output]:
         increments = self.pending.pop(step, {})
         if self.declared_keys is not None and not self.keys:
-            self.keys = {k: KeyStatistics(self.spec, k, step, self.noise)
-                         for k in self.declared_keys}
+            self.keys = {k: self._new_key(k, step) for k in self.declared_keys}
         for key in increments:
             if key not in self.keys:
-                self.keys[key] = KeyStatistics(self.spec, key, step, self.noise)
+                self.keys[key] = self._new_key(key, step)
         out: list[Output] = []
         for key in sorted(self.keys):
             stats = self.keys[key]
