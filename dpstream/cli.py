@@ -116,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.verbose:
+        logging.getLogger("kafka").setLevel(logging.WARNING)  # kafka-python is chatty at INFO
     try:
         return int(args.func(args))
     except DpstreamError as exc:

@@ -82,10 +82,9 @@ def build_counters_flow(
             from dpstream.io.topics import topic_partitions
 
             partitions = topic_partitions(",".join(kafka.brokers), kafka.input_topic)
-        consumer_config = {"fetch.min.bytes": "1", **kafka.add_config}
         kafka_in = kop.input("kafka_in", flow, brokers=list(kafka.brokers),
                              topics=[kafka.input_topic], tail=kafka.tail,
-                             batch_size=kafka.batch_size, add_config=consumer_config)
+                             batch_size=kafka.batch_size, add_config=dict(kafka.add_config))
         raw = op.map("raw", kafka_in.oks,
                      lambda m: (m.partition, m.value, m.offset, m.topic))
         errors = op.map("kafka_errors", kafka_in.errs,

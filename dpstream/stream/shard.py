@@ -77,7 +77,7 @@ class ShardState:
         for step, keys in update.increments.items():
             bucket = self.pending.get(step)
             if bucket is None:
-                self.pending[step] = keys  # the update is ours: adopt it instead of copying
+                self.pending[step] = dict(keys)  # a C-speed copy; never mutate the input
                 continue
             for key, n in keys.items():
                 bucket[key] = bucket.get(key, 0) + n
