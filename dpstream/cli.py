@@ -1,9 +1,9 @@
 """The ``dpstream`` command: run a flow, check a configuration, make a key, run the demo.
 
-    dpstream demo                      # local broker + synthetic stream + counters flow + viewer
-    dpstream run --config flow.toml    # the counters flow against your Kafka
-    dpstream check-config flow.toml    # validate and print the privacy guarantee
-    dpstream keygen                    # a fresh secret noise key (hex)
+dpstream demo                      # local broker + synthetic stream + counters flow + viewer
+dpstream run --config flow.toml    # the counters flow against your Kafka
+dpstream check-config flow.toml    # validate and print the privacy guarantee
+dpstream keygen                    # a fresh secret noise key (hex)
 """
 
 from __future__ import annotations

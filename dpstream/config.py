@@ -128,7 +128,8 @@ class FlowConfig:
             ledger.charge(charge)
         unit = ledger.unit
         lines = [
-            f"flow {self.name!r}: one step = {self.step_seconds:g} s from {self.origin.isoformat()}",
+            f"flow {self.name!r}: one step = {self.step_seconds:g} s "
+            f"from {self.origin.isoformat()}",
             f"privacy unit: one event; accounting {self.privacy.accounting}; "
             f"per-key budget {ledger.budget:g} {unit}, committed at most {ledger.spent:g} {unit}",
             f"counter: {self.privacy.counter.mechanism} (horizon {self.privacy.counter.horizon})",
@@ -186,7 +187,8 @@ class _Section:
     def __init__(self, data: dict[str, Any], name: str) -> None:
         if not isinstance(data, dict):
             raise ConfigError(f"[{name}] must be a table, got {type(data).__name__}")
-        self.data, self.name, self.used = data, name, set()
+        self.data, self.name = data, name
+        self.used: set[str] = set()
 
     def get(self, key: str, default: Any, kind: type | tuple[type, ...] | None = None) -> Any:
         self.used.add(key)
@@ -196,7 +198,8 @@ class _Section:
             if kind is float and isinstance(value, int) and not isinstance(value, bool):
                 value, ok = float(value), True
             if not ok:
-                names = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
+                names = (kind.__name__ if isinstance(kind, type)
+                         else "/".join(k.__name__ for k in kind))
                 raise ConfigError(f"{self.name}.{key} must be {names}, got {value!r}")
         return value
 
@@ -232,7 +235,8 @@ def parse_config(raw: dict[str, Any], source: str = "<dict>") -> FlowConfig:
     unknown = sorted(set(raw) - known_tables)
     if unknown:
         raise ConfigError(
-            f"{source}: unknown table(s) {', '.join(unknown)} (known: {', '.join(sorted(known_tables))})"
+            f"{source}: unknown table(s) {', '.join(unknown)} "
+            f"(known: {', '.join(sorted(known_tables))})"
         )
     flow = _Section(raw.get("flow", {}), "flow")
     name = flow.get("name", "counters", str)
@@ -360,10 +364,10 @@ def parse_config(raw: dict[str, Any], source: str = "<dict>") -> FlowConfig:
                 "keys from the data are only released after their monitor fires"
             )
         if initial_value is None:
-            initial_value = budget * 0.2 if accounting == "pure" else budget * 0.2
-        _positive(initial_value, "admission.initial_" + ("epsilon" if accounting == "pure" else "rho"))
-        initial = (PrivacyCharge(epsilon=initial_value, label="initial count")
-                   if accounting == "pure" else PrivacyCharge(rho=initial_value, label="initial count"))
+            initial_value = budget * 0.2
+        unit = "epsilon" if accounting == "pure" else "rho"
+        _positive(initial_value, f"admission.initial_{unit}")
+        initial = PrivacyCharge(label="initial count", **{unit: initial_value})
         try:
             adm_delta = admission_delta(monitor_spec)
         except InvalidParameterError as exc:

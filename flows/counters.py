@@ -1,8 +1,8 @@
-"""The counters flow: Kafka events -> private per-key counts and alerts -> Kafka.
+r"""The counters flow: Kafka events -> private per-key counts and alerts -> Kafka.
 
 Run it on a Bytewax cluster with, for example::
 
-    DPSTREAM_CONFIG=deploy/counters.example.toml DPSTREAM_NOISE_KEY=... \\
+    DPSTREAM_CONFIG=deploy/counters.example.toml DPSTREAM_NOISE_KEY_FILE=/secret/noise.key \
         python -m bytewax.run flows.counters:flow -w 2 -r /secret/recovery -s 5
 
 or simply ``dpstream run --config deploy/counters.example.toml``.

@@ -1,4 +1,4 @@
-"""Deployment material: the Prometheus config and rules are valid, the dashboard uses real metrics."""
+"""Deployment material: Prometheus config and rules are valid; the dashboard uses real metrics."""
 
 import json
 import re

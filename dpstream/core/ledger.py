@@ -214,8 +214,8 @@ class PrivacyLedger:
 
     def __repr__(self) -> str:
         return (
-            f"PrivacyLedger({self.accounting}, spent={self.spent:.6g}/{self.budget:.6g} {self.unit},"
-            f" delta={self.spent_delta:.3g})"
+            f"PrivacyLedger({self.accounting}, spent={self.spent:.6g}/{self.budget:.6g} "
+            f"{self.unit}, delta={self.spent_delta:.3g})"
         )
 
 

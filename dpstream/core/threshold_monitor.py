@@ -39,7 +39,6 @@ lazily at a key's first event fires although the key has only that one event.
 from __future__ import annotations
 
 import functools
-
 import math
 from dataclasses import dataclass
 from fractions import Fraction

@@ -43,7 +43,6 @@ recovery store that keeps it must be treated as secret.
 from __future__ import annotations
 
 import functools
-
 import math
 from dataclasses import dataclass
 from fractions import Fraction

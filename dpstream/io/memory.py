@@ -37,8 +37,10 @@ class MemorySource(FixedPartitionedSource[RawMessage, int]):
         self._batches = batches
 
     def list_parts(self) -> list[str]:
+        """One partition: the batches are replayed in order."""
         return ["memory"]
 
     def build_part(self, step_id: str, for_part: str, resume_state: int | None
                    ) -> _BatchPartition:
+        """Build the partition, resuming at the snapshotted batch index."""
         return _BatchPartition(self._batches, resume_state)
