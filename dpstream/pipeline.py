@@ -110,7 +110,7 @@ def build_counters_flow(
     outputs = keyed_statistics("statistics", assigned.updates, spec, partitions, config.shards,
                                declared, noise, observe_outputs, shard_class)
 
-    encoder = RecordEncoder(config.name, config.origin, config.step_seconds)
+    encoder = RecordEncoder(config.name, config.origin, config.step_seconds, config.privacy.delta)
     dead = assigned.dead_letters if errors is None else op.merge("all_dead", assigned.dead_letters,
                                                                  errors)
     encoded = op.merge("encoded",

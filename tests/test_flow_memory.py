@@ -140,6 +140,9 @@ def test_zcdp_flow_uses_the_blt_counter():
     items, truth = events(20, {"a": 10, "b": 10, "c": 10})
     releases = by_role(run(cfg, items))["releases"]
     assert {r["mechanism"] for r in releases} == {"blt-gaussian"}
+    approx = releases[0]["privacy"]["approx_dp"]  # 0.5-zCDP at delta 1e-6 (BS16 Prop. 1.3)
+    assert approx["epsilon"] == pytest.approx(0.5 + 2 * (0.5 * 13.815510557964274) ** 0.5)
+    assert approx["delta"] == pytest.approx(1e-6)
     assert len(releases) == 60
     for r in releases:
         true_prefix = sum(truth[r["key"]][s] for s in range(r["step"] + 1))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -156,7 +157,9 @@ def test_topic_partitions_names_the_missing_topic(broker, topic_factory):
         topic_partitions(broker.bootstrap, "no-such-topic")
     message = str(info.value)
     assert "Kafka topic 'no-such-topic' does not exist" in message
-    assert broker.bootstrap in message and repr(existing) in message
+    assert broker.bootstrap in message
+    # the session's broker may hold many topics by now: the list shows 20 and counts the rest
+    assert repr(existing) in message or re.search(r"and \d+ more", message)
     with pytest.raises(DpstreamError, match="'no-such-topic' does not exist"):
         read_all(broker.bootstrap, "no-such-topic", timeout=5)
     with pytest.raises(DpstreamError, match="partition 1 does not exist in topic"):

@@ -18,6 +18,7 @@ from typing import Final
 import orjson
 
 from dpstream.core.key_statistics import Alert, BudgetExhausted, Release
+from dpstream.core.ledger import zcdp_to_approx_dp
 
 __all__ = [
     "ALERT_SCHEMA",
@@ -52,8 +53,10 @@ def _iso(moment: datetime) -> str:
 class RecordEncoder:
     """Turns core outputs into ``(topic_role, key_bytes, value_bytes)`` triples."""
 
-    def __init__(self, flow: str, origin: datetime, step_seconds: float) -> None:
+    def __init__(self, flow: str, origin: datetime, step_seconds: float,
+                 conversion_delta: float = 1e-6) -> None:
         self.flow, self.origin, self.step_seconds = flow, origin, step_seconds
+        self.conversion_delta = conversion_delta
 
     def window(self, step: int) -> dict[str, str]:
         """The event-time window [start, end) of a global step."""
@@ -63,12 +66,17 @@ class RecordEncoder:
     def encode(self, item: Release | Alert | BudgetExhausted) -> tuple[str, bytes, bytes]:
         """Encode one output; the first element names the topic role."""
         if isinstance(item, Release):
+            privacy: dict[str, object] = {"unit": "event", "accounting": item.unit,
+                                          "spent": item.spent, "budget": item.budget,
+                                          "delta": item.delta}
+            if item.unit == "rho" and self.conversion_delta > 0:
+                privacy["approx_dp"] = {  # rho-zCDP => (eps, delta)-DP, BS16 Prop. 1.3
+                    "epsilon": zcdp_to_approx_dp(item.spent, self.conversion_delta),
+                    "delta": self.conversion_delta + item.delta}
             return "releases", item.key.encode(), orjson.dumps({
                 "schema": RELEASE_SCHEMA, "flow": self.flow, "mechanism": item.mechanism,
                 "key": item.key, "step": item.step, "window": self.window(item.step),
-                "value": item.value, "std": item.std,
-                "privacy": {"unit": "event", "accounting": item.unit, "spent": item.spent,
-                            "budget": item.budget, "delta": item.delta},
+                "value": item.value, "std": item.std, "privacy": privacy,
             })
         if isinstance(item, Alert):
             return "alerts", item.key.encode(), orjson.dumps({
