@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.recording import RecordingKey
 
 from dpstream.core.ledger import PrivacyCharge
 from dpstream.core.noise import NoiseKey
@@ -24,17 +25,6 @@ from dpstream.errors import InvalidParameterError
 
 COORDS = ("flow", "monitor", "key-1")
 
-
-class RecordingKey:
-    """A NoiseKey stand-in that records every coordinate tuple asked for."""
-
-    def __init__(self, seed: int = 0) -> None:
-        self.inner = NoiseKey.for_tests(seed)
-        self.calls: list[tuple[object, ...]] = []
-
-    def stream(self, *coordinates):
-        self.calls.append(coordinates)
-        return self.inner.stream(*coordinates)
 
 
 def brute_difference_tail(epsilon: float, k: int, radius: int = 4000) -> float:

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import norm
+from support.recording import RecordingKey
 
 from dpstream.core.estimate import CounterEstimate
 from dpstream.core.ledger import PrivacyCharge
@@ -27,17 +28,6 @@ from dpstream.errors import InvalidParameterError
 
 COORDS = ("flow", "tree-laplace", "key-1")
 
-
-class RecordingKey:
-    """A NoiseKey stand-in that records every coordinate tuple asked for."""
-
-    def __init__(self, seed: int = 0) -> None:
-        self.inner = NoiseKey.for_tests(seed)
-        self.calls: list[tuple[object, ...]] = []
-
-    def stream(self, *coordinates):
-        self.calls.append(coordinates)
-        return self.inner.stream(*coordinates)
 
 
 def run(counter: TreeCounter, increments) -> list[CounterEstimate]:

@@ -32,6 +32,7 @@ from typing import Final, Protocol
 from dpstream.errors import InvalidParameterError, NoiseKeyError
 
 __all__ = [
+    "check_coordinates",
     "NOISE_KEY_ENV",
     "NOISE_KEY_FILE_ENV",
     "NoiseKey",
@@ -58,6 +59,17 @@ class RandomIntegers(Protocol):
     def randbelow(self, n: int) -> int:
         """Return an integer drawn uniformly from ``[0, n)``."""
         ...
+
+
+def check_coordinates(coordinates: object) -> tuple[Coordinate, ...]:
+    """Return ``coordinates`` if it is a tuple of str and int (not bool); raise otherwise."""
+    if not isinstance(coordinates, tuple) or not all(
+        type(c) is str or type(c) is int for c in coordinates
+    ):
+        raise InvalidParameterError(
+            f"coordinates must be a tuple of str or int, got {coordinates!r}"
+        )
+    return coordinates
 
 
 def _encode_coordinates(coordinates: tuple[Coordinate, ...]) -> bytes:

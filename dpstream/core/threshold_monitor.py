@@ -47,7 +47,7 @@ from typing import Any, Final
 import numpy as np
 
 from dpstream.core.ledger import PrivacyCharge, exact
-from dpstream.core.noise import NoiseKey, discrete_laplace
+from dpstream.core.noise import NoiseKey, check_coordinates, discrete_laplace
 from dpstream.errors import InvalidParameterError
 
 __all__ = [
@@ -145,15 +145,9 @@ class ThresholdMonitor:
         coordinates: tuple[str | int, ...],
         state: dict[str, Any] | None = None,
     ) -> None:
-        if not isinstance(coordinates, tuple) or not all(
-            isinstance(c, (str, int)) and not isinstance(c, bool) for c in coordinates
-        ):
-            raise InvalidParameterError(
-                f"coordinates must be a tuple of str or int, got {coordinates!r}"
-            )
         self.spec = spec
         self._key = noise_key
-        self._coordinates = coordinates
+        self._coordinates = check_coordinates(coordinates)
         self._steps = 0
         self._count = 0
         self._fired_at: int | None = None

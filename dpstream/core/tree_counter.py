@@ -52,7 +52,12 @@ import numpy as np
 
 from dpstream.core.estimate import CounterEstimate
 from dpstream.core.ledger import PrivacyCharge, exact
-from dpstream.core.noise import NoiseKey, discrete_laplace, discrete_laplace_variance
+from dpstream.core.noise import (
+    NoiseKey,
+    check_coordinates,
+    discrete_laplace,
+    discrete_laplace_variance,
+)
 from dpstream.errors import InvalidParameterError
 
 __all__ = [
@@ -277,15 +282,9 @@ class TreeCounter:
         coordinates: tuple[str | int, ...],
         state: dict[str, Any] | None = None,
     ) -> None:
-        if not isinstance(coordinates, tuple) or not all(
-            isinstance(c, (str, int)) and not isinstance(c, bool) for c in coordinates
-        ):
-            raise InvalidParameterError(
-                f"coordinates must be a tuple of str or int, got {coordinates!r}"
-            )
         self.spec = spec
         self._key = noise_key
-        self._coordinates = coordinates
+        self._coordinates = check_coordinates(coordinates)
         self._epoch_cache: tuple[int, Fraction, float] | None = None
         # stack entries: [height, true_sum, estimate, variance]
         self._stack: list[list[Any]] = []
