@@ -187,7 +187,19 @@ def test_metrics_reach_a_real_prometheus(broker, topic_factory, tmp_path, promet
     finally:
         proc.send_signal(signal.SIGINT)  # clean shutdown on Ctrl-C
         try:
-            proc.wait(20)
+            assert proc.wait(20) == 0
         except subprocess.TimeoutExpired:
             proc.kill()
             raise
+
+
+def test_sigterm_stops_the_flow_cleanly(broker, topic_factory, tmp_path):
+    topics = make_topics(topic_factory)
+    produce_events(broker, topics["events"], 5)
+    config = write_config(tmp_path / "t.toml", broker, topics, tail=True)
+    proc = run_flow(config)
+    read_all(broker.bootstrap, topics["releases"], expect=4 * len(KEYS), timeout=60)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=20)
+    assert proc.returncode == 0, out.decode()[-2000:]
+    assert b"stopped" in out
