@@ -362,9 +362,7 @@ def summarise(mech: str, T: int, trials: list[dict[str, Any]], threshold: float)
     res["state_json_bytes_max"] = max(d["state_json_bytes"] for d in trials)
     res["state_pickle_bytes_max"] = max(d["state_pickle_bytes"] for d in trials)
     res["state_json_bytes_end"] = max(d["state_json_bytes_end"] for d in trials)
-    res["per_trial"] = [
-        {k: v for k, v in d.items() if k not in ("mech", "T")} for d in trials
-    ]
+    res["per_trial"] = [{k: v for k, v in d.items() if k not in ("mech", "T")} for d in trials]
     return res
 
 
@@ -441,10 +439,7 @@ def render(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         nw = r["near_worst_95"]
         c = r["context"]
         if r["mechanism"] == TREE:
-            ctx = (
-                f"plain tree {c['plain_tree_worst_std']:.2f} "
-                f"(gain ×{c['combining_gain']:.3f})"
-            )
+            ctx = f"plain tree {c['plain_tree_worst_std']:.2f} (gain ×{c['combining_gain']:.3f})"
         else:
             ctx = (
                 f"plain tree zCDP {c['plain_tree_zcdp_worst_std']:.2f}, "
@@ -453,7 +448,8 @@ def render(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
             )
         lines.append(
             f"| {r['mechanism']} | {fmt_T(r['T'])} | {p['mean_z_sq']:.4f} "
-            f"{fmt_ci(p['mean_z_sq_ci95'], 4)} | {p['mean_z']:+.4f} {fmt_ci(p['mean_z_ci95'], 4)} | "
+            f"{fmt_ci(p['mean_z_sq_ci95'], 4)} | "
+            f"{p['mean_z']:+.4f} {fmt_ci(p['mean_z_ci95'], 4)} | "
             f"{nw['set_size']}, {nw['std_ratio']:.3f} {fmt_ci(nw['std_ratio_ci95'], 3)} | "
             f"max rel diff {r['reported_std_vs_analytic_max_rel_diff']:.1e} | {ctx} | "
             f"{r['time_us_per_step_wall_median']:.1f} ({r['time_us_per_step_cpu_median']:.1f}) | "
@@ -490,7 +486,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for mech in ("tree", "blt"):
         for e in (16, 20):
             ap.add_argument(
-                f"--{mech}-trials-{e}", type=int, default=None,
+                f"--{mech}-trials-{e}",
+                type=int,
+                default=None,
                 help=f"override K for {mech} at T = 2^{e}",
             )
     ap.add_argument("--sizes", default=None, help="comma-separated log2 T values (default 16,20)")
@@ -500,7 +498,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--stream-seed", type=int, default=7, help="seed of the Poisson increments")
     ap.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     ap.add_argument(
-        "--write", action=argparse.BooleanOptionalAction, default=None,
+        "--write",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="write accuracy.json/.md (default: yes for a full run, no for --quick)",
     )
     args = ap.parse_args(argv)
@@ -539,15 +539,18 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     load_start = os.getloadavg()
     jobs = plan(args)
-    log(f"plan: {', '.join(f'{m} T={fmt_T(T)} K={k}' for m, T, k in jobs)}; "
-        f"{args.workers} workers; load average {load_start[0]:.2f}")
+    log(
+        f"plan: {', '.join(f'{m} T={fmt_T(T)} K={k}' for m, T, k in jobs)}; "
+        f"{args.workers} workers; load average {load_start[0]:.2f}"
+    )
 
     cal = calibrate()
-    log("calibration (µs/step, this process): "
-        + ", ".join(f"{m} {v:.1f}" for m, v in cal.items()))
+    log("calibration (µs/step, this process): " + ", ".join(f"{m} {v:.1f}" for m, v in cal.items()))
     total_units = sum(T * k * cal[m] for m, T, k in jobs) / 1e6
-    log(f"projected: {total_units:.0f} core-seconds of steps -> about "
-        f"{fmt_duration(total_units / args.workers)} wall on {args.workers} idle cores")
+    log(
+        f"projected: {total_units:.0f} core-seconds of steps -> about "
+        f"{fmt_duration(total_units / args.workers)} wall on {args.workers} idle cores"
+    )
 
     log("precomputing analytic σ_t for every step (inherited by the forked workers) ...")
     for mech, T, _ in jobs:
@@ -570,7 +573,11 @@ def main(argv: list[str] | None = None) -> int:
     t_pool = time.perf_counter()
     with cf.ProcessPoolExecutor(max_workers=args.workers, mp_context=ctx) as pool:
         futures = {
-            pool.submit(run_trial, m, T, k, args.key_seed, args.stream_seed, args.threshold): (m, T, k)
+            pool.submit(run_trial, m, T, k, args.key_seed, args.stream_seed, args.threshold): (
+                m,
+                T,
+                k,
+            )
             for m, T, k in tasks
         }
         for n, fut in enumerate(cf.as_completed(futures), 1):
@@ -580,11 +587,13 @@ def main(argv: list[str] | None = None) -> int:
             done_units += units[(m, T, k)]
             elapsed = time.perf_counter() - t_pool
             eta = elapsed * (total_units - done_units) / max(done_units, 1e-9)
-            log(f"done {n}/{len(tasks)}: {m} T={fmt_T(T)} trial {k}: "
+            log(
+                f"done {n}/{len(tasks)}: {m} T={fmt_T(T)} trial {k}: "
                 f"{res['wall_s']:.1f}s ({res['us_per_step_wall']:.1f} µs/step wall, "
                 f"{res['us_per_step_cpu']:.1f} cpu), worst-set mean z² {res['m_worst']:.3f}, "
                 f"all-steps mean z² {res['pooled_sq']:.3f}; elapsed {fmt_duration(elapsed)}, "
-                f"ETA {fmt_duration(eta)}")
+                f"ETA {fmt_duration(eta)}"
+            )
 
     summaries = [summarise(m, T, results[(m, T)], args.threshold) for m, T, _ in jobs]
     summaries.sort(key=lambda r: (MECHANISMS.index(r["mechanism"]), r["T"]))
@@ -605,7 +614,9 @@ def main(argv: list[str] | None = None) -> int:
         "python": platform.python_version(),
         "numpy": np.__version__,
         "platform": platform.platform(),
-        "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
+        "command": " ".join(
+            [Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]
+        ),
     }
     table = render(summaries, meta)
     print(table)
