@@ -138,13 +138,33 @@ def run_once(path: str, kind: str, events: int, keys: int, steps: int,
                                    shard_class=shard_class)
     else:
         flow = build_counters_flow(cfg, NoiseKey.for_tests(0), shard_class=shard_class)
+    rss_before = _proc_status_mib("VmRSS")
+    _reset_peak_rss()
     started, cpu0 = time.perf_counter(), time.process_time()
     run_main(flow)
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu0
+    growth = _proc_status_mib("VmHWM") - rss_before
     return {"path": path, "kind": kind, "events": events, "keys": keys, "steps": steps,
             "seconds": wall, "cpu_seconds": cpu, "events_per_second": events / wall,
             "outputs": counted[0] if path == "memory" else None,
-            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "flow_memory_growth_mib": growth}
+
+
+def _proc_status_mib(field: str) -> float:
+    """A memory figure of this process from /proc/self/status (Linux), in MiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _reset_peak_rss() -> None:
+    """Reset VmHWM so that it measures the flow's run only (Linux clear_refs, value 5)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
 
 
 def child(args: argparse.Namespace) -> None:
@@ -233,8 +253,8 @@ def main() -> None:
                     run["repeat"] = repeat
                     results["runs"].append(run)
                     print(f"{path:6s} {kind:8s} #{repeat}: {run['events_per_second'] / 1e6:.3f} M "
-                          f"events/s ({run['seconds']:.2f} s, peak {run['peak_rss_mib']:.0f} MiB)",
-                          file=sys.stderr)
+                          f"events/s ({run['seconds']:.2f} s, flow memory +"
+                          f"{run['flow_memory_growth_mib']:.0f} MiB)", file=sys.stderr)
         finally:
             if broker is not None:
                 broker.stop()
@@ -252,6 +272,10 @@ def main() -> None:
             "dp_peak_rss_mib_max": max(r["peak_rss_mib"] for r in runs if r["kind"] == "dp"),
             "baseline_peak_rss_mib_max": max(r["peak_rss_mib"] for r in runs
                                              if r["kind"] == "baseline"),
+            "dp_flow_memory_growth_mib_median": statistics.median(
+                r["flow_memory_growth_mib"] for r in runs if r["kind"] == "dp"),
+            "baseline_flow_memory_growth_mib_median": statistics.median(
+                r["flow_memory_growth_mib"] for r in runs if r["kind"] == "baseline"),
         }
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "throughput.json").write_text(json.dumps(results, indent=2))

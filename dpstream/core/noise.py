@@ -117,8 +117,12 @@ class _PrfStream:
         if n <= 0:
             raise InvalidParameterError(f"randbelow needs n > 0, got {n}")
         k = n.bit_length()
-        while True:  # rejection sampling: exactly uniform
-            r = self.randbits(k)
+        while True:  # rejection sampling: exactly uniform (randbits inlined: a hot path)
+            while self._nbits < k:
+                self._refill()
+            self._nbits -= k
+            r = self._bits >> self._nbits
+            self._bits &= (1 << self._nbits) - 1
             if r < n:
                 return r
 

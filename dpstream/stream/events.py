@@ -141,7 +141,7 @@ class PartitionClock:
         return f"field {tf!r} missing or not a finite Unix time in seconds or an ISO-8601 string"
 
     def _decode_batch(self, messages: list[RawMessage]
-                      ) -> tuple[list[str], list[float]] | None:
+                      ) -> tuple[list[str], np.ndarray] | None:
         """Decode a whole batch in one C call, or return None to take the per-record path.
 
         The records are joined as JSON lines. The join is only trusted when no record
@@ -162,7 +162,7 @@ class PartitionClock:
         if len(events) != len(values):
             return None
         keys = list(map(_KEY, events))
-        times = list(map(_TS, events))
+        times = np.fromiter(map(_TS, events), dtype=np.float64, count=len(events))
         declared = self.rules.declared_keys
         if declared is not None and not declared.issuperset(keys):
             return None
@@ -224,15 +224,17 @@ class PartitionClock:
         rules = self.rules
         dead: list[DeadLetter] = []
         fast = self._decode_batch(messages)
+        refs: range | list[int]
+        times: np.ndarray | list[float]
         if fast is not None:
             keys, times = fast
-            refs = list(range(len(messages)))
+            refs = range(len(messages))
         else:
             keys, times, refs = self._decode_each(partition, messages, dead)
         accepted_keys: list[str] = []
         accepted_steps: list[int] = []
         single_step: int | None = None
-        if times:
+        if len(times):
             origin, step_len = rules.origin_seconds, rules.step_seconds
             seconds = np.asarray(times, dtype=np.float64)
             steps = np.floor((seconds - origin) / step_len)
