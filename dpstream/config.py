@@ -13,7 +13,7 @@ import os
 import re
 import tomllib
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -455,8 +455,3 @@ def load_config(path: str | os.PathLike[str] | None = None,
             raw.setdefault(table, {})[key] = value
     return parse_config(raw, source=str(path))
 
-
-def step_window(config: FlowConfig, step: int) -> tuple[datetime, datetime]:
-    """Return the [start, end) of global time step ``step``."""
-    start = config.origin + timedelta(seconds=step * config.step_seconds)
-    return start, start + timedelta(seconds=config.step_seconds)
