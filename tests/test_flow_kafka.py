@@ -203,3 +203,17 @@ def test_sigterm_stops_the_flow_cleanly(broker, topic_factory, tmp_path):
     out, _ = proc.communicate(timeout=20)
     assert proc.returncode == 0, out.decode()[-2000:]
     assert b"stopped" in out
+
+
+def test_bytewax_runner_entry_point(broker, topic_factory, tmp_path):
+    """The documented cluster entry point: python -m bytewax.run flows.counters:flow."""
+    topics = make_topics(topic_factory)
+    produce_events(broker, topics["events"], 10)
+    config = write_config(tmp_path / "bw.toml", broker, topics)
+    root = Path(__file__).parent.parent
+    out = subprocess.run([sys.executable, "-m", "bytewax.run", "flows.counters:flow", "-w", "2"],
+                         cwd=root, env=dict(ENV, DPSTREAM_CONFIG=str(config)),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    records = read_all(broker.bootstrap, topics["releases"], expect=10 * len(KEYS), timeout=60)
+    assert len(releases_by_coordinate(records)) == 10 * len(KEYS)

@@ -90,3 +90,26 @@ def test_restore_continues_identically(increments, data, mode):
     state = pickle.loads(pickle.dumps(first.to_state()))
     resumed = KeyStatistics(spec(mode), "k", 0, KEY, state)
     assert head + run(resumed, increments[cut:]) == expected
+
+
+def test_expired_monitor_key_is_retired_and_never_restarts():
+    import json as _json
+
+    from dpstream.config import parse_config
+    from dpstream.pipeline import event_rules, statistics_spec
+    from dpstream.stream.events import PartitionClock
+    from dpstream.stream.shard import ShardState
+
+    cfg = parse_config({"flow": {"origin": "2026-09-21T14:13:20Z", "step": "1s", "shards": 1},
+                        "monitor": {"horizon": 3, "threshold": 10_000}, "privacy": {"delta": 0.5},
+                        "metrics": {"port": 0}})
+    clock = PartitionClock(event_rules(cfg))
+    shard = ShardState(statistics_spec(cfg), 1, None, KEY)
+    origin = 1_790_000_000
+    for t in range(8):
+        msg = (0, _json.dumps({"key": "rare", "ts": origin + t}).encode(), t, "e")
+        updates, _ = clock.process(0, [msg])
+        assert shard.update(updates[0]) == []
+    assert "rare" in shard.retired and "rare" not in shard.keys
+    restored = ShardState(statistics_spec(cfg), 1, None, KEY, shard.to_state())
+    assert restored.retired == {"rare"}

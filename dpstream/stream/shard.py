@@ -6,7 +6,9 @@ recovery. A shard learns every input partition's frontier (the first step that
 partition has not closed) from the updates it receives, and closes step ``s``
 once all ``partitions`` input partitions have moved past it. Closing a step
 steps *every* key of the shard, with zero increments for keys that had no
-events, so steps without events still release for admitted keys. At the end
+events, so steps without events still release for admitted keys. A key that can
+never publish again (its monitor expired, or its budget is exhausted) is retired:
+only its name is kept, so that a later event cannot restart it with fresh noise. At the end
 of a bounded input (EOF) the steps up to the last event's step are closed too.
 """
 
@@ -44,6 +46,7 @@ class ShardState:
         self.last_steps: dict[int, int] = {}
         self.pending: dict[int, dict[str, int]] = {}
         self.keys: dict[str, KeyStatistics] = {}
+        self.retired: set[str] = set()  # keys that can never publish again: name only
         self.next_step: int | None = 0 if declared_by_shard is not None else None
         if state is not None:
             self._bind(state["shard"])
@@ -52,6 +55,7 @@ class ShardState:
             self.pending = {s: dict(k) for s, k in state["pending"].items()}
             self.next_step = state["next_step"]
             self.keys = {k: self._restore_key(k, s) for k, s in state["keys"].items()}
+            self.retired = set(state["retired"])
 
     def to_state(self) -> dict[str, Any]:
         """Plain-data snapshot (holds true counts: the recovery store is secret)."""
@@ -62,6 +66,7 @@ class ShardState:
             "pending": {s: dict(k) for s, k in self.pending.items()},
             "next_step": self.next_step,
             "keys": {k: stats.to_state() for k, stats in self.keys.items()},
+            "retired": sorted(self.retired),
         }
 
     def update(self, update: ShardUpdate) -> list[Output]:
@@ -129,11 +134,13 @@ class ShardState:
         if self.declared_keys is not None and not self.keys:
             self.keys = {k: self._new_key(k, step) for k in self.declared_keys}
         for key in increments:
-            if key not in self.keys:
+            if key not in self.keys and key not in self.retired:
                 self.keys[key] = self._new_key(key, step)
         out: list[Output] = []
         for key in sorted(self.keys):
             stats = self.keys[key]
-            if not stats.dormant:
-                out.extend(stats.step(increments.get(key, 0)))
+            out.extend(stats.step(increments.get(key, 0)))
+            if stats.dormant:  # expired monitor or exhausted budget: keep only the name, so a
+                del self.keys[key]  # later event cannot restart the key with fresh noise
+                self.retired.add(key)
         return out
