@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="run everything locally on a synthetic stream")
     demo.add_argument("--duration", type=float, default=30.0,
                       help="seconds to run (default 30; 0 = until Ctrl-C)")
-    demo.add_argument("--rate", type=int, default=20_000, help="synthetic events per second")
+    demo.add_argument("--rate", type=int, default=5_000, help="synthetic events per second")
     demo.add_argument("-w", "--workers", type=int, default=1)
     demo.set_defaults(func=_demo)
 

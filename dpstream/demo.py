@@ -64,9 +64,9 @@ port = {metrics_port}
 
 
 def _produce(bootstrap: str, rate: int, stop: threading.Event, sent: Counter[str]) -> None:
-    from confluent_kafka import Producer
+    from kafka import KafkaProducer
 
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
+    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=20)
     rng = random.Random()
     pages = [f"page-{i:03d}" for i in range(300)]
     weights = [1.0 / (i + 1) ** 1.1 for i in range(300)]
@@ -74,15 +74,16 @@ def _produce(bootstrap: str, rate: int, stop: threading.Event, sent: Counter[str
     while not stop.is_set():
         started = time.monotonic()
         now = time.time()
-        for page in rng.choices(pages, weights, k=max(1, int(rate * tick))):
-            producer.produce("events", json.dumps({"key": page, "ts": now}).encode())
-        sent["events"] += int(rate * tick)
+        batch = max(1, int(rate * tick))
+        for page in rng.choices(pages, weights, k=batch):
+            producer.send("events", json.dumps({"key": page, "ts": now}).encode())
+        sent["events"] += batch
         if rng.random() < 0.05:  # a malformed record now and then
-            producer.produce("events", b'{"key": 42, "ts": "yesterday"}')
+            producer.send("events", b'{"key": 42, "ts": "yesterday"}')
             sent["malformed"] += 1
-        producer.poll(0)
         time.sleep(max(0.0, tick - (time.monotonic() - started)))
     producer.flush(10)
+    producer.close(5)
 
 
 def _view(bootstrap: str, stop: threading.Event, started: float) -> None:
@@ -126,7 +127,7 @@ def _view(bootstrap: str, stop: threading.Event, started: float) -> None:
     consumer.close()
 
 
-def run_demo(duration: float = 30.0, rate: int = 20_000, workers: int = 1) -> int:
+def run_demo(duration: float = 30.0, rate: int = 5_000, workers: int = 1) -> int:
     """Run the demo for ``duration`` seconds (0: until Ctrl-C); return an exit code."""
     from dpstream.io.broker import EmbeddedBroker
     from dpstream.io.topics import ensure_topics
