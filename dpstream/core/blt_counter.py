@@ -94,6 +94,8 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
+from dpstream.core._checks import increment as checked_increment
+from dpstream.core._checks import integer_at_least, positive_finite
 from dpstream.core.estimate import CounterEstimate
 from dpstream.core.ledger import PrivacyCharge, exact
 from dpstream.core.noise import (
@@ -366,11 +368,7 @@ class BltCounterSpec:
     horizon: int = 2**20
 
     def __post_init__(self) -> None:
-        rho = self.rho
-        if isinstance(rho, bool) or not isinstance(rho, (int, float)):
-            raise InvalidParameterError(f"rho must be a finite number > 0, got {rho!r}")
-        if not (math.isfinite(rho) and rho > 0):
-            raise InvalidParameterError(f"rho must be finite and > 0, got {rho!r}")
+        positive_finite("rho", self.rho)
         h = self.horizon
         if isinstance(h, bool) or not isinstance(h, int) or h not in _load_table():
             raise InvalidParameterError(_horizon_message(h))
@@ -470,10 +468,8 @@ def plain_tree_zcdp_worst_std(rho: float, steps: int) -> float:
     ``N_Z(0, L / (2 rho))``; a prefix sums one node per set bit of ``t + 1``, at
     most ``floor(log2(steps + 1))`` of them.
     """
-    if not (isinstance(rho, (int, float)) and math.isfinite(rho) and rho > 0):
-        raise InvalidParameterError(f"rho must be finite and > 0, got {rho!r}")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise InvalidParameterError(f"steps must be an integer >= 1, got {steps!r}")
+    positive_finite("rho", rho)
+    integer_at_least("steps", steps, 1)
     levels = (steps - 1).bit_length() + 1
     nodes = (steps + 1).bit_length() - 1
     return math.sqrt(nodes * discrete_gaussian_variance(Fraction(levels) / (2 * Fraction(rho))))
@@ -488,10 +484,8 @@ def factorization_lower_bound(rho: float, steps: int) -> float:
     norm). The singular values of the ``n x n`` prefix-sum matrix are
     ``1 / (2 sin((2k - 1) pi / (2 (2n + 1))))``, ``k = 1..n``.
     """
-    if not (isinstance(rho, (int, float)) and math.isfinite(rho) and rho > 0):
-        raise InvalidParameterError(f"rho must be finite and > 0, got {rho!r}")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise InvalidParameterError(f"steps must be an integer >= 1, got {steps!r}")
+    positive_finite("rho", rho)
+    integer_at_least("steps", steps, 1)
     k = np.arange(1, steps + 1, dtype=np.float64)
     singular = 0.5 / np.sin((2.0 * k - 1.0) * math.pi / (2.0 * (2 * steps + 1)))
     return float(np.sum(singular)) / steps / math.sqrt(2.0 * rho)
@@ -596,13 +590,7 @@ class BltCounter:
             increment: the number of events in this step (an integer >= 0).
 
         """
-        if isinstance(increment, bool) or not isinstance(increment, (int, np.integer)):
-            raise InvalidParameterError(
-                f"increment must be an integer >= 0, got {type(increment).__name__}"
-            )
-        x = int(increment)
-        if x < 0:
-            raise InvalidParameterError("increment must be an integer >= 0, got a negative one")
+        x = checked_increment(increment)
         y = _grid_step(self._p, self._grid_buffers, x)
         rng = self._key.stream(*self._coordinates, "blt", self._epoch, self._s)
         released = y + discrete_gaussian(rng, self._sigma2)

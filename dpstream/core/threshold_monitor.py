@@ -44,8 +44,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Final
 
-import numpy as np
-
+from dpstream.core._checks import increment as checked_increment
+from dpstream.core._checks import integer_at_least, is_integer, positive_finite
 from dpstream.core.ledger import PrivacyCharge, exact
 from dpstream.core.noise import NoiseKey, check_coordinates, discrete_laplace
 from dpstream.errors import InvalidParameterError
@@ -61,25 +61,12 @@ __all__ = [
 _STATE_VERSION: Final = 1
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
-
-
 def _check_epsilon(epsilon: object) -> float:
-    if not (
-        isinstance(epsilon, (int, float))
-        and not isinstance(epsilon, bool)
-        and math.isfinite(epsilon)
-        and epsilon > 0
-    ):
-        raise InvalidParameterError(f"epsilon must be finite and > 0, got {epsilon!r}")
-    return float(epsilon)
+    return positive_finite("epsilon", epsilon)
 
 
 def _check_horizon(horizon: object) -> int:
-    if not isinstance(horizon, (int, np.integer)) or not _is_int(horizon) or horizon < 1:
-        raise InvalidParameterError(f"horizon must be an integer >= 1, got {horizon!r}")
-    return int(horizon)
+    return integer_at_least("horizon", horizon, 1)
 
 
 @dataclass(frozen=True)
@@ -99,7 +86,7 @@ class ThresholdMonitorSpec:
 
     def __post_init__(self) -> None:
         _check_epsilon(self.epsilon)
-        if not _is_int(self.threshold) or self.threshold < 1:
+        if not is_integer(self.threshold) or self.threshold < 1:
             raise InvalidParameterError(
                 f"threshold must be an integer >= 1, got {self.threshold!r}"
             )
@@ -180,7 +167,7 @@ class ThresholdMonitor:
         if (
             steps < 0
             or count < 0
-            or not (fired_at is None or (_is_int(fired_at) and 0 <= fired_at < steps))
+            or not (fired_at is None or (is_integer(fired_at) and 0 <= fired_at < steps))
         ):
             raise InvalidParameterError("malformed threshold monitor state: inconsistent fields")
         self._steps, self._count = steps, count
@@ -247,8 +234,7 @@ class ThresholdMonitor:
             InvalidParameterError: ``increment`` is not a non-negative integer.
 
         """
-        if not _is_int(increment) or increment < 0:
-            raise InvalidParameterError(f"increment must be an integer >= 0, got {increment!r}")
+        increment = checked_increment(increment)
         t = self._steps
         self._steps = t + 1
         if self._fired_at is not None:
@@ -327,7 +313,7 @@ def difference_tail(epsilon: float, k: int) -> float:
     ``nu - rho`` is symmetric, so for ``k <= 0`` this is ``1 - P(nu - rho >= 1 - k)``.
     """
     eps = _check_epsilon(epsilon)
-    if not _is_int(k):
+    if not is_integer(k):
         raise InvalidParameterError(f"k must be an integer, got {k!r}")
     k = int(k)
     nu_scale, rho_scale = 4.0 / eps, 2.0 / eps

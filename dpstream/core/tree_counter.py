@@ -48,8 +48,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, ClassVar, Final
 
-import numpy as np
-
+from dpstream.core._checks import increment as checked_increment
+from dpstream.core._checks import is_integer, positive_finite
 from dpstream.core.estimate import CounterEstimate
 from dpstream.core.ledger import PrivacyCharge, exact
 from dpstream.core.noise import (
@@ -69,10 +69,6 @@ __all__ = [
 ]
 
 _STATE_VERSION: Final = 1
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
 @functools.lru_cache(maxsize=256)
@@ -102,16 +98,9 @@ class TreeCounterSpec:
     mechanism: ClassVar[str] = "tree-laplace"
 
     def __post_init__(self) -> None:
-        eps = self.epsilon
-        if not (
-            isinstance(eps, (int, float))
-            and not isinstance(eps, bool)
-            and math.isfinite(eps)
-            and eps > 0
-        ):
-            raise InvalidParameterError(f"epsilon must be finite and > 0, got {eps!r}")
+        positive_finite("epsilon", self.epsilon)
         h = self.horizon
-        if not _is_int(h) or h < 2 or (int(h) & (int(h) - 1)) != 0:
+        if not is_integer(h) or h < 2 or (int(h) & (int(h) - 1)) != 0:
             raise InvalidParameterError(f"horizon must be a power of two >= 2, got {h!r}")
 
     @property
@@ -126,14 +115,14 @@ class TreeCounterSpec:
             InvalidParameterError: ``epoch`` is not a non-negative integer.
 
         """
-        if not _is_int(epoch) or epoch < 0:
+        if not is_integer(epoch) or epoch < 0:
             raise InvalidParameterError(f"epoch must be an integer >= 0, got {epoch!r}")
         h = int(self.horizon)
         return h * ((1 << int(epoch)) - 1), h << int(epoch)
 
     def epoch_of(self, step: int) -> int:
         """Return the epoch that contains counter step ``step`` (0-based)."""
-        if not _is_int(step) or step < 0:
+        if not is_integer(step) or step < 0:
             raise InvalidParameterError(f"step must be an integer >= 0, got {step!r}")
         return (int(step) // int(self.horizon) + 1).bit_length() - 1
 
@@ -191,7 +180,7 @@ def _epoch_variances(spec: TreeCounterSpec, epoch: int, combine: bool) -> list[f
 
 
 def _check_step(step: int, name: str = "t") -> int:
-    if not _is_int(step) or step < 0:
+    if not is_integer(step) or step < 0:
         raise InvalidParameterError(f"{name} must be an integer >= 0, got {step!r}")
     return int(step)
 
@@ -369,8 +358,7 @@ class TreeCounter:
             InvalidParameterError: ``increment`` is not a non-negative integer.
 
         """
-        if not _is_int(increment) or increment < 0:
-            raise InvalidParameterError(f"increment must be an integer >= 0, got {increment!r}")
+        checked_increment(increment)
         t = self._steps
         epoch = self.spec.epoch_of(t)
         start, length = self.spec.epoch_bounds(epoch)
