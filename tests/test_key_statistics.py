@@ -113,3 +113,44 @@ def test_expired_monitor_key_is_retired_and_never_restarts():
     assert "rare" in shard.retired and "rare" not in shard.keys
     restored = ShardState(statistics_spec(cfg), 1, None, KEY, shard.to_state())
     assert restored.retired == {"rare"}
+
+
+def test_restart_after_a_config_change_draws_noise_at_new_coordinates():
+    """A counter restarted at its own admission step must not reuse the first one's noise."""
+    from support.recording import RecordingKey
+
+    recorder = RecordingKey(3)
+    stats = KeyStatistics(spec(), "k", 0, recorder)
+    run(stats, [100])  # admitted at step 0: initial count and counter at step 0
+    state = pickle.loads(pickle.dumps(stats.to_state()))
+    first = set(recorder.calls)
+    recorder.calls.clear()
+    changed = spec(budget=5.0, counter_eps=0.9)
+    resumed = KeyStatistics(changed, "k", 0, recorder, state)
+    run(resumed, [100])
+    assert resumed.generation == 1
+    assert not first & set(recorder.calls)  # no coordinate is drawn from twice
+    unchanged = KeyStatistics(spec(), "k", 0, NoiseKey.for_tests(3), state)
+    assert unchanged.generation == 0
+
+
+def test_exhausted_declared_keys_are_not_recreated():
+    """Declared keys retired by a lowered budget never come back with a fresh ledger."""
+    from dpstream.config import parse_config
+    from dpstream.pipeline import statistics_spec
+    from dpstream.stream.events import ShardUpdate
+    from dpstream.stream.shard import ShardState
+
+    def cfg(budget, eps):
+        return parse_config({"flow": {"origin": "2026-09-21T14:13:20Z", "step": "1s",
+                                      "shards": 1},
+                             "privacy": {"budget": budget}, "counter": {"epsilon": eps},
+                             "admission": {"mode": "declared", "keys": ["a"]},
+                             "metrics": {"port": 0}})
+
+    shard = ShardState(statistics_spec(cfg(1.0, 0.7)), 1, {0: ["a"]}, KEY)
+    assert len(shard.update(ShardUpdate(0, 0, 2, 2, {0: {"a": 1}}))) == 2
+    lowered = ShardState(statistics_spec(cfg(0.5, 0.5)), 1, {0: ["a"]}, KEY, shard.to_state())
+    out = lowered.update(ShardUpdate(0, 0, 6, 6, {}))
+    assert [type(o).__name__ for o in out] == ["BudgetExhausted"]
+    assert lowered.retired == {"a"} and not lowered.keys

@@ -136,7 +136,9 @@ class KeyStatistics:
         self.initial_value = 0.0
         self.initial_var = 0.0
         self._pending: list[Output] = []
+        self.generation = 0  # bumped by each restart after a configuration change
         self._monitor_coords: tuple[Any, ...] = self._coords + ("monitor",)
+        self._counter_coords: tuple[Any, ...] = ()
         if spec.monitor is not None:
             if self._pay(spec.monitor.charge, start_step):
                 self.monitor = ThresholdMonitor(spec.monitor, noise, self._monitor_coords)
@@ -173,11 +175,6 @@ class KeyStatistics:
         return out
 
     @property
-    def admitted(self) -> bool:
-        """Whether the key publishes counts."""
-        return self.counter is not None and not self.exhausted
-
-    @property
     def dormant(self) -> bool:
         """Whether the key will never publish anything again (expired monitor or exhausted)."""
         if self._pending:
@@ -187,6 +184,11 @@ class KeyStatistics:
         return self.counter is None and (self.monitor is None or self.monitor.expired)
 
     # -- internals --
+    def _generation_coords(self) -> tuple[Any, ...]:
+        """Coordinates of the mechanisms started now (generation 0 keeps the original ones)."""
+        return self._coords if self.generation == 0 else self._coords + ("generation",
+                                                                           self.generation)
+
     def _pay(self, charge: PrivacyCharge, step: int) -> bool:
         try:
             self.ledger.charge(charge)
@@ -206,12 +208,12 @@ class KeyStatistics:
         if not self._pay(self.spec.counter.charge, step):
             return
         self.counter_start = step
-        self.counter = _new_counter(self.spec.counter, self._noise,
-                                    self._coords + ("counter", step))
+        self._counter_coords = self._generation_coords() + ("counter", step)
+        self.counter = _new_counter(self.spec.counter, self._noise, self._counter_coords)
 
     def _initial_count(self, charge: PrivacyCharge, step: int) -> tuple[float, float]:
         """Release the prefix count once: sensitivity 1 (one event changes it by one)."""
-        rng = self._noise.stream(*self._coords, "initial", step)
+        rng = self._noise.stream(*self._generation_coords(), "initial", step)
         if charge.epsilon:
             scale = 1 / exact(charge.epsilon)
             return float(self.prefix + discrete_laplace(rng, scale)), discrete_laplace_variance(
@@ -233,7 +235,9 @@ class KeyStatistics:
             "next_step": self.next_step, "prefix": self.prefix, "exhausted": self.exhausted,
             "ledger": self.ledger.to_state(),
             "monitor": None if self.monitor is None else self.monitor.to_state(),
+            "generation": self.generation,
             "monitor_coords": list(self._monitor_coords),
+            "counter_coords": list(self._counter_coords),
             "monitor_spec": repr(self.spec.monitor),
             "counter": None if self.counter is None else self.counter.to_state(),
             "counter_start": self.counter_start,
@@ -260,7 +264,10 @@ class KeyStatistics:
         self.counter_start = state["counter_start"]
         self.initial_value, self.initial_var = state["initial"]
         self._pending = list(state["pending"])
+        self.generation = state.get("generation", 0)
         self._monitor_coords = tuple(state["monitor_coords"])
+        self._counter_coords = tuple(state.get("counter_coords") or
+                                     self._coords + ("counter", self.counter_start))
         self.monitor, self.counter = None, None
         monitor_same = state["monitor_spec"] == repr(self.spec.monitor)
         counter_same = state["counter_spec"] == repr(self.spec.counter)
@@ -269,8 +276,7 @@ class KeyStatistics:
             self.monitor = ThresholdMonitor(self.spec.monitor, self._noise, self._monitor_coords,
                                             state["monitor"])
         if state["counter"] is not None and counter_same:
-            self.counter = _new_counter(self.spec.counter, self._noise,
-                                        self._coords + ("counter", self.counter_start),
+            self.counter = _new_counter(self.spec.counter, self._noise, self._counter_coords,
                                         state["counter"])
         if self.exhausted:
             return
@@ -286,12 +292,20 @@ class KeyStatistics:
             return
         restart_step = self.next_step - 1
         monitor_was_waiting = state["monitor"] is not None and state["counter_start"] is None
-        if not monitor_same and self.spec.monitor is not None and monitor_was_waiting:
+        restart_monitor = (not monitor_same and self.spec.monitor is not None
+                           and monitor_was_waiting)
+        restart_counter = state["counter"] is not None and not counter_same
+        if restart_monitor or restart_counter:
+            # Restarted mechanisms get coordinates of a new generation: noise drawn again at
+            # the same coordinates with another scale would be correlated with the first one.
+            self.generation += 1
+        if restart_monitor:
+            assert self.spec.monitor is not None
             if self._pay(self.spec.monitor.charge, restart_step):
-                self._monitor_coords = self._coords + ("monitor", restart_step)
+                self._monitor_coords = self._generation_coords() + ("monitor", restart_step)
                 self.monitor = ThresholdMonitor(self.spec.monitor, self._noise,
                                                 self._monitor_coords)
-        if state["counter"] is not None and not counter_same and not self.exhausted:
+        if restart_counter and not self.exhausted:
             restart = self.spec.initial or PrivacyCharge(
                 epsilon=self.spec.counter.charge.epsilon, rho=self.spec.counter.charge.rho,
                 label="initial count (restart)")

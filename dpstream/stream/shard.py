@@ -131,8 +131,11 @@ class ShardState:
 
     def _close(self, step: int) -> list[Output]:
         increments = self.pending.pop(step, {})
-        if self.declared_keys is not None and not self.keys:
-            self.keys = {k: self._new_key(k, step) for k in self.declared_keys}
+        if self.declared_keys is not None and len(self.keys) + len(self.retired) < len(
+                self.declared_keys):  # first close: start every declared key, never a retired one
+            for key in self.declared_keys:
+                if key not in self.keys and key not in self.retired:
+                    self.keys[key] = self._new_key(key, step)
         for key in increments:
             if key not in self.keys and key not in self.retired:
                 self.keys[key] = self._new_key(key, step)
