@@ -243,8 +243,8 @@ def parse_config(raw: dict[str, Any], source: str = "<dict>") -> FlowConfig:
     if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name):
         raise ConfigError(f"flow.name must be 1-64 characters of [A-Za-z0-9_.-], got {name!r}")
     step_seconds = parse_duration(flow.get("step", "1m"), flow.where("step"))
-    if step_seconds <= 0:
-        raise ConfigError(f"flow.step must be > 0, got {flow.data.get('step')!r}")
+    if step_seconds < 0.001:
+        raise ConfigError(f"flow.step must be at least 1ms, got {flow.data.get('step')!r}")
     origin_raw = flow.get("origin", None)
     origin = _parse_time(origin_raw, flow.where("origin")) if origin_raw is not None else None
     lateness = parse_duration(flow.get("lateness", "0s"), flow.where("lateness"))

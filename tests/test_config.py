@@ -51,7 +51,7 @@ def test_open_mode_default_threshold_meets_delta():
 
 @pytest.mark.parametrize("raw, message", [
     (base(flow={"step": "fast"}), "flow.step must be a duration like '1s'"),
-    (base(flow={"step": 0}), "flow.step must be > 0"),
+    (base(flow={"step": 0}), "flow.step must be at least 1ms"),
     (base(flow={"origin": "yesterday"}), "flow.origin must be an ISO-8601 time"),
     (base(flow={"shards": 0}), "flow.shards must be between 1 and 4096"),
     (base(flow={"stpe": "1s"}), r"unknown setting\(s\) in \[flow\]: stpe"),

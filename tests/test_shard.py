@@ -78,3 +78,12 @@ def test_shard_snapshot_restore_gives_identical_releases(events, data):
     tail = [o for u in stream[cut:] for o in resumed.update(u)] + resumed.end_of_input()
     assert head + tail == expected
     assert all(isinstance(o, Release) for o in expected)
+
+
+def test_times_beyond_year_9999_are_dead_letters_not_overflowed_steps():
+    clock = PartitionClock(event_rules(CONFIG))
+    msgs = [(0, json.dumps({"key": "a", "ts": ts}).encode(), i, "e")
+            for i, ts in enumerate([ORIGIN + 1.5, 1e300, ORIGIN + 2.5])]
+    updates, dead = clock.process(0, msgs)
+    assert [(d.offset, d.reason) for d in dead] == [(1, "field 'ts' is after the year 9999")]
+    assert updates[0].increments == {1: {"a": 1}, 2: {"a": 1}} and updates[0].frontier == 2

@@ -32,6 +32,7 @@ __all__ = ["EventRules", "PartitionClock", "RawMessage", "ShardUpdate", "shard_o
 RawMessage = tuple[int, bytes | None, int | None, str | None]  # partition, value, offset, topic
 
 MAX_KEY_LENGTH = 256
+MAX_SECONDS = 253_402_300_799.0  # 9999-12-31T23:59:59Z: keeps every step index inside int64
 _VALUE = itemgetter(1)
 _KEY = attrgetter("key")
 _TS = attrgetter("ts")
@@ -237,21 +238,26 @@ class PartitionClock:
         if len(times):
             origin, step_len = rules.origin_seconds, rules.step_seconds
             seconds = np.asarray(times, dtype=np.float64)
-            steps = np.floor((seconds - origin) / step_len)
+            out_of_range = seconds > MAX_SECONDS
+            steps = np.floor((np.minimum(seconds, MAX_SECONDS) - origin) / step_len)
             before_origin = steps < 0
-            usable = np.where(before_origin, -np.inf, seconds)
+            usable = np.where(before_origin | out_of_range, -np.inf, seconds)
             start = -np.inf if self.watermark is None else self.watermark
             running = np.maximum.accumulate(np.concatenate(([start], usable)))
             frontier_before = np.floor((running[:-1] - rules.lateness_seconds - origin) / step_len)
-            late = ~before_origin & (steps < frontier_before)
-            ok = ~(before_origin | late)
+            late = ~before_origin & ~out_of_range & (steps < frontier_before)
+            ok = ~(before_origin | out_of_range | late)
             if running[-1] > start:
                 self.watermark = float(running[-1])
             for i in np.flatnonzero(~ok).tolist():
                 _, raw, offset, topic = messages[refs[i]]
-                reason = ("event time before flow.origin" if before_origin[i] else
-                          "late: its step is already closed for this partition "
-                          "(raise flow.lateness to accept later events)")
+                if out_of_range[i]:
+                    reason = f"field {rules.time_field!r} is after the year 9999"
+                elif before_origin[i]:
+                    reason = "event time before flow.origin"
+                else:
+                    reason = ("late: its step is already closed for this partition "
+                              "(raise flow.lateness to accept later events)")
                 dead.append(DeadLetter(reason, raw or b"", topic, partition, offset))
             if ok.all():
                 accepted_keys, kept = keys, steps
