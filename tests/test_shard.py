@@ -87,3 +87,11 @@ def test_times_beyond_year_9999_are_dead_letters_not_overflowed_steps():
     updates, dead = clock.process(0, msgs)
     assert [(d.offset, d.reason) for d in dead] == [(1, "field 'ts' is after the year 9999")]
     assert updates[0].increments == {1: {"a": 1}, 2: {"a": 1}} and updates[0].frontier == 2
+
+
+def test_iso_times_without_a_zone_are_utc_on_every_machine():
+    clock = PartitionClock(event_rules(CONFIG))
+    msgs = [(0, json.dumps({"key": "a", "ts": t}).encode(), i, "e")
+            for i, t in enumerate(["2026-09-21T14:13:21.5", "2026-09-21T14:13:22.5Z"])]
+    updates, dead = clock.process(0, msgs)
+    assert dead == [] and updates[0].increments == {1: {"a": 1}, 2: {"a": 1}}

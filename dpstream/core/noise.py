@@ -78,12 +78,7 @@ def _encode_coordinates(coordinates: tuple[Coordinate, ...]) -> bytes:
     ``repr`` of a tuple of ``str`` and ``int`` is injective (strings are quoted and
     escaped, integers are not), and it runs in C: this is on the per-release path.
     """
-    for part in coordinates:
-        if type(part) is not str and type(part) is not int:
-            raise InvalidParameterError(
-                f"noise coordinates must be str or int, got {type(part).__name__}"
-            )
-    return repr(coordinates).encode("utf-8", "surrogatepass")
+    return repr(check_coordinates(coordinates)).encode("utf-8", "surrogatepass")
 
 
 class _PrfStream:

@@ -17,7 +17,7 @@ import math
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from operator import attrgetter, itemgetter
 from typing import Annotated, Any
 
@@ -36,6 +36,25 @@ MAX_SECONDS = 253_402_300_799.0  # 9999-12-31T23:59:59Z: keeps every step index 
 _VALUE = itemgetter(1)
 _KEY = attrgetter("key")
 _TS = attrgetter("ts")
+
+
+def _bad_key(field: str) -> str:
+    return f"field {field!r} missing or not a non-empty string"
+
+
+def _bad_time(field: str) -> str:
+    return f"field {field!r} missing or not a finite Unix time in seconds or an ISO-8601 string"
+
+
+def _iso_seconds(text: str) -> float | None:
+    """Unix seconds of an ISO-8601 time (naive times are UTC), or None."""
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
 
 
 def shard_of(key: str, shards: int) -> int:
@@ -114,32 +133,18 @@ class PartitionClock:
             return None
         return self._step_of(self.watermark - self.rules.lateness_seconds)
 
-    @staticmethod
-    def _timestamp(value: Any) -> float | None:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            seconds = float(value)
-        elif isinstance(value, str):
-            try:
-                seconds = datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-            except ValueError:
-                return None
-        else:
-            return None
-        return seconds if math.isfinite(seconds) else None
-
     def _explain(self, raw: bytes | None) -> str:
-        """Why a record failed the fast decoder (the slow path, for dead letters only)."""
-        kf, tf = self.rules.key_field, self.rules.time_field
+        """Why a record failed the decoder (the slow path, for dead letters only)."""
         try:
             event = orjson.loads(raw) if raw is not None else None
         except orjson.JSONDecodeError:
             return "invalid JSON"
         if not isinstance(event, dict):
             return "not a JSON object"
-        key = event.get(kf)
+        key = event.get(self.rules.key_field)
         if not isinstance(key, str) or not key:
-            return f"field {kf!r} missing or not a non-empty string"
-        return f"field {tf!r} missing or not a finite Unix time in seconds or an ISO-8601 string"
+            return _bad_key(self.rules.key_field)
+        return _bad_time(self.rules.time_field)
 
     def _decode_batch(self, messages: list[RawMessage]
                       ) -> tuple[list[str], np.ndarray] | None:
@@ -187,13 +192,12 @@ class PartitionClock:
                 continue
             key, ts = event.key, event.ts
             reason = None
-            if type(ts) is not float:
-                ts = self._timestamp(ts)
+            if type(ts) is str:  # the decoder gives a float or a str
+                ts = _iso_seconds(ts)
                 if ts is None:
-                    reason = (f"field {rules.time_field!r} missing or not a finite Unix time in "
-                              "seconds or an ISO-8601 string")
+                    reason = _bad_time(rules.time_field)
             if not key:
-                reason = f"field {rules.key_field!r} missing or not a non-empty string"
+                reason = _bad_key(rules.key_field)
             elif len(key) > MAX_KEY_LENGTH:
                 reason = f"field {rules.key_field!r} longer than {MAX_KEY_LENGTH} characters"
             elif declared is not None and key not in declared:
