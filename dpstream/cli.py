@@ -24,25 +24,47 @@ __all__ = ["flow_from_environment", "main"]
 log = logging.getLogger("dpstream")
 
 
-def flow_from_environment(config_path: str | None = None):  # type: ignore[no-untyped-def]
+RECOVERY_DIR_ENV = "DPSTREAM_RECOVERY_DIR"
+EPHEMERAL_ENV = "DPSTREAM_EPHEMERAL"
+
+
+def flow_from_environment(config_path: str | None = None,  # type: ignore[no-untyped-def]
+                          recovery_dir: str | None = None, ephemeral: bool | None = None):
     """Build the counters flow from ``$DPSTREAM_CONFIG`` and the noise key in the environment.
 
     This is what ``flows/counters.py`` exposes to ``python -m bytewax.run``; it also starts
-    the metrics endpoint when ``metrics.port`` is not 0.
+    the metrics endpoint when ``metrics.port`` is not 0. The flow instance is bound to the
+    recovery directory (``recovery_dir`` or ``$DPSTREAM_RECOVERY_DIR``, which must be the
+    directory given to Bytewax) before anything runs; without one the run must be
+    acknowledged as ephemeral (``ephemeral`` or ``DPSTREAM_EPHEMERAL=1``).
     """
     from dpstream.config import load_config
     from dpstream.core.noise import NoiseKey
+    from dpstream.instance import bind_instance
     from dpstream.metrics import FlowMetrics
-    from dpstream.pipeline import build_counters_flow
+    from dpstream.pipeline import build_counters_flow, statistics_spec
 
     config = load_config(config_path)
     noise = NoiseKey.from_environment()
-    metrics = FlowMetrics(config.name)
+    recovery_dir = recovery_dir or os.environ.get(RECOVERY_DIR_ENV) or None
+    if ephemeral is None:
+        ephemeral = os.environ.get(EPHEMERAL_ENV, "") not in ("", "0", "false")
+    instance = bind_instance(config, statistics_spec(config), noise, recovery_dir,
+                             ephemeral=ephemeral)
+    metrics = FlowMetrics(config.name, exact_counts=config.metrics_exact_counts)
     if config.metrics_port:
         metrics.serve(config.metrics_port)
         log.info("metrics on :%d/metrics", config.metrics_port)
     log.info("%s\nnoise key fingerprint %s", config.describe(), noise.fingerprint())
-    return build_counters_flow(config, noise, metrics=metrics)
+    if instance.durable:
+        log.info("flow instance %s (%s, kept in %s)", instance.id,
+                 "resumed" if instance.resumed else "new", recovery_dir)
+    else:
+        log.warning("flow instance %s is ephemeral (no recovery store): a restart publishes "
+                    "everything again under a new instance", instance.id)
+    log.info("reprocessing an input topic is a new flow instance: its privacy spend adds to "
+             "every earlier instance's over the same events, and its ledgers cannot see theirs")
+    return build_counters_flow(config, noise, instance=instance.id, metrics=metrics)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -50,11 +72,11 @@ def _run(args: argparse.Namespace) -> int:
     from bytewax.recovery import RecoveryConfig, init_db_dir
     from bytewax.run import cli_main
 
-    flow = flow_from_environment(args.config)
+    flow = flow_from_environment(args.config, args.recovery_dir, args.ephemeral)
     recovery = None
     if args.recovery_dir:
         directory = Path(args.recovery_dir)
-        if not directory.exists() or not any(directory.iterdir()):
+        if not any(directory.glob("*.sqlite3")):
             directory.mkdir(parents=True, exist_ok=True)
             init_db_dir(directory, args.recovery_partitions)
             log.info("initialised %d recovery partitions in %s", args.recovery_partitions,
@@ -123,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--recovery-dir", help="Bytewax recovery store (keep it secret: it holds "
                      "true counts); created and initialised if empty")
     run.add_argument("--recovery-partitions", type=int, default=1)
+    run.add_argument("--ephemeral", action="store_true",
+                     help="run without a recovery store, acknowledging that every start is a "
+                     "new flow instance whose spend adds to earlier runs' (demos, trials)")
     run.add_argument("--snapshot-interval", type=float, default=5.0,
                      help="seconds between snapshots (default 5)")
     run.set_defaults(func=_run)

@@ -21,7 +21,7 @@ from dpstream.core.blt_counter import BltCounterSpec
 from dpstream.core.ledger import PrivacyCharge, PrivacyLedger
 from dpstream.core.threshold_monitor import (
     ThresholdMonitorSpec,
-    admission_delta,
+    lazy_start_delta,
     minimal_threshold,
 )
 from dpstream.core.tree_counter import TreeCounterSpec
@@ -41,6 +41,7 @@ CONFIG_ENV: Final = "DPSTREAM_CONFIG"
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
 _UNITS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+CLOCKS: Final = ("broker", "producer")
 
 
 @dataclass(frozen=True)
@@ -103,12 +104,14 @@ class FlowConfig:
     origin: datetime
     lateness_seconds: float
     shards: int
+    clock: Literal["broker", "producer"]
     key_field: str
     time_field: str
     kafka: KafkaConfig
     privacy: PrivacyConfig
     admission: AdmissionConfig
     metrics_port: int
+    metrics_exact_counts: bool = True
     source: str = "<dict>"
 
     def per_key_charges(self) -> list[PrivacyCharge]:
@@ -248,6 +251,9 @@ def parse_config(raw: dict[str, Any], source: str = "<dict>") -> FlowConfig:
     origin_raw = flow.get("origin", None)
     origin = _parse_time(origin_raw, flow.where("origin")) if origin_raw is not None else None
     lateness = parse_duration(flow.get("lateness", "0s"), flow.where("lateness"))
+    clock = flow.get("clock", "broker", str)
+    if clock not in CLOCKS:
+        raise ConfigError(f"flow.clock must be 'broker' or 'producer', got {clock!r}")
     shards = flow.get("shards", 16, int)
     if not 1 <= shards <= 4096:
         raise ConfigError(f"flow.shards must be between 1 and 4096, got {shards}")
@@ -369,15 +375,15 @@ def parse_config(raw: dict[str, Any], source: str = "<dict>") -> FlowConfig:
         _positive(initial_value, f"admission.initial_{unit}")
         initial = PrivacyCharge(label="initial count", **{unit: initial_value})
         try:
-            adm_delta = admission_delta(monitor_spec)
+            adm_delta = lazy_start_delta(monitor_spec)
         except InvalidParameterError as exc:
             raise ConfigError(f"[monitor]: {exc}") from None
         if adm_delta > delta:
             need = minimal_threshold(monitor_spec.epsilon, monitor_spec.horizon, delta)
             raise ConfigError(
-                f"monitor.threshold = {monitor_spec.threshold} admits a key with a single event "
-                f"with probability up to {adm_delta:.3g} within monitor.horizon = "
-                f"{monitor_spec.horizon} steps, above privacy.delta = {delta:g}; raise "
+                f"monitor.threshold = {monitor_spec.threshold} with monitor windows of "
+                f"monitor.horizon = {monitor_spec.horizon} steps costs an admission delta of "
+                f"{adm_delta:.3g}, above privacy.delta = {delta:g}; raise "
                 f"monitor.threshold to at least {need}, or lower monitor.horizon, or raise "
                 "monitor.epsilon"
             )
@@ -391,14 +397,16 @@ def parse_config(raw: dict[str, Any], source: str = "<dict>") -> FlowConfig:
     metrics_port = metrics.get("port", 9464, int)
     if not 0 <= metrics_port <= 65535:
         raise ConfigError(f"metrics.port must be in 0..65535 (0 = off), got {metrics_port}")
+    exact_counts = metrics.get("exact_counts", True, bool)
     metrics.finish()
 
     privacy_cfg = PrivacyConfig(accounting=accounting, budget=budget, delta=delta,
                                 counter=counter_spec, monitor=monitor_spec)
     config = FlowConfig(
         name=name, step_seconds=step_seconds, origin=origin, lateness_seconds=lateness,
-        shards=shards, key_field=key_field, time_field=time_field, kafka=kafka_cfg,
-        privacy=privacy_cfg, admission=admission_cfg, metrics_port=metrics_port, source=source,
+        shards=shards, clock=clock, key_field=key_field, time_field=time_field, kafka=kafka_cfg,
+        privacy=privacy_cfg, admission=admission_cfg, metrics_port=metrics_port,
+        metrics_exact_counts=exact_counts, source=source,
     )
     ledger = privacy_cfg.new_ledger()
     for charge in config.per_key_charges():

@@ -32,6 +32,9 @@ step = "1s"
 origin = "{origin}"
 lateness = "1s"
 shards = 8
+# Tansu, the embedded broker, ignores message.timestamp.type=LogAppendTime; the demo's own
+# producer is the only one, so its record timestamps are trusted.
+clock = "producer"
 
 [kafka]
 brokers = ["{bootstrap}"]
@@ -152,7 +155,8 @@ def run_demo(duration: float = 30.0, rate: int = 5_000, workers: int = 1) -> int
         viewer = threading.Thread(target=_view, args=(broker.bootstrap, stop, started),
                                   daemon=True)
         flow = subprocess.Popen([sys.executable, "-m", "dpstream.cli", "run", "--config",
-                                 str(config), "--workers", str(workers)], env=env)
+                                 str(config), "--workers", str(workers),
+                                 "--recovery-dir", str(Path(tmp) / "recovery")], env=env)
         producer.start()
         viewer.start()
         try:

@@ -8,6 +8,7 @@ __all__ = [
     "DpstreamError",
     "InvalidParameterError",
     "NoiseKeyError",
+    "RecoveryMismatchError",
 ]
 
 
@@ -29,3 +30,7 @@ class NoiseKeyError(DpstreamError):
 
 class BudgetExhaustedError(DpstreamError):
     """A privacy charge was refused because it would exceed the ledger's budget."""
+
+
+class RecoveryMismatchError(DpstreamError):
+    """The recovery store belongs to another flow instance or another configuration."""

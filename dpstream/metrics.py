@@ -1,11 +1,18 @@
 """Prometheus metrics: privacy spend per mechanism and operational counters.
 
 Every metric lives in the registry passed in (tests make a fresh
-``CollectorRegistry``). No metric carries a key or an unnoised per-key value:
-privacy spend is reported as the largest and smallest amounts over all keys
-(what the event-level guarantee depends on), counts of releases are totals.
-Counters count work done by this process; after a recovery, replayed work is
-counted again.
+``CollectorRegistry``). No metric carries a key. Counters count work done by this
+process; after a recovery, replayed work is counted again.
+
+**Trust model.** Metrics, logs and dead letters are *operator data*. Two series are
+exact, data-dependent counts of the input and move by one per event:
+``dpstream_events_total`` and ``dpstream_dead_letters_total``. Every other series is a
+function of what the flow publishes (releases, alerts and status records, which are
+private) and of the configuration: ``dpstream_releases_total``, ``dpstream_alerts_total``,
+``dpstream_refused_releases_total``, ``dpstream_privacy_spent``,
+``dpstream_privacy_remaining`` (both read from published records) and
+``dpstream_privacy_budget``. With ``metrics.exact_counts = false`` the two exact series are
+never registered, for deployments whose dashboards are shown more widely than the input.
 """
 
 from __future__ import annotations
@@ -26,17 +33,23 @@ class FlowMetrics:
     Args:
         flow: the flow's name (the ``flow`` label).
         registry: where to register; a fresh one if None.
+        exact_counts: register the two exact input counts (events, dead letters).
     """
 
-    def __init__(self, flow: str, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, flow: str, registry: CollectorRegistry | None = None,
+                 exact_counts: bool = True) -> None:
         self.flow = flow
         self.registry = registry if registry is not None else CollectorRegistry()
+        self.exact_counts = exact_counts
         r = self.registry
-        self.events = Counter("dpstream_events", "Events accepted into time steps.",
-                              ["flow"], registry=r)
-        self.dead_letters = Counter("dpstream_dead_letters",
-                                    "Records sent to the dead-letter topic, by reason.",
-                                    ["flow", "reason"], registry=r)
+        if exact_counts:
+            self.events = Counter("dpstream_events",
+                                  "Events accepted into time steps (exact: operator data).",
+                                  ["flow"], registry=r)
+            self.dead_letters = Counter(
+                "dpstream_dead_letters",
+                "Records sent to the dead-letter topic, by reason (exact: operator data).",
+                ["flow", "reason"], registry=r)
         self.releases = Counter("dpstream_releases", "Private counts released.",
                                 ["flow", "mechanism"], registry=r)
         self.refused = Counter("dpstream_refused_releases",
@@ -61,6 +74,8 @@ class FlowMetrics:
 
     def observe_input(self, name: str, amount: int) -> None:
         """Count parsed events (``events``) or dead letters (``dead_letter:<reason>``)."""
+        if not self.exact_counts:
+            return
         if name == "events":
             if amount:
                 self.events.labels(self.flow).inc(amount)

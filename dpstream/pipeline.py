@@ -33,13 +33,14 @@ log = logging.getLogger("dpstream")
 Encoded = tuple[str, bytes | None, bytes]  # topic role, key, value
 
 
-def statistics_spec(config: FlowConfig) -> StatisticsSpec:
-    """The per-key specification a flow configuration implies."""
+def statistics_spec(config: FlowConfig, instance: str = "") -> StatisticsSpec:
+    """The per-key specification a flow configuration implies, for flow instance ``instance``."""
     p = config.privacy
     return StatisticsSpec(
         flow=config.name, mode=config.admission.mode, accounting=p.accounting, budget=p.budget,
         delta_budget=p.delta, counter=p.counter, monitor=p.monitor,
         initial=config.admission.initial, admission_delta=config.admission.delta,
+        instance=instance,
     )
 
 
@@ -49,14 +50,21 @@ def event_rules(config: FlowConfig) -> EventRules:
     return EventRules(
         key_field=config.key_field, time_field=config.time_field, origin=config.origin,
         step_seconds=config.step_seconds, lateness_seconds=config.lateness_seconds,
-        shards=config.shards, declared_keys=declared,
+        shards=config.shards, declared_keys=declared, clock=config.clock,
     )
+
+
+def _raw_message(m: Any) -> RawMessage:
+    """A Kafka message as the stream layer reads it (the broker timestamp included)."""
+    kind, ms = m.timestamp if m.timestamp is not None else (0, 0)
+    return (m.partition, m.value, m.offset, m.topic, ms, kind)
 
 
 def build_counters_flow(
     config: FlowConfig,
     noise: NoiseKey,
     *,
+    instance: str,
     partitions: int | None = None,
     source: Source[RawMessage] | None = None,
     sink: Sink[Encoded] | None = None,
@@ -68,6 +76,8 @@ def build_counters_flow(
     Args:
         config: the validated configuration.
         noise: the secret noise key.
+        instance: the flow instance's id (see :mod:`dpstream.instance`); every noise
+            coordinate starts with it.
         partitions: how many input partitions there are (steps close when all have passed);
             looked up from the broker when None and reading Kafka.
         source: in-memory input of ``(partition, value, offset, topic)``; Kafka if None.
@@ -85,8 +95,7 @@ def build_counters_flow(
         kafka_in = kop.input("kafka_in", flow, brokers=list(kafka.brokers),
                              topics=[kafka.input_topic], tail=kafka.tail,
                              batch_size=kafka.batch_size, add_config=dict(kafka.add_config))
-        raw = op.map("raw", kafka_in.oks,
-                     lambda m: (m.partition, m.value, m.offset, m.topic))
+        raw = op.map("raw", kafka_in.oks, _raw_message)
         errors = op.map("kafka_errors", kafka_in.errs,
                         lambda e: DeadLetter(f"kafka error: {e.err}", e.msg.value or b"",
                                              e.msg.topic, e.msg.partition, e.msg.offset))
@@ -98,7 +107,7 @@ def build_counters_flow(
 
     observe_input = metrics.observe_input if metrics else (lambda _n, _a: None)
     assigned = assign_steps("assign_steps", raw, event_rules(config), observe_input)
-    spec = statistics_spec(config)
+    spec = statistics_spec(config, instance)
     mechanism = spec.counter.mechanism
     if metrics is not None:
         ledger = config.privacy.new_ledger()

@@ -61,7 +61,7 @@ def test_open_mode_default_threshold_meets_delta():
      "key cannot pay for"),
     (base(counter={"horizon": 1000}), r"\[counter\]: .*power of two"),
     (base(counter={"rho": 0.1}), r"unknown setting\(s\) in \[counter\]: rho"),
-    (base(monitor={"threshold": 5}), "monitor.threshold = 5 admits a key with a single event"),
+    (base(monitor={"threshold": 5}), "monitor.threshold = 5 with monitor windows of .* costs"),
     (base(admission={"mode": "declared"}), "admission.keys"),
     (base(admission={"mode": "open", "keys": ["a"]}), "only used with admission.mode = 'declared'"),
     (base(admission={"mode": "open"}, monitor={"enabled": False}), "needs the threshold monitor"),

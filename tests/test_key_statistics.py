@@ -68,7 +68,7 @@ def test_a_budget_too_small_for_the_counter_is_announced():
     status = [o for o in outs if isinstance(o, BudgetExhausted)]
     assert len(status) == 1 and status[0].label == "tree counter"
     assert not [o for o in outs if isinstance(o, Release)]
-    assert stats.ledger.spent == pytest.approx(0.5) and stats.dormant
+    assert stats.ledger.spent == pytest.approx(0.5) and stats.retired
 
 
 def test_snapshot_holds_no_noise_key_and_pickles():
@@ -92,8 +92,10 @@ def test_restore_continues_identically(increments, data, mode):
     assert head + run(resumed, increments[cut:]) == expected
 
 
-def test_expired_monitor_key_is_retired_and_never_restarts():
-    import json as _json
+def test_an_unadmitted_key_is_forgotten_at_its_window_end_and_watched_again_later():
+    """Monitor windows are global and fixed: [0, 3), [3, 6), ...; nothing is retired."""
+    from support.messages import message
+    from support.recording import RecordingKey
 
     from dpstream.config import parse_config
     from dpstream.pipeline import event_rules, statistics_spec
@@ -104,53 +106,54 @@ def test_expired_monitor_key_is_retired_and_never_restarts():
                         "monitor": {"horizon": 3, "threshold": 10_000}, "privacy": {"delta": 0.5},
                         "metrics": {"port": 0}})
     clock = PartitionClock(event_rules(cfg))
-    shard = ShardState(statistics_spec(cfg), 1, None, KEY)
-    origin = 1_790_000_000
-    for t in range(8):
-        msg = (0, _json.dumps({"key": "rare", "ts": origin + t}).encode(), t, "e")
-        updates, _ = clock.process(0, [msg])
-        assert shard.update(updates[0]) == []
-    assert "rare" in shard.retired and "rare" not in shard.keys
-    restored = ShardState(statistics_spec(cfg), 1, None, KEY, shard.to_state())
-    assert restored.retired == {"rare"}
-
-
-def test_restart_after_a_config_change_draws_noise_at_new_coordinates():
-    """A counter restarted at its own admission step must not reuse the first one's noise."""
-    from support.recording import RecordingKey
-
     recorder = RecordingKey(3)
-    stats = KeyStatistics(spec(), "k", 0, recorder)
-    run(stats, [100])  # admitted at step 0: initial count and counter at step 0
+    shard = ShardState(statistics_spec(cfg, "i"), 1, None, recorder)
+    origin = 1_790_000_000
+    present = []
+    for t in range(8):
+        updates, _ = clock.process(0, [message(0, "rare", origin + t + 0.5, t)])
+        assert shard.update(updates[0]) == []
+        present.append("rare" in shard.keys)
+    # after record t, steps < t are closed; the key lives from its first event to its
+    # window's end (closing step 2 forgets it, closing step 3 watches it again, ...)
+    assert present == [False, True, True, False, True, True, False, True]
+    assert not shard.retired
+    thresholds = [c for c in recorder.calls if c[-1] == "threshold"]
+    assert [c[4] for c in thresholds] == [0, 1, 2]  # one monitor per window, window-keyed
+    queries = sorted({c[-1] for c in recorder.calls if "query" in c})
+    assert queries == [0, 1, 2]  # query noise at the step's index in its window
+
+
+def test_resuming_with_other_mechanisms_is_refused():
+    """Issue 5, item 8: a changed mechanism under a running instance could reuse a generation
+    after a crash; dpstream refuses the change instead of restarting mechanisms."""
+    from dpstream.errors import InvalidParameterError
+
+    stats = KeyStatistics(spec(), "k", 0, KEY)
+    run(stats, [100])
     state = pickle.loads(pickle.dumps(stats.to_state()))
-    first = set(recorder.calls)
-    recorder.calls.clear()
-    changed = spec(budget=5.0, counter_eps=0.9)
-    resumed = KeyStatistics(changed, "k", 0, recorder, state)
-    run(resumed, [100])
-    assert resumed.generation == 1
-    assert not first & set(recorder.calls)  # no coordinate is drawn from twice
-    unchanged = KeyStatistics(spec(), "k", 0, NoiseKey.for_tests(3), state)
-    assert unchanged.generation == 0
+    with pytest.raises(InvalidParameterError, match="other mechanism parameters"):
+        KeyStatistics(spec(budget=5.0, counter_eps=0.9), "k", 0, KEY, state)
+    resumed = KeyStatistics(spec(budget=5.0), "k", 0, KEY, state)  # a budget change is fine
+    assert [type(o).__name__ for o in run(resumed, [1])] == ["Release"]
 
 
-def test_exhausted_declared_keys_are_not_recreated():
-    """Declared keys retired by a lowered budget never come back with a fresh ledger."""
-    from dpstream.config import parse_config
-    from dpstream.pipeline import statistics_spec
-    from dpstream.stream.events import ShardUpdate
-    from dpstream.stream.shard import ShardState
+def test_budget_exhaustion_on_resume_is_announced_only_for_admitted_keys():
+    from dpstream.core.ledger import PrivacyLedger
 
-    def cfg(budget, eps):
-        return parse_config({"flow": {"origin": "2026-09-21T14:13:20Z", "step": "1s",
-                                      "shards": 1},
-                             "privacy": {"budget": budget}, "counter": {"epsilon": eps},
-                             "admission": {"mode": "declared", "keys": ["a"]},
-                             "metrics": {"port": 0}})
-
-    shard = ShardState(statistics_spec(cfg(1.0, 0.7)), 1, {0: ["a"]}, KEY)
-    assert len(shard.update(ShardUpdate(0, 0, 2, 2, {0: {"a": 1}}))) == 2
-    lowered = ShardState(statistics_spec(cfg(0.5, 0.5)), 1, {0: ["a"]}, KEY, shard.to_state())
-    out = lowered.update(ShardUpdate(0, 0, 6, 6, {}))
-    assert [type(o).__name__ for o in out] == ["BudgetExhausted"]
-    assert lowered.retired == {"a"} and not lowered.keys
+    admitted = KeyStatistics(spec(), "a", 0, KEY)
+    run(admitted, [100])
+    waiting = KeyStatistics(spec(threshold=10_000), "w", 0, KEY)
+    run(waiting, [1])
+    for stats in (admitted, waiting):  # as if a budget far below the spend were in force
+        state = stats.to_state()
+        state["ledger"] = PrivacyLedger("pure", 10.0, 1e-6).to_state() | {
+            "spent": "50", "budget": "10"}
+        resumed = KeyStatistics(spec(threshold=stats.spec.monitor.threshold), stats.key, 0,
+                                KEY, state)
+        outs = run(resumed, [5])
+        if stats is admitted:
+            assert [type(o).__name__ for o in outs] == ["BudgetExhausted"]
+        else:
+            assert outs == []  # never name a key before its admission
+        assert resumed.exhausted

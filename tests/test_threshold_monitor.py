@@ -19,6 +19,7 @@ from dpstream.core.threshold_monitor import (
     ThresholdMonitorSpec,
     admission_delta,
     difference_tail,
+    lazy_start_delta,
     minimal_threshold,
 )
 from dpstream.errors import InvalidParameterError
@@ -221,9 +222,34 @@ def test_admission_delta_needs_a_horizon() -> None:
 )
 def test_minimal_threshold_is_minimal(epsilon: float, horizon: int, delta: float) -> None:
     tau = minimal_threshold(epsilon, horizon, delta)
-    assert admission_delta(ThresholdMonitorSpec(epsilon, tau, horizon)) <= delta
+    assert lazy_start_delta(ThresholdMonitorSpec(epsilon, tau, horizon)) <= delta
     if tau > 1:
-        assert admission_delta(ThresholdMonitorSpec(epsilon, tau - 1, horizon)) > delta
+        assert lazy_start_delta(ThresholdMonitorSpec(epsilon, tau - 1, horizon)) > delta
+
+
+def test_lazy_start_delta_is_the_coupling_bound() -> None:
+    # (1 + e^eps) * W * P(nu - rho >= tau): a monitor that would fire on a count of 0
+    spec = ThresholdMonitorSpec(0.5, 150, 1000)
+    expected = (1 + math.exp(0.5)) * 1000 * difference_tail(0.5, 150)
+    assert 0 < expected < 1e-3
+    assert lazy_start_delta(spec) == pytest.approx(expected, rel=1e-12)
+    with pytest.raises(InvalidParameterError):
+        lazy_start_delta(ThresholdMonitorSpec(1.0, 20))
+
+
+def test_a_lazily_started_monitor_decides_like_one_started_at_zero() -> None:
+    """The coupling behind lazy_start_delta: same window noise, same decisions after f."""
+    spec = ThresholdMonitorSpec(1.0, 8, 50)
+    for seed in range(40):
+        key = NoiseKey.for_tests(seed)
+        full = ThresholdMonitor(spec, key, ("w", 0))
+        lazy = ThresholdMonitor(spec, key, ("w", 0), first_step=10)
+        early = [full.step(0) for _ in range(10)]
+        increments = [1, 0, 2, 0, 3] * 8
+        a = [full.step(i) for i in increments]
+        b = [lazy.step(i) for i in increments]
+        if not any(early):  # the full monitor did not fire on a count of 0 before step 10
+            assert a == b
 
 
 def test_minimal_threshold_validation() -> None:

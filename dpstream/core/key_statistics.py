@@ -1,27 +1,58 @@
 """Everything dpstream keeps for one key: monitor, counter and their ledger.
 
-:class:`KeyStatistics` is driven one time step at a time with the key's
+:class:`KeyStatistics` is driven one global time step at a time with the key's
 increment for that step and returns what may be published for it:
 
 * in the *declared* key universe the counter runs from step 0 (and the
-  optional threshold monitor alongside it);
-* in the *open* universe the key is first watched by a threshold monitor
-  (AboveThreshold on the prefix count, paper 002 Observation 1.8); when it
-  fires, an :class:`Alert` is published, the count up to that step is released
-  once with fresh noise (the *initial count*), and from the next step on the
-  continual counter adds the increments that follow. The counter's tree (or
-  BLT) is aligned to the admission step, which is itself a published, private
-  output, so its structure reveals nothing more. Before admission nothing is
-  published for the key, so rare keys do not reveal themselves by appearing.
+  optional threshold monitor alongside it, over steps ``[0, horizon)``);
+* in the *open* universe keys come from the data. Time is cut into fixed,
+  global **monitor windows** of ``W = monitor.horizon`` steps (window ``k`` is
+  ``[kW, (k+1)W)``). In each window a key that has not been admitted yet is
+  watched by a threshold monitor (AboveThreshold on the count of *that
+  window's* events, paper 002 Observation 1.8) that starts at the key's first
+  event in the window and is tested until the window's end, a public time.
+  When it fires, an :class:`Alert` is published (the admission), the key's
+  count since its monitor started is released once with fresh noise (the
+  *initial count*) and from the next step on the continual counter adds the
+  increments that follow, for ever. A key whose monitor reaches the window's
+  end without firing is forgotten entirely (no state, no retirement): its next
+  event, in a later window, starts that window's monitor.
+
+**Privacy of the open universe** (event-level, per key; other keys' outputs
+do not depend on the key's events). The windows hold disjoint events and each
+window's monitor depends only on its own window's events given what was
+published before, so by (adaptive) parallel composition one event pays for one
+window's monitor: ``epsilon_monitor``. The monitor's start is data-dependent
+but its end is not, and its noise is keyed by the window and the step's index
+in the window, so it decides exactly like a monitor started at the window's
+beginning unless that one fires on a count of 0 before the key's first event:
+:func:`~dpstream.core.threshold_monitor.lazy_start_delta` bounds the resulting
+delta, which the configuration keeps within ``privacy.delta``. After admission
+(a published, private output) the initial count and the counter are
+``epsilon_initial`` and ``epsilon_counter`` DP with respect to one event.
+Basic composition of the three gives the per-key charge the ledger holds.
+
+**Presence and structure.** Nothing is published about a key before its
+admission, and every field of a release but ``value`` is a function of public
+things (the configuration and the admission step): the ledger's spend at the
+first release is the sum of the configured charges. A charge refused before
+admission is never announced (it would name the key); the configuration is
+validated so that it cannot be refused.
+
+**Noise coordinates** bind every draw to the flow instance, the key, the
+mechanism and a digest of the mechanism's parameters (pitfall 13):
+``(instance, key, "monitor", digest, window)``, ``(instance, key, "initial",
+digest, step)`` and ``(instance, key, "counter", digest, start_step)``.
 
 Every mechanism is paid for on the key's :class:`PrivacyLedger` before it
-produces anything; a refused charge becomes a :class:`BudgetExhausted` status
-and the key stops releasing. The composition is charged basically (sum of
-the costs), an upper bound of the true cost.
+produces anything; a refused charge of an admitted key becomes a
+:class:`BudgetExhausted` status and the key stops releasing.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import math
 from dataclasses import dataclass
 from fractions import Fraction
@@ -35,19 +66,41 @@ from dpstream.core.noise import (
     discrete_gaussian_variance,
     discrete_laplace,
     discrete_laplace_variance,
+    encode_coordinates,
 )
 from dpstream.core.threshold_monitor import ThresholdMonitor, ThresholdMonitorSpec
 from dpstream.core.tree_counter import TreeCounter, TreeCounterSpec
-from dpstream.errors import BudgetExhaustedError
+from dpstream.errors import BudgetExhaustedError, InvalidParameterError
 
 __all__ = ["Alert", "BudgetExhausted", "KeyStatistics", "Release", "StatisticsSpec"]
 
 CounterSpec = TreeCounterSpec | BltCounterSpec
 
 
+def parameter_digest(*fields: str | int) -> str:
+    """A short digest of a mechanism's parameters (explicitly encoded; see noise coordinates)."""
+    return hashlib.blake2b(encode_coordinates(fields), digest_size=8,
+                           person=b"dpstream-params").hexdigest()
+
+
+def _fraction(value: float | None) -> str:
+    return "none" if value is None else str(exact(value))
+
+
+def _charge_digest(charge: PrivacyCharge | None) -> str:
+    if charge is None:
+        return parameter_digest("none")
+    return parameter_digest("charge", _fraction(charge.epsilon), _fraction(charge.rho))
+
+
 @dataclass(frozen=True)
 class StatisticsSpec:
-    """What to compute for every key (shared by all keys of a flow)."""
+    """What to compute for every key (shared by all keys of a flow).
+
+    ``instance`` is the flow instance's id: every noise coordinate starts with it, so two
+    instances (two deployments with the same name, a reprocessing of the same topic) never
+    share noise.
+    """
 
     flow: str
     mode: Literal["declared", "open"]
@@ -58,6 +111,46 @@ class StatisticsSpec:
     monitor: ThresholdMonitorSpec | None
     initial: PrivacyCharge | None = None
     admission_delta: float = 0.0
+    instance: str = ""
+
+    def __post_init__(self) -> None:
+        if self.mode == "open" and (self.monitor is None or self.monitor.horizon is None):
+            raise InvalidParameterError(
+                "the open key universe needs a threshold monitor with a horizon (its window)")
+
+    @functools.cached_property
+    def monitor_digest(self) -> str:
+        """Digest of the monitor's parameters (part of its noise coordinates)."""
+        m = self.monitor
+        if m is None:
+            return parameter_digest("none")
+        return parameter_digest("above-threshold", _fraction(m.epsilon), int(m.threshold),
+                                -1 if m.horizon is None else int(m.horizon))
+
+    @functools.cached_property
+    def counter_digest(self) -> str:
+        """Digest of the counter's parameters (part of its noise coordinates)."""
+        c = self.counter
+        if isinstance(c, TreeCounterSpec):
+            return parameter_digest(c.mechanism, _fraction(c.epsilon), int(c.horizon))
+        return parameter_digest(c.mechanism, _fraction(c.rho), int(c.horizon))
+
+    @functools.cached_property
+    def initial_digest(self) -> str:
+        """Digest of the initial count's charge (part of its noise coordinates)."""
+        return _charge_digest(self.initial)
+
+    @functools.cached_property
+    def mechanisms_digest(self) -> str:
+        """One digest of every mechanism's parameters (what a resume must not change)."""
+        return parameter_digest(self.mode, self.accounting, self.monitor_digest,
+                                self.counter_digest, self.initial_digest)
+
+    @property
+    def window(self) -> int:
+        """The length ``W`` of the open universe's monitor windows (``monitor.horizon``)."""
+        assert self.monitor is not None and self.monitor.horizon is not None
+        return int(self.monitor.horizon)
 
 
 @dataclass(frozen=True)
@@ -87,7 +180,7 @@ class Alert:
 
 @dataclass(frozen=True)
 class BudgetExhausted:
-    """A charge for the key was refused; the key publishes nothing more."""
+    """A charge for an admitted key was refused; the key publishes nothing more."""
 
     key: str
     step: int
@@ -114,15 +207,19 @@ class KeyStatistics:
     Args:
         spec: the flow-wide specification.
         key: the key these statistics are for.
-        start_step: the global step of the first :meth:`step` call.
+        start_step: the global step of the first :meth:`step` call; in the open universe
+            the key's first event in its monitor window.
         noise: the secret noise key (never stored in the state).
         state: a :meth:`to_state` snapshot to resume from.
+
+    Raises:
+        InvalidParameterError: ``state`` was made with other mechanism parameters.
     """
 
     def __init__(self, spec: StatisticsSpec, key: str, start_step: int, noise: NoiseKey,
                  state: dict[str, Any] | None = None) -> None:
         self.spec, self.key, self._noise = spec, key, noise
-        self._coords = (spec.flow, key)
+        self._coords: tuple[str, ...] = (spec.instance, key)
         if state is not None:
             self._restore(state)
             return
@@ -136,14 +233,23 @@ class KeyStatistics:
         self.initial_value = 0.0
         self.initial_var = 0.0
         self._pending: list[Output] = []
-        self.generation = 0  # bumped by each restart after a configuration change
-        self._monitor_coords: tuple[Any, ...] = self._coords + ("monitor",)
-        self._counter_coords: tuple[Any, ...] = ()
+        self.window_end: int | None = None  # open universe: the first step after the window
         if spec.monitor is not None:
+            window, first = 0, start_step
+            if spec.mode == "open":
+                window, first = divmod(start_step, spec.window)
+                self.window_end = (window + 1) * spec.window
             if self._pay(spec.monitor.charge, start_step):
-                self.monitor = ThresholdMonitor(spec.monitor, noise, self._monitor_coords)
+                self.monitor = ThresholdMonitor(
+                    spec.monitor, noise, self._coords + ("monitor", spec.monitor_digest, window),
+                    first_step=first)
         if spec.mode == "declared" and not self.exhausted:
             self._start_counter(start_step, initial=None)
+
+    @property
+    def admitted(self) -> bool:
+        """Whether anything about the key may be published (declared, or its monitor fired)."""
+        return self.spec.mode == "declared" or self.counter_start is not None
 
     # -- the one entry point --
     def step(self, increment: int) -> list[Output]:
@@ -154,7 +260,7 @@ class KeyStatistics:
         out, self._pending = self._pending, []
         if self.exhausted:
             return out
-        if self.monitor is not None and not self.monitor.fired and not self.monitor.expired:
+        if self.monitor is not None and not self.monitor.halted:
             if self.monitor.step(increment):
                 assert self.spec.monitor is not None
                 out.append(Alert(self.key, step, self.spec.monitor.threshold,
@@ -163,9 +269,8 @@ class KeyStatistics:
                     self._start_counter(step, initial=self.spec.initial)
                     if not self.exhausted:
                         out.append(self._release(step, self.initial_value, self.initial_var))
-                    else:
-                        out.extend(self._pending)
-                        self._pending = []
+                    out.extend(self._pending)
+                    self._pending = []
                     return out
         if self.counter is not None and self.counter_start is not None:
             if step > self.counter_start or self.spec.mode == "declared":
@@ -175,45 +280,51 @@ class KeyStatistics:
         return out
 
     @property
-    def dormant(self) -> bool:
-        """Whether the key will never publish anything again (expired monitor or exhausted)."""
-        if self._pending:
-            return False
-        if self.exhausted:
-            return True
-        return self.counter is None and (self.monitor is None or self.monitor.expired)
+    def expired(self) -> bool:
+        """Open universe: the key's monitor window is over and it was not admitted.
+
+        Such a key is forgotten; an event in a later window starts that window's monitor.
+        """
+        return (self.spec.mode == "open" and not self.admitted and self.window_end is not None
+                and self.next_step >= self.window_end)
+
+    @property
+    def retired(self) -> bool:
+        """An admitted key that will never publish again (its budget is exhausted).
+
+        Only its name is kept, so that a later event cannot start it again with a fresh
+        ledger; its name is public already (declared, or published by its alert).
+        """
+        return self.exhausted and self.admitted and not self._pending
 
     # -- internals --
-    def _generation_coords(self) -> tuple[Any, ...]:
-        """Coordinates of the mechanisms started now (generation 0 keeps the original ones)."""
-        return self._coords if self.generation == 0 else self._coords + ("generation",
-                                                                           self.generation)
-
     def _pay(self, charge: PrivacyCharge, step: int) -> bool:
         try:
             self.ledger.charge(charge)
         except BudgetExhaustedError as exc:
             self.exhausted = True
-            self._pending.append(BudgetExhausted(
-                self.key, step, charge.label, str(exc), self.ledger.spent, self.ledger.budget,
-                self.ledger.unit))
+            if self.admitted or self.spec.mode == "declared":  # never name an unadmitted key
+                self._pending.append(BudgetExhausted(
+                    self.key, step, charge.label, str(exc), self.ledger.spent,
+                    self.ledger.budget, self.ledger.unit))
             return False
         return True
 
     def _start_counter(self, step: int, initial: PrivacyCharge | None) -> None:
+        self.counter_start = step  # admitted from here on, even if a charge is refused
         if initial is not None:
             if not self._pay(initial, step):
                 return
             self.initial_value, self.initial_var = self._initial_count(initial, step)
         if not self._pay(self.spec.counter.charge, step):
             return
-        self.counter_start = step
-        self._counter_coords = self._generation_coords() + ("counter", step)
-        self.counter = _new_counter(self.spec.counter, self._noise, self._counter_coords)
+        self.counter = _new_counter(
+            self.spec.counter, self._noise,
+            self._coords + ("counter", self.spec.counter_digest, step))
 
     def _initial_count(self, charge: PrivacyCharge, step: int) -> tuple[float, float]:
-        """Release the prefix count once: sensitivity 1 (one event changes it by one)."""
-        rng = self._noise.stream(*self._generation_coords(), "initial", step)
+        """Release the count since the monitor started once: sensitivity 1."""
+        rng = self._noise.stream(*self._coords, "initial", self.spec.initial_digest, step)
         if charge.epsilon:
             scale = 1 / exact(charge.epsilon)
             return float(self.prefix + discrete_laplace(rng, scale)), discrete_laplace_variance(
@@ -235,78 +346,58 @@ class KeyStatistics:
             "next_step": self.next_step, "prefix": self.prefix, "exhausted": self.exhausted,
             "ledger": self.ledger.to_state(),
             "monitor": None if self.monitor is None else self.monitor.to_state(),
-            "generation": self.generation,
-            "monitor_coords": list(self._monitor_coords),
-            "counter_coords": list(self._counter_coords),
-            "monitor_spec": repr(self.spec.monitor),
+            "window_end": self.window_end,
+            "mechanisms": self.spec.mechanisms_digest,
             "counter": None if self.counter is None else self.counter.to_state(),
             "counter_start": self.counter_start,
-            "counter_spec": repr(self.spec.counter),
             "initial": (self.initial_value, self.initial_var),
             "pending": list(self._pending),
         }
 
     def _restore(self, state: dict[str, Any]) -> None:
-        """Resume from a snapshot under the configuration in force now.
+        """Resume from a snapshot made with the same mechanisms, under today's budget.
 
-        The budget is the configured one: if it is now below what the key has
-        already spent, the key stops with a :class:`BudgetExhausted` status. A
-        changed mechanism is not resumed from state made for another one: a
-        changed counter is retired and a new one started at the resume step
-        (paying again for a fresh initial count and the counter), and a changed
-        monitor that had not fired yet is started afresh with fresh threshold
-        noise (paying again). A refused charge is announced the same way.
+        The mechanisms' parameters cannot change under a running flow instance (the
+        start-up check refuses it with a precise message; this is the second line of
+        defence): a changed mechanism would need new noise and new charges, and a crash
+        before the next snapshot could lose them (issue 5, item 8). The budget may change:
+        an *admitted* key whose spend is now above it stops with a :class:`BudgetExhausted`
+        status. A key not yet admitted never gets one (that would name it).
         """
+        if state.get("mechanisms") != self.spec.mechanisms_digest:
+            raise InvalidParameterError(
+                "this key's state was made with other mechanism parameters; a flow instance's "
+                "mechanisms cannot change (start a new flow instance)")
         self.next_step = state["next_step"]
         self.prefix = state["prefix"]
         self.exhausted = state["exhausted"]
         self.ledger = PrivacyLedger.from_state(state["ledger"])
         self.counter_start = state["counter_start"]
+        self.window_end = state["window_end"]
         self.initial_value, self.initial_var = state["initial"]
         self._pending = list(state["pending"])
-        self.generation = state.get("generation", 0)
-        self._monitor_coords = tuple(state["monitor_coords"])
-        self._counter_coords = tuple(state.get("counter_coords") or
-                                     self._coords + ("counter", self.counter_start))
         self.monitor, self.counter = None, None
-        monitor_same = state["monitor_spec"] == repr(self.spec.monitor)
-        counter_same = state["counter_spec"] == repr(self.spec.counter)
-        if state["monitor"] is not None and monitor_same:
+        if state["monitor"] is not None:
             assert self.spec.monitor is not None
-            self.monitor = ThresholdMonitor(self.spec.monitor, self._noise, self._monitor_coords,
-                                            state["monitor"])
-        if state["counter"] is not None and counter_same:
-            self.counter = _new_counter(self.spec.counter, self._noise, self._counter_coords,
-                                        state["counter"])
+            window = 0 if self.window_end is None else self.window_end // self.spec.window - 1
+            self.monitor = ThresholdMonitor(
+                self.spec.monitor, self._noise,
+                self._coords + ("monitor", self.spec.monitor_digest, window), state["monitor"])
+        if state["counter"] is not None:
+            assert self.counter_start is not None
+            self.counter = _new_counter(
+                self.spec.counter, self._noise,
+                self._coords + ("counter", self.spec.counter_digest, self.counter_start),
+                state["counter"])
         if self.exhausted:
             return
         self.ledger.rebudget(PrivacyLedger(self.spec.accounting, self.spec.budget,
                                            self.spec.delta_budget))
         if self.ledger.remaining < 0 or self.ledger.spent_delta > self.spec.delta_budget:
             self.exhausted = True
-            self._pending.append(BudgetExhausted(
-                self.key, self.next_step, "budget change",
-                f"the configured budget {self.ledger.budget:g} {self.ledger.unit} is below what "
-                f"this key has already spent ({self.ledger.spent:g})",
-                self.ledger.spent, self.ledger.budget, self.ledger.unit))
-            return
-        restart_step = self.next_step - 1
-        monitor_was_waiting = state["monitor"] is not None and state["counter_start"] is None
-        restart_monitor = (not monitor_same and self.spec.monitor is not None
-                           and monitor_was_waiting)
-        restart_counter = state["counter"] is not None and not counter_same
-        if restart_monitor or restart_counter:
-            # Restarted mechanisms get coordinates of a new generation: noise drawn again at
-            # the same coordinates with another scale would be correlated with the first one.
-            self.generation += 1
-        if restart_monitor:
-            assert self.spec.monitor is not None
-            if self._pay(self.spec.monitor.charge, restart_step):
-                self._monitor_coords = self._generation_coords() + ("monitor", restart_step)
-                self.monitor = ThresholdMonitor(self.spec.monitor, self._noise,
-                                                self._monitor_coords)
-        if restart_counter and not self.exhausted:
-            restart = self.spec.initial or PrivacyCharge(
-                epsilon=self.spec.counter.charge.epsilon, rho=self.spec.counter.charge.rho,
-                label="initial count (restart)")
-            self._start_counter(restart_step, initial=restart)
+            if self.admitted:
+                self._pending.append(BudgetExhausted(
+                    self.key, self.next_step, "budget change",
+                    f"the configured budget {self.ledger.budget:g} {self.ledger.unit} is below "
+                    f"what this key has already spent ({self.ledger.spent:g})",
+                    self.ledger.spent, self.ledger.budget, self.ledger.unit))

@@ -33,6 +33,7 @@ from dpstream.errors import InvalidParameterError, NoiseKeyError
 
 __all__ = [
     "check_coordinates",
+    "encode_coordinates",
     "NOISE_KEY_ENV",
     "NOISE_KEY_FILE_ENV",
     "NoiseKey",
@@ -72,13 +73,34 @@ def check_coordinates(coordinates: object) -> tuple[Coordinate, ...]:
     return coordinates
 
 
-def _encode_coordinates(coordinates: tuple[Coordinate, ...]) -> bytes:
-    """Encode coordinates injectively.
+COORDINATES_VERSION: Final = b"dpstream-coordinates/1"
+_STR_TAG: Final = b"s"
+_INT_TAG: Final = b"i"
 
-    ``repr`` of a tuple of ``str`` and ``int`` is injective (strings are quoted and
-    escaped, integers are not), and it runs in C: this is on the per-release path.
+
+def encode_coordinates(coordinates: tuple[Coordinate, ...]) -> bytes:
+    """Encode coordinates explicitly and injectively (version ``dpstream-coordinates/1``).
+
+    The encoding is the version tag followed by, for each coordinate, a one-byte type tag
+    (``s`` for str, ``i`` for int), a 4-byte big-endian length and the bytes: UTF-8 for a
+    string (lone surrogates kept with ``surrogatepass``, so every Python ``str`` has one
+    encoding), the shortest signed big-endian two's complement for an integer. Nothing in it
+    depends on the Python version (``repr`` of a string does: how a character prints changed
+    when Unicode 15 was adopted), and type tags plus length prefixes make it injective: no two
+    distinct tuples share an encoding, so ``("ab", "c")``, ``("a", "bc")``, ``(1,)`` and
+    ``("1",)`` all differ.
     """
-    return repr(check_coordinates(coordinates)).encode("utf-8", "surrogatepass")
+    parts = [COORDINATES_VERSION]
+    for c in check_coordinates(coordinates):
+        if isinstance(c, str):
+            data = c.encode("utf-8", "surrogatepass")
+            parts.append(_STR_TAG)
+        else:
+            data = c.to_bytes((c.bit_length() + 8) // 8, "big", signed=True)
+            parts.append(_INT_TAG)
+        parts.append(len(data).to_bytes(4, "big"))
+        parts.append(data)
+    return b"".join(parts)
 
 
 class _PrfStream:
@@ -199,7 +221,7 @@ class NoiseKey:
         coordinates give computationally independent ones.
         """
         subkey = hashlib.blake2b(
-            _encode_coordinates(coordinates), key=self._key, digest_size=32, person=_PERSON
+            encode_coordinates(coordinates), key=self._key, digest_size=32, person=_PERSON
         ).digest()
         return _PrfStream(subkey)
 

@@ -55,6 +55,7 @@ __all__ = [
     "ThresholdMonitorSpec",
     "admission_delta",
     "difference_tail",
+    "lazy_start_delta",
     "minimal_threshold",
 ]
 
@@ -117,6 +118,11 @@ class ThresholdMonitor:
         noise_key: the secret key all noise is derived from.
         coordinates: the release's coordinates, e.g. ``(flow, mechanism, key)``.
         state: a dict from :meth:`to_state` to resume from, or ``None`` to start.
+        first_step: the step (within the horizon) at which a lazily started monitor begins;
+            the steps before it are not tested. Query noise is drawn at the step's index
+            within the horizon, so a monitor started late makes exactly the decisions of one
+            started at step 0 unless that one would have fired on a count of 0 before
+            ``first_step`` (see :func:`lazy_start_delta`).
 
     Raises:
         InvalidParameterError: bad coordinates, or a malformed or mismatched state.
@@ -131,11 +137,12 @@ class ThresholdMonitor:
         noise_key: NoiseKey,
         coordinates: tuple[str | int, ...],
         state: dict[str, Any] | None = None,
+        first_step: int = 0,
     ) -> None:
         self.spec = spec
         self._key = noise_key
         self._coordinates = check_coordinates(coordinates)
-        self._steps = 0
+        self._steps = integer_at_least("first_step", first_step, 0)
         self._count = 0
         self._fired_at: int | None = None
         self._rho: int | None = None  # derived from the key when first needed; never stored
@@ -351,8 +358,41 @@ def admission_delta(spec: ThresholdMonitorSpec) -> float:
     return max(math.exp(log_delta), math.ulp(0.0))
 
 
+def lazy_start_delta(spec: ThresholdMonitorSpec) -> float:
+    """Return the delta a monitor started lazily, at a key's first event in a window, costs.
+
+    The open key universe watches a key in fixed global windows of ``spec.horizon`` steps;
+    in each window its monitor counts only that window's events and starts at the key's
+    first event there, at index ``f`` in the window (see :mod:`dpstream.core.key_statistics`).
+    Compare it with the ideal monitor ``M*`` that starts at index 0 for every possible key:
+    ``M*`` is ``epsilon``-DP (Dwork & Roth, Thm 3.23). Both draw the threshold noise at the
+    window's coordinates and the query noise of index ``t`` at ``t``'s coordinates, so they
+    decide identically unless ``M*`` fires at one of the indices before ``f``, where its count
+    is 0. By the union bound that has probability at most
+    ``delta0 = horizon * P(nu - rho >= threshold)``. Coupling both neighbours to ``M*``,
+    ``P[M(D) in S] <= P[M*(D) in S] + delta0 <= e^eps P[M*(D') in S] + delta0
+    <= e^eps P[M(D') in S] + (1 + e^eps) delta0``, so the lazy monitor is
+    ``(epsilon, (1 + e^epsilon) delta0)``-DP. Windows hold disjoint events and only the
+    window of the differing event differs, so one such delta covers a key's whole life.
+
+    Raises:
+        InvalidParameterError: ``spec.horizon`` is not set (the bound is infinite).
+
+    """
+    if spec.horizon is None:
+        raise InvalidParameterError(
+            "lazy_start_delta needs a horizon: the monitor's window length"
+        )
+    eps = float(spec.epsilon)
+    log_delta = (math.log(int(spec.horizon)) + math.log1p(math.exp(eps))
+                 + _log_upper_tail(int(spec.threshold), 4.0 / eps, 2.0 / eps))
+    if log_delta >= 0.0:
+        return 1.0
+    return max(math.exp(log_delta), math.ulp(0.0))
+
+
 def minimal_threshold(epsilon: float, horizon: int, delta: float) -> int:
-    """Return the smallest threshold whose :func:`admission_delta` is at most ``delta``.
+    """Return the smallest threshold whose :func:`lazy_start_delta` is at most ``delta``.
 
     Raises:
         InvalidParameterError: a parameter is out of range.
@@ -364,7 +404,7 @@ def minimal_threshold(epsilon: float, horizon: int, delta: float) -> int:
         raise InvalidParameterError(f"delta must be in (0, 1), got {delta!r}")
 
     def ok(threshold: int) -> bool:
-        return admission_delta(ThresholdMonitorSpec(eps, threshold, horizon)) <= delta
+        return lazy_start_delta(ThresholdMonitorSpec(eps, threshold, horizon)) <= delta
 
     hi = 1
     while not ok(hi):

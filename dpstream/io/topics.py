@@ -270,7 +270,7 @@ def read_all(
 def produce(
     bootstrap: str,
     topic: str,
-    messages: Iterable[tuple[bytes | None, bytes | None]],
+    messages: Iterable[tuple[bytes | None, bytes | None] | tuple[bytes | None, bytes | None, int]],
     partition: int | None = None,
     timeout: float = 30.0,
 ) -> int:
@@ -279,7 +279,8 @@ def produce(
     Args:
         bootstrap: ``host:port[,host:port...]`` of the Kafka cluster.
         topic: An existing topic.
-        messages: ``(key, value)`` byte pairs; ``key`` may be ``None``.
+        messages: ``(key, value)`` byte pairs, or ``(key, value, timestamp_ms)`` to set the
+            record's (producer) timestamp; ``key`` may be ``None``.
         partition: Write every message to this partition; ``None`` lets the producer's default
             partitioner choose (by key hash, or spread for ``None`` keys).
         timeout: Seconds to wait for the final flush (and for metadata).
@@ -310,8 +311,11 @@ def produce(
     failures: list[BaseException] = []
     sent = 0
     try:
-        for key, value in messages:
-            future = producer.send(topic, value=value, key=key, partition=partition)
+        for message in messages:
+            key, value = message[0], message[1]
+            stamp = message[2] if len(message) > 2 else None  # type: ignore[misc]
+            future = producer.send(topic, value=value, key=key, partition=partition,
+                                   timestamp_ms=stamp)
             future.add_errback(failures.append)
             sent += 1
             if failures:

@@ -1,14 +1,28 @@
-"""Parse raw events and assign them to time steps, one input partition at a time.
+"""Parse raw events and place them in time steps, one input partition at a time.
 
-Each input partition keeps its own event-time watermark (the largest
-timestamp it has delivered). A step is closed *from a partition's point of
-view* once that watermark, less the allowed lateness, has passed the step's
-end; an event whose step is already closed from its own partition's point of
-view is late and goes to the dead-letter topic. Steps are released only when
-every partition has closed them (see :mod:`dpstream.stream.shard`). Because
-lateness depends only on the order of records *within* one partition, which
-Kafka fixes, a replay after a crash accepts and rejects exactly the same
-events, so every release coordinate gets exactly one value.
+**Each record's step comes from that record alone.** A record carries its
+event time (a field of the JSON value) and the broker's timestamp (Kafka's
+record timestamp). Its *placement time* is its event time clamped into
+``[broker time - flow.lateness, broker time]``: an event stamped in the future
+counts at its broker time, an event older than the lateness counts at broker
+time minus the lateness. No other record can change where it is counted
+(pitfall 10).
+
+**Steps close by broker time, which no client can push.** A partition's
+frontier (the first step it has not closed) is the step of ``max broker time
+seen - flow.lateness``. With ``flow.clock = "broker"`` (the default) only
+broker-set timestamps (``message.timestamp.type=LogAppendTime`` on the topic)
+are trusted; a record with a producer-set timestamp (CreateTime) or none is a
+dead letter, so a client cannot move the clock. ``flow.clock = "producer"``
+trusts producer timestamps: only for topics whose every producer is trusted
+(the demo, tests, a single internal producer).
+
+**What "late" means now.** Broker time only moves forward within a partition,
+so no record placed by its own broker timestamp can fall into a closed step.
+A record is late only if the broker's clock went backwards (a leader moved to a
+broker whose clock is behind): it is then a dead letter. Lateness is a function
+of the partition's records in their offset order, which Kafka fixes, so a
+replay after a crash accepts and rejects exactly the same records.
 """
 
 from __future__ import annotations
@@ -19,7 +33,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from operator import attrgetter, itemgetter
-from typing import Annotated, Any
+from typing import Annotated, Any, Final, Literal
 
 import msgspec
 import numpy as np
@@ -27,13 +41,29 @@ import orjson
 
 from dpstream.io.records import DeadLetter
 
-__all__ = ["EventRules", "PartitionClock", "RawMessage", "ShardUpdate", "shard_of"]
+__all__ = [
+    "EventRules",
+    "PartitionClock",
+    "RawMessage",
+    "ShardUpdate",
+    "TIMESTAMP_CREATE_TIME",
+    "TIMESTAMP_LOG_APPEND_TIME",
+    "TIMESTAMP_NONE",
+    "shard_of",
+]
 
-RawMessage = tuple[int, bytes | None, int | None, str | None]  # partition, value, offset, topic
+# partition, value, offset, topic, broker timestamp (ms since the epoch), timestamp type
+RawMessage = tuple[int, bytes | None, int | None, str | None, int, int]
+
+TIMESTAMP_NONE: Final = 0  # the Kafka record timestamp types (as confluent-kafka reports them)
+TIMESTAMP_CREATE_TIME: Final = 1
+TIMESTAMP_LOG_APPEND_TIME: Final = 2
 
 MAX_KEY_LENGTH = 256
 MAX_SECONDS = 253_402_300_799.0  # 9999-12-31T23:59:59Z: keeps every step index inside int64
 _VALUE = itemgetter(1)
+_BROKER_MS = itemgetter(4)
+_KIND = itemgetter(5)
 _KEY = attrgetter("key")
 _TS = attrgetter("ts")
 
@@ -73,6 +103,7 @@ class EventRules:
     lateness_seconds: float
     shards: int
     declared_keys: frozenset[str] | None = None
+    clock: Literal["broker", "producer"] = "broker"
 
     @property
     def origin_seconds(self) -> float:
@@ -100,12 +131,14 @@ class ShardUpdate:
 
 
 class PartitionClock:
-    """The watermark of one input partition, and the parser that uses it."""
+    """The broker-time watermark of one input partition, and the parser that uses it."""
 
     def __init__(self, rules: EventRules, state: dict[str, Any] | None = None) -> None:
         self.rules = rules
         self.partition: int | None = None if state is None else state["partition"]
         self.watermark: float | None = None if state is None else state["watermark"]
+        # steps closed at the end of a bounded input: a later record before it is late
+        self.closed: int | None = None if state is None else state.get("closed")
         self.events = 0
         self.dead_letters = 0
         self._shard_cache: dict[str, int] = {}
@@ -122,16 +155,35 @@ class PartitionClock:
 
     def to_state(self) -> dict[str, Any]:
         """Snapshot for recovery."""
-        return {"partition": self.partition, "watermark": self.watermark}
+        return {"partition": self.partition, "watermark": self.watermark, "closed": self.closed}
 
     def _step_of(self, seconds: float) -> int:
         return math.floor((seconds - self.rules.origin_seconds) / self.rules.step_seconds)
 
+    def _untrusted(self, kind: int) -> str:
+        if kind == TIMESTAMP_CREATE_TIME:
+            return ("the record's timestamp is producer-set (CreateTime) and flow.clock = "
+                    "'broker' trusts only broker time: set message.timestamp.type="
+                    "LogAppendTime on the input topic")
+        return "the record has no broker timestamp"
+
     def frontier(self) -> int | None:
         """The first step not yet closed from this partition's point of view."""
         if self.watermark is None:
-            return None
-        return self._step_of(self.watermark - self.rules.lateness_seconds)
+            return self.closed
+        step = self._step_of(self.watermark - self.rules.lateness_seconds)
+        return step if self.closed is None else max(step, self.closed)
+
+    def end_of_input(self) -> list[ShardUpdate]:
+        """Close this partition's steps through its watermark's step (a bounded input ended).
+
+        The partition then tells every shard its final frontier; a record that arrives for a
+        closed step after a resume (the topic grew) is late, never silently lost.
+        """
+        assert self.partition is not None and self.watermark is not None
+        self.closed = max(self._step_of(self.watermark) + 1, self.closed or 0)
+        return [ShardUpdate(s, self.partition, self.frontier(), None, {})
+                for s in range(self.rules.shards)]
 
     def _explain(self, raw: bytes | None) -> str:
         """Why a record failed the decoder (the slow path, for dead letters only)."""
@@ -184,7 +236,7 @@ class PartitionClock:
         keys: list[str] = []
         times: list[float] = []
         refs: list[int] = []
-        for i, (_, raw, offset, topic) in enumerate(messages):
+        for i, (_, raw, offset, topic, _, _) in enumerate(messages):
             try:
                 event = decode(raw)  # type: ignore[arg-type]
             except (msgspec.DecodeError, TypeError):
@@ -212,62 +264,83 @@ class PartitionClock:
 
     def process(self, partition: int, messages: list[RawMessage]
                 ) -> tuple[list[ShardUpdate], list[DeadLetter]]:
-        """Parse a batch of raw ``(partition, value, offset, topic)`` messages of ``partition``.
+        """Parse a batch of raw messages of ``partition`` (see :data:`RawMessage`).
 
         Decoding is per record (a typed msgspec decoder; a record that fails it
         is explained by a slower parser for its dead letter); placing events in
-        steps and detecting late ones is vectorised over the batch. An event is
-        late if its step is before the partition's frontier *as it stood just
-        before the event* (the running maximum of the earlier accepted events),
-        exactly as if the records were processed one by one.
+        steps and detecting late ones is vectorised over the batch, exactly as if
+        the records were processed one by one: a record is late if its step is
+        before the partition's frontier as it stood just before the record.
 
         Returns:
-            One update per shard (it carries the watermark even without increments) and
+            One update per shard (it carries the frontier even without increments) and
             the dead letters.
         """
         self.partition = partition
         rules = self.rules
         dead: list[DeadLetter] = []
+        n = len(messages)
+        broker = np.fromiter(map(_BROKER_MS, messages), dtype=np.float64, count=n) / 1000.0
+        kinds = np.fromiter(map(_KIND, messages), dtype=np.int64, count=n)
+        if rules.clock == "broker":
+            trusted = kinds == TIMESTAMP_LOG_APPEND_TIME
+        else:
+            trusted = (kinds == TIMESTAMP_LOG_APPEND_TIME) | (kinds == TIMESTAMP_CREATE_TIME)
+        trusted &= broker <= MAX_SECONDS
+        start = -np.inf if self.watermark is None else self.watermark
+        running = np.maximum.accumulate(
+            np.concatenate(([start], np.where(trusted, broker, -np.inf))))
+        if running[-1] > start:
+            self.watermark = float(running[-1])
         fast = self._decode_batch(messages)
         refs: range | list[int]
         times: np.ndarray | list[float]
         if fast is not None:
             keys, times = fast
-            refs = range(len(messages))
+            refs = range(n)
         else:
             keys, times, refs = self._decode_each(partition, messages, dead)
         accepted_keys: list[str] = []
         accepted_steps: list[int] = []
         single_step: int | None = None
         if len(times):
-            origin, step_len = rules.origin_seconds, rules.step_seconds
+            origin, step_len, lateness = rules.origin_seconds, rules.step_seconds, \
+                rules.lateness_seconds
+            index = np.asarray(refs, dtype=np.int64)
             seconds = np.asarray(times, dtype=np.float64)
-            out_of_range = seconds > MAX_SECONDS
-            steps = np.floor((np.minimum(seconds, MAX_SECONDS) - origin) / step_len)
-            before_origin = steps < 0
-            usable = np.where(before_origin | out_of_range, -np.inf, seconds)
-            start = -np.inf if self.watermark is None else self.watermark
-            running = np.maximum.accumulate(np.concatenate(([start], usable)))
-            frontier_before = np.floor((running[:-1] - rules.lateness_seconds - origin) / step_len)
-            late = ~before_origin & ~out_of_range & (steps < frontier_before)
-            ok = ~(before_origin | out_of_range | late)
-            if running[-1] > start:
-                self.watermark = float(running[-1])
+            own_broker = broker[index]
+            own_trusted = trusted[index]
+            finite = np.isfinite(seconds)
+            placed = np.clip(np.where(finite, seconds, own_broker), own_broker - lateness,
+                             own_broker)
+            steps = np.floor((placed - origin) / step_len)
+            frontier_before = np.floor((running[index] - lateness - origin) / step_len)
+            if self.closed is not None:
+                frontier_before = np.maximum(frontier_before, self.closed)
+            before_origin = finite & ((seconds < origin) | (placed < origin))
+            late = steps < frontier_before
+            ok = own_trusted & finite & ~before_origin & ~late
             for i in np.flatnonzero(~ok).tolist():
-                _, raw, offset, topic = messages[refs[i]]
-                if out_of_range[i]:
-                    reason = f"field {rules.time_field!r} is after the year 9999"
+                _, raw, offset, topic, _, kind = messages[refs[i]]
+                if not own_trusted[i]:
+                    reason = self._untrusted(kind)
+                    if kind in (TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME) and \
+                            own_broker[i] > MAX_SECONDS:
+                        reason = "the record's timestamp is after the year 9999"
+                elif not finite[i]:
+                    reason = _bad_time(rules.time_field)
                 elif before_origin[i]:
                     reason = "event time before flow.origin"
                 else:
-                    reason = ("late: its step is already closed for this partition "
-                              "(raise flow.lateness to accept later events)")
+                    reason = ("late: the record's step is already closed in this partition (the "
+                              "broker's timestamps went backwards, or the step was closed at "
+                              "the end of a bounded input)")
                 dead.append(DeadLetter(reason, raw or b"", topic, partition, offset))
             if ok.all():
                 accepted_keys, kept = keys, steps
             else:
-                index = np.flatnonzero(ok)
-                accepted_keys, kept = [keys[i] for i in index.tolist()], steps[index]
+                keep = np.flatnonzero(ok)
+                accepted_keys, kept = [keys[i] for i in keep.tolist()], steps[keep]
             if kept.size and kept.min() == kept.max():
                 single_step = int(kept[0])  # the usual case: the whole batch lies in one step
             else:
@@ -277,16 +350,16 @@ class PartitionClock:
         per_shard: list[dict[int, dict[str, int]]] = [{} for _ in range(rules.shards)]
         shard_cache = self._shard_cache
         if single_step is not None:
-            counts = {(key, single_step): n for key, n in Counter(accepted_keys).items()}
+            counts = {(key, single_step): c for key, c in Counter(accepted_keys).items()}
         else:
             counts = Counter(zip(accepted_keys, accepted_steps, strict=True))
-        for (key, step), n in counts.items():
+        for (key, step), c in counts.items():
             shard = shard_cache.get(key)
             if shard is None:
                 if len(shard_cache) > 100_000:
                     shard_cache.clear()
                 shard = shard_cache[key] = shard_of(key, rules.shards)
-            per_shard[shard].setdefault(step, {})[key] = n
+            per_shard[shard].setdefault(step, {})[key] = c
         frontier = self.frontier()
         last_step = None if self.watermark is None else self._step_of(self.watermark)
         dead.sort(key=lambda letter: letter.offset if letter.offset is not None else -1)

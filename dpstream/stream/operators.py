@@ -50,6 +50,12 @@ class _PartitionLogic(StatefulBatchLogic[list[RawMessage], Any, dict[str, Any]])
                 self.observe("dead_letter:" + letter.reason.split(":")[0], 1)
         return out, StatefulBatchLogic.RETAIN
 
+    def on_eof(self) -> tuple[list[Any], bool]:
+        if self.clock.watermark is None:  # no trusted record yet: nothing to close
+            return [], StatefulBatchLogic.RETAIN
+        return ([(str(u.shard), u) for u in self.clock.end_of_input()],
+                StatefulBatchLogic.RETAIN)
+
     def snapshot(self) -> dict[str, Any]:
         return self.clock.to_state()
 

@@ -6,10 +6,24 @@ recovery. A shard learns every input partition's frontier (the first step that
 partition has not closed) from the updates it receives, and closes step ``s``
 once all ``partitions`` input partitions have moved past it. Closing a step
 steps *every* key of the shard, with zero increments for keys that had no
-events, so steps without events still release for admitted keys. A key that can
-never publish again (its monitor expired, or its budget is exhausted) is retired:
-only its name is kept, so that a later event cannot restart it with fresh noise. At the end
-of a bounded input (EOF) the steps up to the last event's step are closed too.
+events, so steps without events still release for admitted keys. In the open
+universe a key not admitted by the end of its monitor window is forgotten; an
+admitted key whose budget is exhausted is retired: only its name is kept, so that
+a later event cannot start it again with a fresh ledger. At the end of a bounded
+input (EOF) every partition closes its steps through its last record's step and says so
+(see :meth:`PartitionClock.end_of_input`); a partition that never had a record is
+then no longer waited for.
+
+**What is counted is a function of the input alone.** A step's increments are
+summed from every partition's updates and the step is closed only once every
+partition's frontier has passed it; a partition sends a step's increments no
+later than the update that moves its frontier past that step, and Bytewax keeps
+one partition's updates in order. So the sum for a step does not depend on
+batching, on how the partitions' updates interleave, on the number of workers or
+on restarts. No step is ever skipped while increments for it may still arrive.
+
+The snapshot records the flow instance and the noise key's fingerprint; resuming
+it under another instance or key is refused (pitfall 13).
 """
 
 from __future__ import annotations
@@ -18,6 +32,7 @@ from typing import Any
 
 from dpstream.core.key_statistics import KeyStatistics, Output, StatisticsSpec
 from dpstream.core.noise import NoiseKey
+from dpstream.errors import NoiseKeyError, RecoveryMismatchError
 from dpstream.stream.events import ShardUpdate
 
 __all__ = ["ShardState"]
@@ -44,14 +59,24 @@ class ShardState:
         self.declared_keys: list[str] | None = None
         self.frontiers: dict[int, int] = {}
         self.last_steps: dict[int, int] = {}
+        self.ended_empty: set[int] = set()  # partitions that ended without any record
         self.pending: dict[int, dict[str, int]] = {}
         self.keys: dict[str, KeyStatistics] = {}
-        self.retired: set[str] = set()  # keys that can never publish again: name only
+        self.retired: set[str] = set()  # admitted keys that can never publish again: name only
         self.next_step: int | None = 0 if declared_by_shard is not None else None
         if state is not None:
+            if state.get("instance") != spec.instance:
+                raise RecoveryMismatchError(
+                    "the recovery store belongs to another flow instance; refusing to resume")
+            if state.get("noise_fingerprint") != noise.fingerprint():
+                raise NoiseKeyError(
+                    "the recovery store was made with another noise key (fingerprint "
+                    f"{state.get('noise_fingerprint')}, now {noise.fingerprint()}); resuming would "
+                    "publish replayed releases with fresh noise")
             self._bind(state["shard"])
             self.frontiers = dict(state["frontiers"])
             self.last_steps = dict(state["last_steps"])
+            self.ended_empty = set(state.get("ended_empty", ()))
             self.pending = {s: dict(k) for s, k in state["pending"].items()}
             self.next_step = state["next_step"]
             self.keys = {k: self._restore_key(k, s) for k, s in state["keys"].items()}
@@ -60,9 +85,12 @@ class ShardState:
     def to_state(self) -> dict[str, Any]:
         """Plain-data snapshot (holds true counts: the recovery store is secret)."""
         return {
+            "instance": self.spec.instance,
+            "noise_fingerprint": self.noise.fingerprint(),
             "shard": self.shard,
             "frontiers": dict(self.frontiers),
             "last_steps": dict(self.last_steps),
+            "ended_empty": sorted(self.ended_empty),
             "pending": {s: dict(k) for s, k in self.pending.items()},
             "next_step": self.next_step,
             "keys": {k: stats.to_state() for k, stats in self.keys.items()},
@@ -76,6 +104,7 @@ class ShardState:
         if update.frontier is not None:
             self.frontiers[update.partition] = max(
                 update.frontier, self.frontiers.get(update.partition, update.frontier))
+            self.ended_empty.discard(update.partition)
         if update.last_step is not None:
             self.last_steps[update.partition] = max(
                 update.last_step, self.last_steps.get(update.partition, update.last_step))
@@ -86,7 +115,7 @@ class ShardState:
                 continue
             for key, n in keys.items():
                 bucket[key] = bucket.get(key, 0) + n
-        if len(self.frontiers) < self.partitions:
+        if not self.frontiers or len(self.frontiers) + len(self.ended_empty) < self.partitions:
             return []
         return self._close_until(min(self.frontiers.values()))
 
@@ -103,26 +132,32 @@ class ShardState:
             self.declared_keys = sorted(self._declared_by_shard.get(shard, []))
 
     def end_of_input(self) -> list[Output]:
-        """Close every step up to the last step any partition has seen (bounded input)."""
-        candidates = list(self.last_steps.values()) + list(self.pending)
-        if not candidates:
+        """The whole bounded input ended: stop waiting for partitions that had no record.
+
+        Every partition that had records has sent its final frontier before this (see
+        :meth:`PartitionClock.end_of_input`), so the steps closed now are exactly those every
+        partition with data has closed.
+        """
+        self.ended_empty.update(p for p in range(self.partitions) if p not in self.frontiers)
+        if not self.frontiers:
             return []
-        return self._close_until(max(candidates) + 1)
+        return self._close_until(min(self.frontiers.values()))
 
     def _close_until(self, end: int) -> list[Output]:
-        """Close the steps before ``end``."""
+        """Close the steps before ``end``.
+
+        With no live key (open universe), steps without increments are skipped, but never
+        beyond ``end`` nor beyond the first step that has increments: those still to come
+        for a step before ``end`` would otherwise be lost.
+        """
         if self.next_step is None:
             if not self.pending:
                 return []
-            self.next_step = min(self.pending)
+            self.next_step = min(min(self.pending), end)
         out: list[Output] = []
         while self.next_step < end:
             if not self.keys and self.declared_keys is None:
-                future = [s for s in self.pending if s >= self.next_step]
-                if not future:
-                    self.next_step = end
-                    break
-                self.next_step = max(self.next_step, min(future))
+                self.next_step = min([s for s in self.pending if s >= self.next_step] + [end])
                 if self.next_step >= end:
                     break
             out.extend(self._close(self.next_step))
@@ -143,7 +178,9 @@ class ShardState:
         for key in sorted(self.keys):
             stats = self.keys[key]
             out.extend(stats.step(increments.get(key, 0)))
-            if stats.dormant:  # expired monitor or exhausted budget: keep only the name, so a
-                del self.keys[key]  # later event cannot restart the key with fresh noise
+            if stats.expired:  # not admitted within its monitor window: forgotten
+                del self.keys[key]
+            elif stats.retired:  # admitted and exhausted: keep the name only, so a later
+                del self.keys[key]  # event cannot start it again with a fresh ledger
                 self.retired.add(key)
         return out

@@ -13,3 +13,6 @@ class RecordingKey:
     def stream(self, *coordinates):
         self.calls.append(coordinates)
         return self.inner.stream(*coordinates)
+
+    def fingerprint(self) -> str:
+        return self.inner.fingerprint()
