@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -36,6 +37,7 @@ name = "{name}"
 step = "1s"
 origin = "2026-09-21T14:13:20Z"
 shards = 4
+clock = "producer"  # the embedded broker ignores LogAppendTime; these producers are trusted
 [kafka]
 brokers = ["{broker.bootstrap}"]
 input_topic = "{topics['events']}"
@@ -73,16 +75,19 @@ def produce_events(broker, topic: str, steps: int, seed: int = 0, bad: int = 0) 
         for key in KEYS:
             for _ in range(rng.randint(0, 3)):
                 ts = ORIGIN + step + rng.random() * 0.999
-                per_partition[i % 3].append((None, json.dumps({"key": key, "ts": ts}).encode()))
+                per_partition[i % 3].append(
+                    (None, json.dumps({"key": key, "ts": ts}).encode(), int(ts * 1000)))
                 i += 1
     for b in range(bad):
-        per_partition[0].insert(5 + b, (None, b'{"broken'))
+        per_partition[0].insert(5 + b, (None, b'{"broken', ORIGIN * 1000))
     for partition, messages in per_partition.items():
         produce(broker.bootstrap, topic, messages, partition=partition)
     return i
 
 
 def run_flow(config: Path, *args: str, **kwargs) -> subprocess.Popen:
+    if "--recovery-dir" not in args:
+        args = (*args, "--ephemeral")
     return subprocess.Popen([sys.executable, "-m", "dpstream.cli", "run", "--config", str(config),
                              *args], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             **kwargs)
@@ -110,7 +115,7 @@ def test_one_and_two_workers_release_the_same_statistics(broker, topic_factory, 
     steps = 60
     produce_events(broker, topics["events"], steps, bad=3)
     one = write_config(tmp_path / "one.toml", broker, topics)
-    finish(run_flow(one))
+    finish(run_flow(one, "--recovery-dir", str(tmp_path / "r1")))
     first = read_all(broker.bootstrap, topics["releases"], expect=steps * len(KEYS), timeout=60)
     assert len(first) == steps * len(KEYS)
     dead = read_all(broker.bootstrap, topics["dead"], expect=3, timeout=30)
@@ -120,7 +125,10 @@ def test_one_and_two_workers_release_the_same_statistics(broker, topic_factory, 
     topics2 = dict(topics, releases=topic_factory(1, "releases2"), alerts=topic_factory(1, "a2"),
                    dead=topic_factory(1, "dead2"))
     two = write_config(tmp_path / "two.toml", broker, topics2)
-    finish(run_flow(two, "--workers", "2"))
+    # the same flow instance (its manifest, not its state): the same noise, from scratch
+    (tmp_path / "r2").mkdir()
+    shutil.copy(tmp_path / "r1" / "dpstream-instance.json", tmp_path / "r2")
+    finish(run_flow(two, "--workers", "2", "--recovery-dir", str(tmp_path / "r2")))
     second = read_all(broker.bootstrap, topics2["releases"], expect=len(first), timeout=60)
     assert sorted(r.value for r in second) == sorted(r.value for r in first)
 
@@ -132,7 +140,7 @@ def test_kill_minus_nine_and_resume_gives_exactly_one_value_per_release(broker, 
     steps = 3000
     produce_events(broker, topics["events"], steps, seed=1)
     expected = {(k, s) for k in KEYS for s in range(steps)}
-    config = write_config(tmp_path / "rec.toml", broker, topics, batch_size=100)
+    config = write_config(tmp_path / "rec.toml", broker, topics, batch_size=20)
     recovery = tmp_path / "recovery"
     args = ("--recovery-dir", str(recovery), "--snapshot-interval", "0.2")
 
@@ -212,7 +220,8 @@ def test_bytewax_runner_entry_point(broker, topic_factory, tmp_path):
     config = write_config(tmp_path / "bw.toml", broker, topics)
     root = Path(__file__).parent.parent
     out = subprocess.run([sys.executable, "-m", "bytewax.run", "flows.counters:flow", "-w", "2"],
-                         cwd=root, env=dict(ENV, DPSTREAM_CONFIG=str(config)),
+                         cwd=root, env=dict(ENV, DPSTREAM_CONFIG=str(config),
+                                            DPSTREAM_EPHEMERAL="1"),
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     records = read_all(broker.bootstrap, topics["releases"], expect=10 * len(KEYS), timeout=60)

@@ -1,0 +1,261 @@
+"""The end-to-end privacy harness: run neighbouring input streams through the whole flow.
+
+Two drivers run the same raw Kafka-like messages:
+
+* :func:`run_core` drives the real :class:`PartitionClock` and :class:`ShardState` objects the
+  dataflow uses, without Bytewax, so that a scenario can be repeated over hundreds of noise keys,
+  cut by a snapshot/restore (optionally under another configuration), batched and interleaved
+  at will;
+* :func:`run_dataflow` runs the real Bytewax dataflow (in-memory source, 1 or 2 workers).
+
+Both return what the flow publishes, encoded exactly as it goes to Kafka, decoded from JSON:
+``(role, record)`` pairs. :func:`structure` masks the noisy values; :func:`epsilon_lower_bound`
+turns counts of an event over noise keys into a Clopper-Pearson lower bound on the privacy loss.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import random
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from scipy import stats
+
+from dpstream.config import FlowConfig, parse_config
+from dpstream.core.noise import NoiseKey
+from dpstream.io.records import RecordEncoder
+from dpstream.pipeline import build_counters_flow, event_rules, statistics_spec
+from dpstream.stream.events import TIMESTAMP_LOG_APPEND_TIME, PartitionClock, RawMessage, shard_of
+from dpstream.stream.shard import ShardState
+
+ORIGIN = 1_790_000_000  # 2026-09-21T14:13:20Z
+ORIGIN_ISO = "2026-09-21T14:13:20Z"
+Record = tuple[str, dict[str, Any]]
+
+
+def make_config(mode: str = "declared", accounting: str = "pure", **tables: dict) -> FlowConfig:
+    """A small flow: 1 s steps, 3 shards; declared keys a..d, or an open universe."""
+    raw: dict[str, dict] = {
+        "flow": {"name": "nb", "origin": ORIGIN_ISO, "step": "1s", "shards": 3},
+        "privacy": {"accounting": accounting, "budget": 1.0, "delta": 1e-6},
+        "metrics": {"port": 0},
+    }
+    if mode == "declared":
+        raw["admission"] = {"mode": "declared", "keys": ["a", "b", "c", "d"]}
+        raw["counter"] = {"epsilon": 0.8} if accounting == "pure" else {"rho": 0.5, "horizon": 256}
+        raw["counter"]["horizon"] = 256
+    else:
+        raw["admission"] = {"mode": "open"}
+        raw["monitor"] = {"epsilon": 0.3 if accounting == "pure" else 0.5, "horizon": 10}
+        raw["counter"] = ({"epsilon": 0.5, "horizon": 256} if accounting == "pure"
+                          else {"rho": 0.25, "horizon": 256})
+    for table, values in tables.items():
+        raw.setdefault(table, {}).update(values)
+    return parse_config(raw)
+
+
+def event(partition: int, key: str, ts: float, offset: int, broker: float | None = None
+          ) -> RawMessage:
+    """One event of ``key`` at event time ``ts`` (seconds); broker time ``broker`` (default ts)."""
+    when = ts if broker is None else broker
+    return (partition, json.dumps({"key": key, "ts": ts}).encode(), offset, "events",
+            round(when * 1000), TIMESTAMP_LOG_APPEND_TIME)
+
+
+def stream(spec: Sequence[tuple[int, str, float] | tuple[int, str, float, float]]
+           ) -> list[RawMessage]:
+    """Messages from ``(partition, key, seconds after ORIGIN[, broker seconds])``, offsets in order.
+
+    The broker time defaults to the event time; within a partition the broker times are made
+    non-decreasing (as Kafka's LogAppendTime is) unless given explicitly.
+    """
+    offsets: dict[int, int] = defaultdict(int)
+    clock: dict[int, float] = defaultdict(lambda: float("-inf"))
+    out = []
+    for item in spec:
+        partition, key, t = item[0], item[1], item[2]
+        broker = item[3] if len(item) > 3 else max(t, clock[partition])  # type: ignore[misc]
+        clock[partition] = max(clock[partition], broker)
+        out.append(event(partition, key, ORIGIN + t, offsets[partition], ORIGIN + broker))
+        offsets[partition] += 1
+    return out
+
+
+def _decode(encoded: tuple[str, bytes | None, bytes]) -> Record:
+    return encoded[0], json.loads(encoded[2])
+
+
+class CoreFlow:
+    """The flow's stream layer without Bytewax: partition clocks feeding shards."""
+
+    def __init__(self, config: FlowConfig, noise: NoiseKey, instance: str, partitions: int,
+                 states: dict[str, Any] | None = None) -> None:
+        self.config, self.partitions = config, partitions
+        spec = statistics_spec(config, instance)
+        declared = None
+        if config.admission.mode == "declared":
+            declared = defaultdict(list)
+            for key in config.admission.keys:
+                declared[shard_of(key, config.shards)].append(key)
+            declared = dict(declared)
+        rules = event_rules(config)
+        states = states or {"clocks": {}, "shards": {}}
+        self.clocks = {p: PartitionClock(rules, states["clocks"].get(p))
+                       for p in range(partitions)}
+        self.shards = {s: ShardState(spec, partitions, declared, noise, states["shards"].get(s))
+                       for s in range(config.shards)}
+        self.encoder = RecordEncoder(config.name, config.origin, config.step_seconds,
+                                     config.privacy.delta)
+        self.records: list[Record] = []
+        self.dead_letters: list[Any] = []
+
+    def feed(self, partition: int, batch: list[RawMessage]) -> None:
+        """One source batch of one partition."""
+        updates, dead = self.clocks[partition].process(partition, batch)
+        self.dead_letters.extend(dead)
+        for update in updates:
+            self._publish(self.shards[update.shard].update(update))
+
+    def end_of_input(self) -> None:
+        """A bounded input ended: partitions close, then shards stop waiting for empty ones."""
+        for clock in self.clocks.values():
+            if clock.watermark is not None:
+                for update in clock.end_of_input():
+                    self._publish(self.shards[update.shard].update(update))
+        for shard in self.shards.values():
+            self._publish(shard.end_of_input())
+
+    def snapshot(self) -> dict[str, Any]:
+        """Every state, through pickle (as the recovery store keeps it)."""
+        return pickle.loads(pickle.dumps({
+            "clocks": {p: c.to_state() for p, c in self.clocks.items()},
+            "shards": {s: sh.to_state() for s, sh in self.shards.items()}}))
+
+    def _publish(self, outputs: list[Any]) -> None:
+        self.records.extend(_decode(self.encoder.encode(o)) for o in outputs)
+
+
+def run_core(config: FlowConfig, messages: Sequence[RawMessage], noise: NoiseKey, *,
+             instance: str = "instance-1", partitions: int = 2, batch: int = 1_000,
+             interleave_seed: int | None = None, restart_after: int | None = None,
+             resume_config: FlowConfig | None = None, end: bool = True) -> list[Record]:
+    """Run ``messages`` through clocks and shards and return the published records.
+
+    Args:
+        batch: records per source batch (per partition).
+        interleave_seed: None feeds the partitions' batches round-robin; a seed shuffles the
+            order in which partitions deliver (each partition stays in offset order).
+        restart_after: snapshot after this many batches and resume from the snapshot, under
+            ``resume_config`` if given.
+        end: close everything at the end of the input (a bounded run).
+    """
+    per_partition: dict[int, list[RawMessage]] = defaultdict(list)
+    for message in messages:
+        per_partition[message[0]].append(message)
+    queues = {p: [ms[i:i + batch] for i in range(0, len(ms), batch)]
+              for p, ms in per_partition.items()}
+    order = [p for p, q in sorted(queues.items()) for _ in q]
+    if interleave_seed is None:
+        order = []
+        pending = {p: len(q) for p, q in queues.items()}
+        while any(pending.values()):
+            for p in sorted(pending):
+                if pending[p]:
+                    order.append(p)
+                    pending[p] -= 1
+    else:
+        random.Random(interleave_seed).shuffle(order)
+    flow = CoreFlow(config, noise, instance, partitions)
+    records: list[Record] = []
+    cursor = {p: 0 for p in queues}
+    for i, p in enumerate(order):
+        if restart_after is not None and i == restart_after:
+            records.extend(flow.records)
+            flow = CoreFlow(resume_config or config, noise, instance, partitions,
+                            flow.snapshot())
+        flow.feed(p, queues[p][cursor[p]])
+        cursor[p] += 1
+    if end:
+        flow.end_of_input()
+    return records + flow.records
+
+
+def run_dataflow(config: FlowConfig, messages: Sequence[RawMessage], noise: NoiseKey, *,
+                 instance: str = "instance-1", partitions: int = 2, workers: int = 1,
+                 batch: int = 1_000, metrics: Any = None) -> list[Record]:
+    """Run ``messages`` through the real Bytewax dataflow (in-memory source and sink)."""
+    from bytewax.testing import TestingSink, TestingSource, cluster_main, run_main
+
+    sink: list[tuple[str, bytes | None, bytes]] = []
+    flow = build_counters_flow(config, noise, instance=instance, partitions=partitions,
+                               source=TestingSource(list(messages), batch),
+                               sink=TestingSink(sink), metrics=metrics)
+    if workers == 1:
+        run_main(flow)
+    else:
+        cluster_main(flow, [], 0, worker_count_per_proc=workers)
+    return [_decode(item) for item in sink if item[0] != "dead_letters"]
+
+
+NOISY_FIELDS = {"value"}
+
+
+def structure(records: Sequence[Record]) -> list[str]:
+    """Everything published but the noisy values, in a canonical order.
+
+    A release's ``value`` is noisy; every other field (which records, keys and steps exist,
+    std, privacy spend, windows, alerts, statuses) must not depend on the data beyond what the
+    mechanisms decide.
+    """
+    masked = []
+    for role, body in records:
+        kept = {k: v for k, v in body.items() if k not in NOISY_FIELDS}
+        masked.append(json.dumps([role, kept], sort_keys=True))
+    return sorted(masked)
+
+
+def about(records: Sequence[Record], key: str) -> list[Record]:
+    """The records that name ``key``."""
+    return [r for r in records if r[1].get("key") == key]
+
+
+def not_about(records: Sequence[Record], key: str) -> list[str]:
+    """The records that do not name ``key``, canonically encoded (noisy values included)."""
+    return sorted(json.dumps(r, sort_keys=True) for r in records if r[1].get("key") != key)
+
+
+def admitted(records: Sequence[Record], key: str) -> bool:
+    """Whether ``key`` appears on any output."""
+    return any(r[1].get("key") == key for r in records)
+
+
+def clopper_pearson(k: int, n: int, alpha: float) -> tuple[float, float]:
+    """The exact two-sided (1 - alpha) confidence interval of a binomial proportion."""
+    low = 0.0 if k == 0 else float(stats.beta.ppf(alpha / 2, k, n - k + 1))
+    high = 1.0 if k == n else float(stats.beta.ppf(1 - alpha / 2, k + 1, n - k))
+    return low, high
+
+
+def epsilon_lower_bound(k_a: int, n_a: int, k_b: int, n_b: int, alpha: float = 1e-3) -> float:
+    """A lower confidence bound on the privacy loss an event's frequencies show.
+
+    If a mechanism is epsilon-DP (with delta), ``p_a <= e^eps p_b + delta`` for every event
+    and both orders of the neighbours. With Clopper-Pearson intervals at level ``alpha`` for
+    each of the four proportions (the event and its complement in both worlds), the returned
+    bound is below the true epsilon with probability at least ``1 - 2 alpha``. It is 0 when the
+    data show no loss.
+    """
+    import math
+
+    def one_way(ka: int, na: int, kb: int, nb: int) -> float:
+        low_a, _ = clopper_pearson(ka, na, alpha)
+        _, high_b = clopper_pearson(kb, nb, alpha)
+        if low_a <= 0:
+            return 0.0
+        return max(0.0, math.log(low_a / high_b))
+
+    return max(one_way(k_a, n_a, k_b, n_b), one_way(k_b, n_b, k_a, n_a),
+               one_way(n_a - k_a, n_a, n_b - k_b, n_b), one_way(n_b - k_b, n_b, n_a - k_a, n_a))
