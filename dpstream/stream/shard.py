@@ -32,7 +32,7 @@ from typing import Any
 
 from dpstream.core.key_statistics import KeyStatistics, Output, StatisticsSpec
 from dpstream.core.noise import NoiseKey
-from dpstream.errors import NoiseKeyError, RecoveryMismatchError
+from dpstream.errors import InvalidParameterError, NoiseKeyError, RecoveryMismatchError
 from dpstream.stream.events import ShardUpdate
 
 __all__ = ["ShardState"]
@@ -68,6 +68,10 @@ class ShardState:
             if state.get("instance") != spec.instance:
                 raise RecoveryMismatchError(
                     "the recovery store belongs to another flow instance; refusing to resume")
+            if state.get("mechanisms") != spec.mechanisms_digest:
+                raise InvalidParameterError(
+                    "the recovery store was made with other mechanism parameters; a flow "
+                    "instance's mechanisms cannot change (start a new flow instance)")
             if state.get("noise_fingerprint") != noise.fingerprint():
                 raise NoiseKeyError(
                     "the recovery store was made with another noise key (fingerprint "
@@ -87,6 +91,7 @@ class ShardState:
         return {
             "instance": self.spec.instance,
             "noise_fingerprint": self.noise.fingerprint(),
+            "mechanisms": self.spec.mechanisms_digest,
             "shard": self.shard,
             "frontiers": dict(self.frontiers),
             "last_steps": dict(self.last_steps),

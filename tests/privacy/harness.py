@@ -48,7 +48,8 @@ def make_config(mode: str = "declared", accounting: str = "pure", **tables: dict
         raw["counter"] = {"epsilon": 0.8} if accounting == "pure" else {"rho": 0.5, "horizon": 256}
         raw["counter"]["horizon"] = 256
     else:
-        raw["admission"] = {"mode": "open"}
+        raw["admission"] = {"mode": "open",
+                            "initial_epsilon" if accounting == "pure" else "initial_rho": 0.2}
         raw["monitor"] = {"epsilon": 0.3 if accounting == "pure" else 0.5, "horizon": 10}
         raw["counter"] = ({"epsilon": 0.5, "horizon": 256} if accounting == "pure"
                           else {"rho": 0.25, "horizon": 256})

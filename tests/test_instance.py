@@ -1,0 +1,77 @@
+"""The flow instance manifest: what a resume may not change, and the ephemeral acknowledgement."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dpstream.config import parse_config
+from dpstream.core.noise import NoiseKey
+from dpstream.errors import ConfigError, RecoveryMismatchError
+from dpstream.instance import MANIFEST_NAME, bind_instance
+from dpstream.pipeline import statistics_spec
+
+KEY = NoiseKey.for_tests(1)
+
+
+def config(**flow):
+    raw = {"flow": {"origin": "2026-09-21T14:13:20Z", "step": "1s", "shards": 4, **flow},
+           "privacy": {"budget": 1.0}, "counter": {"epsilon": 0.7},
+           "admission": {"mode": "declared", "keys": ["a"]}, "metrics": {"port": 0}}
+    return parse_config(raw)
+
+
+def bind(cfg, directory, key=KEY, **kwargs):
+    return bind_instance(cfg, statistics_spec(cfg), key, directory, **kwargs)
+
+
+def test_a_run_without_a_recovery_store_must_be_acknowledged():
+    with pytest.raises(ConfigError, match="no recovery store"):
+        bind(config(), None)
+    first, second = bind(config(), None, ephemeral=True), bind(config(), None, ephemeral=True)
+    assert not first.durable and first.id != second.id  # every start is a new instance
+
+
+def test_the_instance_is_made_once_and_resumed(tmp_path):
+    made = bind(config(), tmp_path / "store")
+    assert made.durable and not made.resumed
+    manifest = json.loads((tmp_path / "store" / MANIFEST_NAME).read_text())
+    assert manifest["instance"] == made.id and manifest["fixed"]["flow.shards"] == 4
+    assert KEY.fingerprint() in json.dumps(manifest) and KEY._key.hex() not in json.dumps(manifest)
+    resumed = bind(config(), tmp_path / "store")
+    assert resumed.id == made.id and resumed.resumed
+    raised = parse_config({"flow": {"origin": "2026-09-21T14:13:20Z", "step": "1s", "shards": 4},
+                           "privacy": {"budget": 2.0}, "counter": {"epsilon": 0.7},
+                           "admission": {"mode": "declared", "keys": ["a"]},
+                           "metrics": {"port": 0}})
+    assert bind(raised, tmp_path / "store").id == made.id  # the budget may change
+
+
+@pytest.mark.parametrize(("changed", "setting"), [
+    (config(shards=8), "flow.shards"),
+    (config(step="2s"), "flow.step"),
+    (config(origin="2026-09-22T00:00:00Z"), "flow.origin"),
+])
+def test_fixed_settings_cannot_change_under_a_running_instance(tmp_path, changed, setting):
+    bind(config(), tmp_path)
+    with pytest.raises(RecoveryMismatchError, match=setting):
+        bind(changed, tmp_path)
+
+
+def test_another_noise_key_or_other_mechanisms_are_refused(tmp_path):
+    bind(config(), tmp_path)
+    with pytest.raises(RecoveryMismatchError, match="noise key fingerprint"):
+        bind(config(), tmp_path, key=NoiseKey.for_tests(2))
+    other = parse_config({"flow": {"origin": "2026-09-21T14:13:20Z", "step": "1s", "shards": 4},
+                          "privacy": {"budget": 1.0}, "counter": {"epsilon": 0.6},
+                          "admission": {"mode": "declared", "keys": ["a"]},
+                          "metrics": {"port": 0}})
+    with pytest.raises(RecoveryMismatchError, match="mechanisms"):
+        bind(other, tmp_path)
+
+
+def test_a_store_without_a_manifest_is_refused(tmp_path):
+    (tmp_path / "part-0.sqlite3").write_bytes(b"")
+    with pytest.raises(RecoveryMismatchError, match="holds state but no"):
+        bind(config(), tmp_path)
