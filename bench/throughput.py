@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import resource
@@ -36,11 +37,19 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 ORIGIN = 1_790_000_000
 BATCH = 10_000
+INSTANCE = "bench"  # the flow instance id (first noise coordinate)
 
 
 def workload(events: int, keys: int, steps: int, partitions: int = 3,
-             seed: int = 0) -> list[list[tuple[int, bytes, int, str]]]:
-    """Batches of raw events: ``events`` spread evenly over ``steps`` one-second steps."""
+             seed: int = 0) -> list[list[tuple[int, bytes, int, str, int, int]]]:
+    """Batches of raw events: ``events`` spread evenly over ``steps`` one-second steps.
+
+    Each raw message carries a broker timestamp (LogAppendTime) equal to the event time,
+    truncated to the millisecond so that it stays in the event's step: every event is
+    counted at its own time, as a broker stamping it on arrival would.
+    """
+    from dpstream.stream.events import TIMESTAMP_LOG_APPEND_TIME
+
     rng = random.Random(seed)
     names = [f"item-{i:05d}" for i in range(keys)]
     per_step = events // steps
@@ -53,7 +62,8 @@ def workload(events: int, keys: int, steps: int, partitions: int = 3,
             for j in range(per_partition):
                 ts = ORIGIN + step + j / per_partition
                 rows.append((p, b'{"key":"%s","ts":%.6f}' % (names[rng.randrange(keys)].encode(),
-                                                             ts), offsets[p], "events"))
+                                                             ts), offsets[p], "events",
+                             math.floor(ts * 1000), TIMESTAMP_LOG_APPEND_TIME))
                 offsets[p] += 1
             batches += [rows[i:i + BATCH] for i in range(0, len(rows), BATCH)]
     return batches
@@ -72,6 +82,9 @@ def config(bootstrap: str | None = None, topics: dict[str, str] | None = None) -
     }
     if bootstrap:
         assert topics is not None
+        # the embedded broker (Tansu) ignores LogAppendTime: trust the bench's own producer,
+        # which stamps every record with its event time (see prepare_kafka)
+        raw["flow"]["clock"] = "producer"
         raw["kafka"] = {"brokers": [bootstrap], "input_topic": topics["events"],
                         "releases_topic": topics["releases"], "alerts_topic": topics["alerts"],
                         "dead_letter_topic": topics["dead"], "tail": False, "batch_size": BATCH}
@@ -84,7 +97,8 @@ def baseline_shard_class() -> type:
     from dpstream.stream.shard import ShardState
 
     class PlainCount:
-        dormant = False
+        expired = False  # never forgotten (not admitted in time) ...
+        retired = False  # ... nor retired (budget exhausted): counted for ever
 
         def __init__(self, key: str, step: int) -> None:
             self.key, self.next_step, self.total = key, step, 0
@@ -133,11 +147,12 @@ def run_once(path: str, kind: str, events: int, keys: int, steps: int,
     if path == "memory":
         batches = workload(events, keys, steps)
         gc.freeze()  # the prepared input is the harness's, not the flow's, memory
-        flow = build_counters_flow(cfg, NoiseKey.for_tests(0), partitions=3,
+        flow = build_counters_flow(cfg, NoiseKey.for_tests(0), instance=INSTANCE, partitions=3,
                                    source=MemorySource(batches), sink=CountSink(),
                                    shard_class=shard_class)
     else:
-        flow = build_counters_flow(cfg, NoiseKey.for_tests(0), shard_class=shard_class)
+        flow = build_counters_flow(cfg, NoiseKey.for_tests(0), instance=INSTANCE,
+                                   shard_class=shard_class)
     rss_before = _proc_status_mib("VmRSS")
     _reset_peak_rss()
     started, cpu0 = time.perf_counter(), time.process_time()
@@ -199,10 +214,10 @@ def prepare_kafka(events: int, keys: int, steps: int) -> tuple[Any, dict[str, di
     producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 50,
                          "batch.num.messages": 10000, "queue.buffering.max.messages": 1000000})
     for batch in workload(events, keys, steps):
-        for p, value, _, _ in batch:
+        for p, value, _, _, stamp_ms, _ in batch:  # the record's timestamp is the event time
             while True:
                 try:
-                    producer.produce("events", value, partition=p)
+                    producer.produce("events", value, partition=p, timestamp=stamp_ms)
                     break
                 except BufferError:
                     producer.poll(0.05)

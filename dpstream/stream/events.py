@@ -306,20 +306,22 @@ class PartitionClock:
         if len(times):
             origin, step_len, lateness = rules.origin_seconds, rules.step_seconds, \
                 rules.lateness_seconds
-            index = np.asarray(refs, dtype=np.int64)
             seconds = np.asarray(times, dtype=np.float64)
-            own_broker = broker[index]
-            own_trusted = trusted[index]
+            if fast is not None:  # every record decoded: no need to pick them out
+                own_broker, own_trusted, before = broker, trusted, running[:-1]
+            else:
+                index = np.asarray(refs, dtype=np.int64)
+                own_broker, own_trusted, before = broker[index], trusted[index], running[index]
             finite = np.isfinite(seconds)
-            placed = np.clip(np.where(finite, seconds, own_broker), own_broker - lateness,
-                             own_broker)
+            placed = np.minimum(np.maximum(seconds, own_broker - lateness), own_broker)
+            if not finite.all():
+                placed = np.where(finite, placed, own_broker)
             steps = np.floor((placed - origin) / step_len)
-            frontier_before = np.floor((running[index] - lateness - origin) / step_len)
+            frontier_before = np.floor((before - lateness - origin) / step_len)
             if self.closed is not None:
                 frontier_before = np.maximum(frontier_before, self.closed)
             before_origin = finite & ((seconds < origin) | (placed < origin))
-            late = steps < frontier_before
-            ok = own_trusted & finite & ~before_origin & ~late
+            ok = own_trusted & finite & ~before_origin & (steps >= frontier_before)
             for i in np.flatnonzero(~ok).tolist():
                 _, raw, offset, topic, _, kind = messages[refs[i]]
                 if not own_trusted[i]:
