@@ -26,8 +26,8 @@ def shard(partitions=2, state=None):
 
 def test_steps_close_only_when_every_partition_has_passed():
     s = shard()
-    assert s.update(ShardUpdate(0, 0, 5, 5, {0: {"a": 3}})) == []  # partition 1 unheard
-    out = s.update(ShardUpdate(0, 1, 2, 2, {1: {"b": 1}}))
+    assert s.update(ShardUpdate(0, 0, 5, {0: {"a": 3}})) == []  # partition 1 unheard
+    out = s.update(ShardUpdate(0, 1, 2, {1: {"b": 1}}))
     assert sorted((r.key, r.step) for r in out) == [("a", 0), ("a", 1), ("b", 0), ("b", 1)]
     assert s.next_step == 2
 

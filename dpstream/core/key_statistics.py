@@ -303,7 +303,7 @@ class KeyStatistics:
             self.ledger.charge(charge)
         except BudgetExhaustedError as exc:
             self.exhausted = True
-            if self.admitted or self.spec.mode == "declared":  # never name an unadmitted key
+            if self.admitted:  # never name a key before its admission
                 self._pending.append(BudgetExhausted(
                     self.key, step, charge.label, str(exc), self.ledger.spent,
                     self.ledger.budget, self.ledger.unit))

@@ -19,8 +19,10 @@ trusts producer timestamps: only for topics whose every producer is trusted
 
 **What "late" means now.** Broker time only moves forward within a partition,
 so no record placed by its own broker timestamp can fall into a closed step.
-A record is late only if the broker's clock went backwards (a leader moved to a
-broker whose clock is behind): it is then a dead letter. Lateness is a function
+A record is late (a dead letter) only if its step is already closed in its
+partition: the broker's clock went backwards (a leader moved to a broker whose
+clock is behind), or the step was closed at the end of a bounded input
+(:meth:`PartitionClock.end_of_input`) and the topic grew before a resume. Lateness is a function
 of the partition's records in their offset order, which Kafka fixes, so a
 replay after a crash accepts and rejects exactly the same records.
 """
@@ -87,6 +89,15 @@ def _iso_seconds(text: str) -> float | None:
     return moment.timestamp()
 
 
+def _untrusted(kind: int) -> str:
+    """Why a record's timestamp cannot place it (with ``flow.clock = "broker"``)."""
+    if kind == TIMESTAMP_CREATE_TIME:
+        return ("the record's timestamp is producer-set (CreateTime) and flow.clock = "
+                "'broker' trusts only broker time: set message.timestamp.type="
+                "LogAppendTime on the input topic")
+    return "the record has no broker timestamp"
+
+
 def shard_of(key: str, shards: int) -> int:
     """Return the shard of ``key`` (stable across processes, unlike ``hash``)."""
     return zlib.crc32(key.encode()) % shards
@@ -119,14 +130,12 @@ class ShardUpdate:
         shard: the shard this update is for.
         partition: the input partition.
         frontier: the first step this partition has not closed (None: no event yet).
-        last_step: the step of this partition's watermark (None: no event yet).
         increments: ``{step: {key: events}}`` for keys of this shard.
     """
 
     shard: int
     partition: int
     frontier: int | None
-    last_step: int | None
     increments: dict[int, dict[str, int]] = field(default_factory=dict)
 
 
@@ -160,13 +169,6 @@ class PartitionClock:
     def _step_of(self, seconds: float) -> int:
         return math.floor((seconds - self.rules.origin_seconds) / self.rules.step_seconds)
 
-    def _untrusted(self, kind: int) -> str:
-        if kind == TIMESTAMP_CREATE_TIME:
-            return ("the record's timestamp is producer-set (CreateTime) and flow.clock = "
-                    "'broker' trusts only broker time: set message.timestamp.type="
-                    "LogAppendTime on the input topic")
-        return "the record has no broker timestamp"
-
     def frontier(self) -> int | None:
         """The first step not yet closed from this partition's point of view."""
         if self.watermark is None:
@@ -182,7 +184,7 @@ class PartitionClock:
         """
         assert self.partition is not None and self.watermark is not None
         self.closed = max(self._step_of(self.watermark) + 1, self.closed or 0)
-        return [ShardUpdate(s, self.partition, self.frontier(), None, {})
+        return [ShardUpdate(s, self.partition, self.frontier(), {})
                 for s in range(self.rules.shards)]
 
     def _explain(self, raw: bytes | None) -> str:
@@ -325,7 +327,7 @@ class PartitionClock:
             for i in np.flatnonzero(~ok).tolist():
                 _, raw, offset, topic, _, kind = messages[refs[i]]
                 if not own_trusted[i]:
-                    reason = self._untrusted(kind)
+                    reason = _untrusted(kind)
                     if kind in (TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME) and \
                             own_broker[i] > MAX_SECONDS:
                         reason = "the record's timestamp is after the year 9999"
@@ -363,7 +365,6 @@ class PartitionClock:
                 shard = shard_cache[key] = shard_of(key, rules.shards)
             per_shard[shard].setdefault(step, {})[key] = c
         frontier = self.frontier()
-        last_step = None if self.watermark is None else self._step_of(self.watermark)
         dead.sort(key=lambda letter: letter.offset if letter.offset is not None else -1)
-        return [ShardUpdate(s, partition, frontier, last_step, per_shard[s])
+        return [ShardUpdate(s, partition, frontier, per_shard[s])
                 for s in range(rules.shards)], dead

@@ -58,7 +58,6 @@ class ShardState:
         self.shard: int | None = None
         self.declared_keys: list[str] | None = None
         self.frontiers: dict[int, int] = {}
-        self.last_steps: dict[int, int] = {}
         self.ended_empty: set[int] = set()  # partitions that ended without any record
         self.pending: dict[int, dict[str, int]] = {}
         self.keys: dict[str, KeyStatistics] = {}
@@ -79,7 +78,6 @@ class ShardState:
                     "publish replayed releases with fresh noise")
             self._bind(state["shard"])
             self.frontiers = dict(state["frontiers"])
-            self.last_steps = dict(state["last_steps"])
             self.ended_empty = set(state.get("ended_empty", ()))
             self.pending = {s: dict(k) for s, k in state["pending"].items()}
             self.next_step = state["next_step"]
@@ -94,7 +92,6 @@ class ShardState:
             "mechanisms": self.spec.mechanisms_digest,
             "shard": self.shard,
             "frontiers": dict(self.frontiers),
-            "last_steps": dict(self.last_steps),
             "ended_empty": sorted(self.ended_empty),
             "pending": {s: dict(k) for s, k in self.pending.items()},
             "next_step": self.next_step,
@@ -110,9 +107,6 @@ class ShardState:
             self.frontiers[update.partition] = max(
                 update.frontier, self.frontiers.get(update.partition, update.frontier))
             self.ended_empty.discard(update.partition)
-        if update.last_step is not None:
-            self.last_steps[update.partition] = max(
-                update.last_step, self.last_steps.get(update.partition, update.last_step))
         for step, keys in update.increments.items():
             bucket = self.pending.get(step)
             if bucket is None:

@@ -158,16 +158,11 @@ def run_core(config: FlowConfig, messages: Sequence[RawMessage], noise: NoiseKey
         per_partition[message[0]].append(message)
     queues = {p: [ms[i:i + batch] for i in range(0, len(ms), batch)]
               for p, ms in per_partition.items()}
-    order = [p for p, q in sorted(queues.items()) for _ in q]
-    if interleave_seed is None:
-        order = []
-        pending = {p: len(q) for p, q in queues.items()}
-        while any(pending.values()):
-            for p in sorted(pending):
-                if pending[p]:
-                    order.append(p)
-                    pending[p] -= 1
+    if interleave_seed is None:  # round-robin: the i-th batch of every partition in turn
+        rounds = max(map(len, queues.values()), default=0)
+        order = [p for i in range(rounds) for p in sorted(queues) if i < len(queues[p])]
     else:
+        order = [p for p, q in sorted(queues.items()) for _ in q]
         random.Random(interleave_seed).shuffle(order)
     flow = CoreFlow(config, noise, instance, partitions)
     records: list[Record] = []
