@@ -1,9 +1,11 @@
 """The ``dpstream`` command: run a flow, check a configuration, make a key, run the demo.
 
-dpstream demo                      # local broker + synthetic stream + counters flow + viewer
-dpstream run --config flow.toml    # the counters flow against your Kafka
-dpstream check-config flow.toml    # validate and print the privacy guarantee
-dpstream keygen                    # a fresh secret noise key (hex)
+dpstream demo                          # local broker + synthetic stream + counters flow + viewer
+dpstream run --config flow.toml        # the counters flow against your Kafka
+dpstream check-config flow.toml        # validate and print the privacy guarantee
+dpstream keygen --out noise.key        # a fresh secret noise key in a new 0600 file
+dpstream topics --config flow.toml     # create the flow's four Kafka topics if missing
+dpstream broker                        # a throw-away local broker for trials (Ctrl-C stops it)
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import os
 import secrets
 import signal
 import sys
-from datetime import timedelta
 from pathlib import Path
 
 from dpstream.errors import DpstreamError
@@ -24,94 +25,20 @@ __all__ = ["flow_from_environment", "main"]
 log = logging.getLogger("dpstream")
 
 
-RECOVERY_DIR_ENV = "DPSTREAM_RECOVERY_DIR"
-EPHEMERAL_ENV = "DPSTREAM_EPHEMERAL"
-
-
 def flow_from_environment(config_path: str | None = None,  # type: ignore[no-untyped-def]
                           recovery_dir: str | None = None, ephemeral: bool | None = None):
-    """Build the counters flow from ``$DPSTREAM_CONFIG`` and the noise key in the environment.
+    """The counters flow (see :func:`dpstream.runner.flow_from_environment`)."""
+    from dpstream.runner import flow_from_environment as build
 
-    This is what ``flows/counters.py`` exposes to ``python -m bytewax.run``; it also starts
-    the metrics endpoint when ``metrics.port`` is not 0. The flow instance is bound to the
-    recovery directory (``recovery_dir`` or ``$DPSTREAM_RECOVERY_DIR``, which must be the
-    directory given to Bytewax) before anything runs; without one the run must be
-    acknowledged as ephemeral (``ephemeral`` or ``DPSTREAM_EPHEMERAL=1``).
-    """
-    from dpstream.config import load_config
-    from dpstream.core.noise import NoiseKey
-    from dpstream.instance import bind_instance
-    from dpstream.metrics import FlowMetrics
-    from dpstream.pipeline import build_counters_flow, statistics_spec
-
-    config = load_config(config_path)
-    noise = NoiseKey.from_environment()
-    recovery_dir = recovery_dir or os.environ.get(RECOVERY_DIR_ENV) or None
-    if ephemeral is None:
-        ephemeral = os.environ.get(EPHEMERAL_ENV, "") not in ("", "0", "false")
-    instance = bind_instance(config, statistics_spec(config), noise, recovery_dir,
-                             ephemeral=ephemeral)
-    metrics = FlowMetrics(config.name, exact_counts=config.metrics_exact_counts)
-    if config.metrics_port:
-        metrics.serve(config.metrics_port)
-        log.info("metrics on :%d/metrics", config.metrics_port)
-    log.info("%s\nnoise key fingerprint %s", config.describe(), noise.fingerprint())
-    if instance.durable:
-        log.info("flow instance %s (%s, kept in %s)", instance.id,
-                 "resumed" if instance.resumed else "new", recovery_dir)
-    else:
-        log.warning("flow instance %s is ephemeral (no recovery store): a restart publishes "
-                    "everything again under a new instance", instance.id)
-    log.info("reprocessing an input topic is a new flow instance: its privacy spend adds to "
-             "every earlier instance's over the same events, and its ledgers cannot see theirs")
-    return build_counters_flow(config, noise, instance=instance.id, metrics=metrics)
+    return build(config_path, recovery_dir, ephemeral)
 
 
 def _run(args: argparse.Namespace) -> int:
-    os.environ.setdefault("RUST_BACKTRACE", "0")  # an interrupt is not a crash: no Rust backtrace
-    from bytewax.recovery import RecoveryConfig, init_db_dir
-    from bytewax.run import cli_main
+    from dpstream.runner import run
 
-    flow = flow_from_environment(args.config, args.recovery_dir, args.ephemeral)
-    recovery = None
-    if args.recovery_dir:
-        directory = Path(args.recovery_dir)
-        if not any(directory.glob("*.sqlite3")):
-            directory.mkdir(parents=True, exist_ok=True)
-            init_db_dir(directory, args.recovery_partitions)
-            log.info("initialised %d recovery partitions in %s", args.recovery_partitions,
-                     directory)
-        recovery = RecoveryConfig(directory)
-    def stop(signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, stop)  # SIGTERM stops as cleanly as Ctrl-C
-    try:
-        cli_main(flow, workers_per_process=args.workers,
-                 epoch_interval=timedelta(seconds=args.snapshot_interval),
-                 recovery_config=recovery)
-    except Exception as exc:  # Bytewax wraps an interrupt in its own runtime error
-        if not _interrupted(exc):
-            raise
-    except KeyboardInterrupt:
-        pass
-    else:
-        return 0
-    # Snapshots are committed per epoch, so an interrupted run loses nothing: a restart with
-    # the same recovery store replays the open epoch with the same noise.
-    log.info("stopped%s", "; a restart resumes from the recovery store" if recovery else "")
-    return 0
-
-
-def _interrupted(exc: BaseException | None) -> bool:
-    """Whether ``exc`` or anything in its cause chain is a KeyboardInterrupt."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, KeyboardInterrupt):
-            return True
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return False
+    return run(args.config, workers=args.workers, recovery_dir=args.recovery_dir,
+               recovery_partitions=args.recovery_partitions, ephemeral=args.ephemeral,
+               snapshot_interval=args.snapshot_interval)
 
 
 def _check_config(args: argparse.Namespace) -> int:
@@ -121,9 +48,155 @@ def _check_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def _keygen(_args: argparse.Namespace) -> int:
-    print(secrets.token_hex(32))
+LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
+              "error": logging.ERROR}
+KEY_FILE_MODE = 0o600
+
+
+def _keygen(args: argparse.Namespace) -> int:
+    """Make a fresh key: into a new 0600 file (printing its fingerprint), or onto stdout."""
+    from dpstream.core.noise import NOISE_KEY_FILE_ENV, NoiseKey
+
+    raw = secrets.token_bytes(32)
+    key = NoiseKey(raw)  # validates it like any loaded key
+    if args.out is None:
+        print("dpstream: warning: the key printed on stdout is secret: whoever reads it can "
+              "subtract the noise. Prefer `dpstream keygen --out PATH` (a new file, mode 0600); "
+              "if you redirect stdout into a file, `chmod 600` it before anything else "
+              "(dpstream refuses a key file others can read)", file=sys.stderr)
+        print(raw.hex())
+        return 0
+    _write_new_private_file(args.out, raw.hex() + "\n")
+    print(f"dpstream: wrote a new noise key to {args.out} (mode 0600); use it with "
+          f"{NOISE_KEY_FILE_ENV}={os.path.abspath(args.out)}", file=sys.stderr)
+    print(key.fingerprint())
     return 0
+
+
+def _write_new_private_file(path: str, text: str) -> None:
+    """Create ``path`` with mode 0600 and write ``text``; never overwrite or follow a link.
+
+    ``O_CREAT | O_EXCL`` creates the file atomically with its final mode (no moment at which
+    it exists with wider permissions) and fails if anything, even a dangling symlink, is
+    already there.
+    """
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, KEY_FILE_MODE)
+    except FileExistsError:
+        raise DpstreamError(f"{path} already exists: refusing to overwrite it (it may hold the "
+                            "key of a running flow); remove it first or choose another "
+                            "path") from None
+    except OSError as exc:
+        raise DpstreamError(f"cannot create {path}: {exc.strerror}") from None
+    try:
+        with open(fd, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except OSError as exc:
+        Path(path).unlink(missing_ok=True)
+        raise DpstreamError(f"cannot write {path}: {exc.strerror}") from None
+
+
+def _topics(args: argparse.Namespace) -> int:
+    """Create the flow's input, releases, alerts and dead-letter topics that are missing."""
+    from dpstream.config import load_config
+    from dpstream.io.topics import _metadata_client, _partition_counts, ensure_topics
+
+    config = load_config(args.config)
+    kafka = config.kafka
+    roles = {"input": kafka.input_topic, "releases": kafka.releases_topic,
+             "alerts": kafka.alerts_topic, "dead-letter": kafka.dead_letter_topic}
+    bootstrap = ",".join(kafka.brokers)
+    client = _metadata_client(bootstrap, args.timeout)
+    try:
+        existing = _partition_counts(client, set(roles.values()))
+    finally:
+        client.close()
+    missing = {name: args.partitions for name in roles.values() if name not in existing}
+    ensure_topics(bootstrap, missing, timeout=args.timeout)
+    for role, name in roles.items():
+        if name in existing:
+            print(f"exists   {role:<11} {name} ({existing[name]} partitions)")
+        else:
+            print(f"created  {role:<11} {name} ({args.partitions} partitions)")
+    return 0
+
+
+def _broker(args: argparse.Namespace) -> int:
+    """Run the embedded broker in the foreground until Ctrl-C or SIGTERM."""
+    import shutil
+    import tempfile
+    import time
+
+    from dpstream.io.broker import EmbeddedBroker
+
+    def stop(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, stop)
+    # Ctrl-C stops it even when started in the background by a shell that ignores SIGINT
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    # Our own log directory: Ctrl-C in a terminal also reaches the broker, which then looks
+    # as if it died by itself and EmbeddedBroker would keep its temporary logs.
+    log_dir = Path(tempfile.mkdtemp(prefix="dpstream-broker-"))
+    broker = EmbeddedBroker(port=args.port, log_dir=log_dir)
+    interrupted = False
+    try:
+        broker.start()
+        print(f"bootstrap: {broker.bootstrap}", flush=True)
+        print(f"embedded Kafka-protocol broker (in memory: everything is lost when it stops). "
+              f"Point a configuration at it with kafka.brokers = [\"{broker.bootstrap}\"] "
+              f"(or DPSTREAM_BROKERS={broker.bootstrap}), create its topics with "
+              "`dpstream topics --config FILE`; Ctrl-C stops it.", flush=True)
+        while broker.is_running():
+            time.sleep(0.2)
+        raise DpstreamError(f"the embedded broker exited by itself; its logs are in {log_dir}")
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        broker.stop()
+        if interrupted:
+            shutil.rmtree(log_dir, ignore_errors=True)
+    print("broker stopped", flush=True)
+    return 0
+
+
+def _version() -> str:
+    """``dpstream <version> (bytewax <version>)``, without importing Bytewax."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from dpstream import __version__
+
+    try:
+        bytewax = version("bytewax")
+    except PackageNotFoundError:
+        bytewax = "not installed"
+    return f"dpstream {__version__} (bytewax {bytewax})"
+
+
+def _configure_logging(level_name: str) -> None:
+    """Apply ``level_name`` to the root logging configuration and the ``dpstream`` logger."""
+    level = LOG_LEVELS[level_name]
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger().setLevel(level)  # also when logging was configured before us
+    logging.getLogger("dpstream").setLevel(level)
+    # kafka-python is chatty at INFO: its records show only at debug, or when asked for less
+    logging.getLogger("kafka").setLevel(level if level != logging.INFO else logging.WARNING)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 < value < 65536:
+        raise argparse.ArgumentTypeError(f"must be a TCP port 1..65535, got {text}")
+    return value
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -134,12 +207,26 @@ def _demo(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``dpstream`` command."""
+    # The logging options are accepted before and after the subcommand; SUPPRESS keeps a
+    # subcommand from resetting what was given before it. (No set_defaults for them: the
+    # parsers share these action objects, and set_defaults would change all their defaults.)
+    logging_options = argparse.ArgumentParser(add_help=False)
+    logging_options.add_argument(
+        "--log-level", choices=list(LOG_LEVELS), default=argparse.SUPPRESS,
+        help="logging level of dpstream and the root logger (default info)")
+    logging_options.add_argument("-v", "--verbose", dest="log_level", action="store_const",
+                                 const="debug", default=argparse.SUPPRESS,
+                                 help="debug logging (same as --log-level debug)")
     parser = argparse.ArgumentParser(prog="dpstream", description=__doc__,
+                                     parents=[logging_options],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)
 
-    run = sub.add_parser("run", help="run the counters flow")
+    def add_parser(name: str, **kwargs: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=[logging_options], **kwargs)
+
+    run = add_parser("run", help="run the counters flow")
     run.add_argument("--config", help="TOML configuration (default: $DPSTREAM_CONFIG)")
     run.add_argument("-w", "--workers", type=int, default=1, help="worker threads (default 1)")
     run.add_argument("--recovery-dir", help="Bytewax recovery store (keep it secret: it holds "
@@ -152,14 +239,32 @@ def main(argv: list[str] | None = None) -> int:
                      help="seconds between snapshots (default 5)")
     run.set_defaults(func=_run)
 
-    check = sub.add_parser("check-config", help="validate a configuration and describe it")
+    check = add_parser("check-config", help="validate a configuration and describe it")
     check.add_argument("config")
     check.set_defaults(func=_check_config)
 
-    keygen = sub.add_parser("keygen", help="print a fresh secret noise key")
+    keygen = add_parser("keygen", help="make a fresh secret noise key")
+    keygen.add_argument("--out", metavar="PATH",
+                        help="write the key to this new file (mode 0600; never overwritten) "
+                        "and print only its fingerprint; without it the key goes to stdout")
     keygen.set_defaults(func=_keygen)
 
-    demo = sub.add_parser("demo", help="run everything locally on a synthetic stream")
+    topics = add_parser("topics", help="create the configuration's Kafka topics if missing")
+    topics.add_argument("--config", help="TOML configuration (default: $DPSTREAM_CONFIG)")
+    topics.add_argument("--partitions", type=_positive_int, default=1,
+                        help="partitions of each topic created (default 1; existing topics "
+                        "are left as they are)")
+    topics.add_argument("--timeout", type=float, default=10.0,
+                        help="seconds to wait for the brokers (default 10)")
+    topics.set_defaults(func=_topics)
+
+    broker = add_parser("broker", help="run a throw-away local Kafka-protocol broker for "
+                        "trials, until Ctrl-C")
+    broker.add_argument("--port", type=_port, default=None,
+                        help="TCP port on 127.0.0.1 (default: a free one)")
+    broker.set_defaults(func=_broker)
+
+    demo = add_parser("demo", help="run everything locally on a synthetic stream")
     demo.add_argument("--duration", type=float, default=30.0,
                       help="seconds to run (default 30; 0 = until Ctrl-C)")
     demo.add_argument("--rate", type=int, default=5_000, help="synthetic events per second")
@@ -167,10 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     demo.set_defaults(func=_demo)
 
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if not args.verbose:
-        logging.getLogger("kafka").setLevel(logging.WARNING)  # kafka-python is chatty at INFO
+    _configure_logging(getattr(args, "log_level", "info"))
     try:
         return int(args.func(args))
     except DpstreamError as exc:

@@ -56,6 +56,12 @@ class KafkaConfig:
     tail: bool = True
     batch_size: int = 10_000
     add_config: dict[str, str] = field(default_factory=dict)
+    start_offset: str = "earliest"
+    """Where a partition without recovery state starts: earliest, latest or committed."""
+    group_id: str = ""
+    """The consumer group the input commits its position to (for lag tools)."""
+    startup_timeout_seconds: float = 60.0
+    """How long start-up waits for the Kafka cluster."""
 
 
 @dataclass(frozen=True)
@@ -112,6 +118,8 @@ class FlowConfig:
     admission: AdmissionConfig
     metrics_port: int
     metrics_exact_counts: bool = True
+    heartbeat_seconds: float = 0.0
+    """Seconds between heartbeat ticks to every input partition (0: none)."""
     source: str = "<dict>"
 
     def per_key_charges(self) -> list[PrivacyCharge]:
@@ -257,6 +265,18 @@ def parse_config(raw: dict[str, Any], source: str = "<dict>") -> FlowConfig:
     shards = flow.get("shards", 16, int)
     if not 1 <= shards <= 4096:
         raise ConfigError(f"flow.shards must be between 1 and 4096, got {shards}")
+    heartbeat_raw = flow.get("heartbeat", "auto", str)
+    if heartbeat_raw == "auto":
+        # With broker time, one tick per step (between 1 s and 1 min). With producer time
+        # the ticks would carry the flow host's clock, not the producers': off unless asked.
+        heartbeat = min(max(step_seconds, 1.0), 60.0) if clock == "broker" else 0.0
+    elif heartbeat_raw == "off":
+        heartbeat = 0.0
+    else:
+        heartbeat = parse_duration(heartbeat_raw, flow.where("heartbeat"))
+        if heartbeat < 0.1:
+            raise ConfigError(f"flow.heartbeat must be 'auto', 'off' or at least 100ms, "
+                              f"got {heartbeat_raw!r}")
     flow.finish()
 
     events = _Section(raw.get("events", {}), "events")
@@ -283,9 +303,19 @@ def parse_config(raw: dict[str, Any], source: str = "<dict>") -> FlowConfig:
     if batch_size < 1:
         raise ConfigError(f"kafka.batch_size must be >= 1, got {batch_size}")
     add_config = kafka.get("add_config", {}, dict)
+    start_offset = kafka.get("start_offset", "earliest", str)
+    if start_offset not in ("earliest", "latest", "committed"):
+        raise ConfigError(f"kafka.start_offset must be 'earliest', 'latest' or 'committed', "
+                          f"got {start_offset!r}")
+    group_id = kafka.get("group_id", f"dpstream.{name}", str)
+    if not group_id:
+        raise ConfigError("kafka.group_id must not be empty")
+    startup_timeout = parse_duration(kafka.get("startup_timeout", "60s"),
+                                     kafka.where("startup_timeout"))
     kafka_cfg = KafkaConfig(
         brokers=tuple(brokers), tail=kafka.get("tail", True, bool), batch_size=batch_size,
-        add_config={str(k): str(v) for k, v in add_config.items()}, **topics,
+        add_config={str(k): str(v) for k, v in add_config.items()}, start_offset=start_offset,
+        group_id=group_id, startup_timeout_seconds=startup_timeout, **topics,
     )
     kafka.finish()
 
@@ -406,7 +436,7 @@ def parse_config(raw: dict[str, Any], source: str = "<dict>") -> FlowConfig:
         name=name, step_seconds=step_seconds, origin=origin, lateness_seconds=lateness,
         shards=shards, clock=clock, key_field=key_field, time_field=time_field, kafka=kafka_cfg,
         privacy=privacy_cfg, admission=admission_cfg, metrics_port=metrics_port,
-        metrics_exact_counts=exact_counts, source=source,
+        metrics_exact_counts=exact_counts, heartbeat_seconds=heartbeat, source=source,
     )
     ledger = privacy_cfg.new_ledger()
     for charge in config.per_key_charges():

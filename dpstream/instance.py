@@ -15,6 +15,11 @@ reprocessing of the same topic (pitfall 13). The id lives in a small manifest,
 
 The budget may change on resume (see :class:`~dpstream.core.key_statistics.KeyStatistics`).
 
+The recovery store holds true counts, so it is kept private to the user that runs the flow: a
+missing recovery directory is created with mode 0700, the manifest is written with mode 0600,
+and a directory or manifest that its group or others may access (``mode & 0o077``) is refused
+with the ``chmod`` that fixes it.
+
 Without a recovery store every start is a new instance with a fresh random id: replays are
 impossible (nothing is resumed) and each run's spend adds to every earlier run's over the same
 data. That must be acknowledged explicitly (``dpstream run --ephemeral``).
@@ -26,6 +31,7 @@ import json
 import logging
 import os
 import secrets
+import stat
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -40,6 +46,10 @@ __all__ = ["MANIFEST_NAME", "FlowInstance", "bind_instance"]
 
 MANIFEST_NAME: Final = "dpstream-instance.json"
 MANIFEST_SCHEMA: Final = "dpstream.instance/1"
+_PRIVATE_DIR_MODE: Final = 0o700
+_PRIVATE_FILE_MODE: Final = 0o600
+_SHARED_BITS: Final = 0o077
+"""Permission bits of group and others: the recovery store and its manifest must have none."""
 
 log = logging.getLogger("dpstream")
 
@@ -64,8 +74,11 @@ def _fixed_settings(config: FlowConfig, spec: StatisticsSpec, noise: NoiseKey) -
 
 
 def _write_durably(path: Path, data: dict[str, Any]) -> None:
+    """Write ``data`` as JSON to ``path`` (mode 0600) atomically and flush it to disk."""
     tmp = path.with_suffix(".tmp")
-    with open(tmp, "w") as handle:
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, _PRIVATE_FILE_MODE)
+    with open(fd, "w") as handle:
+        os.fchmod(fd, _PRIVATE_FILE_MODE)  # a stale .tmp from a crash keeps its old mode
         json.dump(data, handle, indent=2, sort_keys=True)
         handle.flush()
         os.fsync(handle.fileno())
@@ -75,6 +88,34 @@ def _write_durably(path: Path, data: dict[str, Any]) -> None:
         os.fsync(directory)
     finally:
         os.close(directory)
+
+
+def _refuse_if_shared(path: Path, what: str, private_mode: int) -> None:
+    """Raise ConfigError if group or others may access ``path`` (``mode & 0o077``)."""
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & _SHARED_BITS:
+        raise ConfigError(
+            f"the {what} {path} has mode {mode:04o}: its group or others can access it, and "
+            "the recovery store holds true counts (whoever reads it sees the data the noise "
+            f"protects). Restrict it with `chmod {private_mode:o} {path}` (and keep it owned "
+            "by the user that runs the flow)")
+
+
+def _private_directory(directory: Path) -> None:
+    """Create ``directory`` with mode 0700 if it is missing; refuse it if it is shared."""
+    if not directory.exists():
+        try:
+            directory.mkdir(mode=_PRIVATE_DIR_MODE, parents=True)
+        except FileExistsError:
+            pass  # made concurrently (another worker process): checked below like any other
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot create the recovery directory {directory}: {exc.strerror}") from None
+        else:
+            os.chmod(directory, _PRIVATE_DIR_MODE)  # whatever the umask
+    if not directory.is_dir():
+        raise ConfigError(f"the recovery directory {directory} is not a directory")
+    _refuse_if_shared(directory, "recovery directory", _PRIVATE_DIR_MODE)
 
 
 def bind_instance(config: FlowConfig, spec: StatisticsSpec, noise: NoiseKey,
@@ -89,8 +130,12 @@ def bind_instance(config: FlowConfig, spec: StatisticsSpec, noise: NoiseKey,
         recovery_dir: the Bytewax recovery directory, or None.
         ephemeral: acknowledge a run without a recovery store (a new instance every start).
 
+    The recovery directory is created with mode 0700 if missing, and the manifest written
+    with mode 0600.
+
     Raises:
-        ConfigError: no recovery store and not acknowledged.
+        ConfigError: no recovery store and not acknowledged, or the recovery directory or its
+            manifest is accessible to its group or others (``mode & 0o077``).
         RecoveryMismatchError: the store was made with other fixed settings, another noise
             key or other mechanisms, or holds Bytewax state but no dpstream manifest.
     """
@@ -104,9 +149,11 @@ def bind_instance(config: FlowConfig, spec: StatisticsSpec, noise: NoiseKey,
                 "with dpstream run --ephemeral (DPSTREAM_EPHEMERAL=1)")
         return FlowInstance(secrets.token_hex(16), durable=False)
     directory = Path(recovery_dir)
+    _private_directory(directory)
     manifest = directory / MANIFEST_NAME
     fixed = _fixed_settings(config, spec, noise)
     if manifest.exists():
+        _refuse_if_shared(manifest, "flow instance manifest", _PRIVATE_FILE_MODE)
         try:
             recorded = json.loads(manifest.read_text())
             instance, settings = recorded["instance"], recorded["fixed"]
@@ -122,11 +169,11 @@ def bind_instance(config: FlowConfig, spec: StatisticsSpec, noise: NoiseKey,
                 "instance; restore them, or start a new instance with an empty recovery "
                 "directory (its spend adds to this one's)")
         return FlowInstance(instance, durable=True, resumed=True)
-    if directory.exists() and any(p.name != MANIFEST_NAME for p in directory.iterdir()):
+    ours = {MANIFEST_NAME, manifest.with_suffix(".tmp").name}  # .tmp: a crash mid-write
+    if any(p.name not in ours for p in directory.iterdir()):
         raise RecoveryMismatchError(
             f"the recovery directory {directory} holds state but no {MANIFEST_NAME}: it was not "
             "made by this version of dpstream; use an empty directory (a new flow instance)")
-    directory.mkdir(parents=True, exist_ok=True)
     instance = secrets.token_hex(16)
     _write_durably(manifest, {
         "schema": MANIFEST_SCHEMA, "instance": instance, "flow": config.name,

@@ -1,16 +1,5 @@
-r"""The counters flow: Kafka events -> private per-key counts and alerts -> Kafka.
+"""Kept for older commands: the flow module is now :mod:`dpstream.flows.counters`."""
 
-Run it on a Bytewax cluster with, for example::
+from dpstream.flows.counters import flow
 
-    DPSTREAM_CONFIG=deploy/counters.example.toml DPSTREAM_NOISE_KEY_FILE=/secret/noise.key \
-    DPSTREAM_RECOVERY_DIR=/secret/recovery \
-        python -m bytewax.run flows.counters:flow -w 2 -r /secret/recovery -s 5
-
-``DPSTREAM_RECOVERY_DIR`` must name the ``-r`` directory: the flow instance is recorded there.
-
-or simply ``dpstream run --config deploy/counters.example.toml``.
-"""
-
-from dpstream.cli import flow_from_environment
-
-flow = flow_from_environment()
+__all__ = ["flow"]

@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 
     from dpstream.io.broker import EmbeddedBroker
 
+pytest_plugins = ["support.old_kafka"]  # the `old_kafka` fixture: Apache Kafka 0.9.0.1, ZooKeeper
+
 
 @pytest.fixture(scope="session")
 def broker() -> Iterator[EmbeddedBroker]:

@@ -25,7 +25,8 @@ from dpstream.io.topics import produce, read_all
 pytestmark = [pytest.mark.integration]
 
 ORIGIN = 1_790_000_000
-ENV = dict(os.environ, DPSTREAM_NOISE_KEY="11" * 32, PYTHONUNBUFFERED="1")
+ENV = dict(os.environ, PYTHONUNBUFFERED="1",
+           DPSTREAM_NOISE_KEY="5e6f9d1c2b3a48577b0c1d2e3f405162738495a6b7c8d9eafb0c1d2e3f405162")
 KEYS = [f"k{i:02d}" for i in range(20)]
 
 
@@ -126,7 +127,7 @@ def test_one_and_two_workers_release_the_same_statistics(broker, topic_factory, 
                    dead=topic_factory(1, "dead2"))
     two = write_config(tmp_path / "two.toml", broker, topics2)
     # the same flow instance (its manifest, not its state): the same noise, from scratch
-    (tmp_path / "r2").mkdir()
+    (tmp_path / "r2").mkdir(mode=0o700)  # the recovery store must be private to its owner
     shutil.copy(tmp_path / "r1" / "dpstream-instance.json", tmp_path / "r2")
     finish(run_flow(two, "--workers", "2", "--recovery-dir", str(tmp_path / "r2")))
     second = read_all(broker.bootstrap, topics2["releases"], expect=len(first), timeout=60)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 
 import pytest
 
@@ -75,3 +77,68 @@ def test_a_store_without_a_manifest_is_refused(tmp_path):
     (tmp_path / "part-0.sqlite3").write_bytes(b"")
     with pytest.raises(RecoveryMismatchError, match="holds state but no"):
         bind(config(), tmp_path)
+
+
+# --- the recovery store holds true counts: private to its owner ------------------------------
+
+def mode(path):
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_a_missing_recovery_directory_is_made_private(tmp_path):
+    store = tmp_path / "deep" / "store"
+    bind(config(), store)
+    assert mode(store) == 0o700
+    assert mode(store / MANIFEST_NAME) == 0o600
+    assert not list(store.glob("*.tmp"))
+
+
+def test_the_manifest_is_private_whatever_the_umask(tmp_path):
+    old = os.umask(0)
+    try:
+        bind(config(), tmp_path / "store")
+    finally:
+        os.umask(old)
+    assert mode(tmp_path / "store") == 0o700
+    assert mode(tmp_path / "store" / MANIFEST_NAME) == 0o600
+
+
+@pytest.mark.parametrize("shared", [0o755, 0o750, 0o705, 0o770, 0o701])
+def test_a_recovery_directory_others_can_access_is_refused(tmp_path, shared):
+    store = tmp_path / "store"
+    store.mkdir()
+    store.chmod(shared)
+    with pytest.raises(ConfigError) as info:
+        bind(config(), store)
+    message = str(info.value)
+    assert f"recovery directory {store} has mode {shared:04o}" in message
+    assert f"chmod 700 {store}" in message
+    assert not (store / MANIFEST_NAME).exists()  # nothing written into it
+    store.chmod(0o700)
+    assert bind(config(), store).durable
+
+
+def test_a_shared_manifest_is_refused(tmp_path):
+    made = bind(config(), tmp_path / "store")
+    manifest = tmp_path / "store" / MANIFEST_NAME
+    manifest.chmod(0o644)
+    with pytest.raises(ConfigError) as info:
+        bind(config(), tmp_path / "store")
+    assert f"manifest {manifest} has mode 0644" in str(info.value)
+    assert f"chmod 600 {manifest}" in str(info.value)
+    manifest.chmod(0o600)
+    assert bind(config(), tmp_path / "store").id == made.id
+
+
+def test_a_recovery_path_that_is_a_file_is_refused(tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError, match="is not a directory"):
+        bind(config(), tmp_path / "file")
+
+
+def test_a_leftover_temporary_manifest_is_not_foreign_state(tmp_path):
+    store = tmp_path / "store"
+    store.mkdir(mode=0o700)
+    (store / "dpstream-instance.tmp").write_text("{")  # a crash between write and rename
+    made = bind(config(), store)
+    assert made.durable and not made.resumed

@@ -1,5 +1,6 @@
 """Exact samplers (CKS 2020) and the replay-safe PRF randomness."""
 
+import base64
 import math
 import pickle
 from fractions import Fraction
@@ -81,12 +82,67 @@ def test_key_parsing_and_errors(tmp_path):
     raw = bytes(range(32))
     assert NoiseKey.parse(raw.hex(), source="t").fingerprint() == NoiseKey(raw).fingerprint()
     (tmp_path / "k").write_text(raw.hex() + "\n")
+    (tmp_path / "k").chmod(0o600)  # a key file must be private to its owner (see below)
     assert NoiseKey.from_environment({"DPSTREAM_NOISE_KEY_FILE": str(tmp_path / "k")})
     with pytest.raises(NoiseKeyError, match="no noise key"):
         NoiseKey.from_environment({})
     with pytest.raises(NoiseKeyError, match="64 hex") as info:
         NoiseKey.from_environment({"DPSTREAM_NOISE_KEY": "abc123"})
     assert "abc123" not in str(info.value)
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o620, 0o602, 0o660])
+def test_a_key_file_others_can_access_is_refused(tmp_path, mode):
+    path = tmp_path / "k"
+    path.write_text(bytes(range(32)).hex())
+    path.chmod(mode)
+    with pytest.raises(NoiseKeyError) as info:
+        NoiseKey.from_environment({"DPSTREAM_NOISE_KEY_FILE": str(path)})
+    message = str(info.value)
+    assert str(path) in message and f"mode {mode:04o}" in message
+    assert f"chmod 600 {path}" in message
+    assert bytes(range(32)).hex() not in message
+    for private in (0o600, 0o400):
+        path.chmod(private)
+        assert NoiseKey.from_file(path).fingerprint() == NoiseKey(bytes(range(32))).fingerprint()
+
+
+def test_a_missing_key_file_is_named():
+    with pytest.raises(NoiseKeyError, match="cannot read the noise key file /nonexistent/k"):
+        NoiseKey.from_file("/nonexistent/k")
+
+
+@pytest.mark.parametrize(("raw", "why"), [
+    (bytes(32), "all 32 bytes equal"),
+    (b"\xff" * 32, "all 32 bytes equal"),
+    (bytes.fromhex("11" * 32), "all 32 bytes equal"),
+    (bytes(range(7)) * 4 + bytes(4), "only 7 distinct byte values"),
+    (b"ab" * 16, "only 2 distinct byte values"),
+], ids=["zero", "ff", "hex-11", "seven-values", "ab"])
+def test_obviously_weak_keys_are_refused(raw, why):
+    with pytest.raises(NoiseKeyError, match=why):
+        NoiseKey(raw)
+    for text, source in ((raw.hex(), "$DPSTREAM_NOISE_KEY"),
+                         (base64.b64encode(raw).decode(), "$DPSTREAM_NOISE_KEY")):
+        with pytest.raises(NoiseKeyError, match=why) as info:
+            NoiseKey.from_environment({"DPSTREAM_NOISE_KEY": text})
+        assert source in str(info.value) and text not in str(info.value)
+
+
+def test_eight_distinct_byte_values_are_enough():
+    assert NoiseKey(bytes(range(8)) * 4)  # the crude check only catches obvious mistakes
+
+
+@pytest.mark.parametrize("raw", [bytes(range(16)), bytes(range(31)), bytes(range(33)), b""])
+def test_a_key_of_the_wrong_length_is_refused(raw):
+    with pytest.raises(NoiseKeyError, match="exactly 32 bytes"):
+        NoiseKey(raw)
+    with pytest.raises(NoiseKeyError, match="64 hex"):
+        NoiseKey.parse(raw.hex(), source="t")
+
+
+def test_generated_keys_pass_the_weak_key_check():
+    assert len({NoiseKey.generate().fingerprint() for _ in range(200)}) == 200
 
 
 def test_randbelow_is_uniform_over_a_non_power_of_two():

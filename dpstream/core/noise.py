@@ -25,8 +25,8 @@ import hashlib
 import math
 import os
 import secrets
+import stat
 from fractions import Fraction
-from pathlib import Path
 from typing import Final, Protocol
 
 from dpstream.errors import InvalidParameterError, NoiseKeyError
@@ -48,6 +48,11 @@ __all__ = [
 NOISE_KEY_ENV: Final = "DPSTREAM_NOISE_KEY"
 NOISE_KEY_FILE_ENV: Final = "DPSTREAM_NOISE_KEY_FILE"
 _KEY_BYTES: Final = 32
+_MIN_DISTINCT_BYTES: Final = 8
+"""A key with fewer distinct byte values is refused. 32 random bytes have fewer than 8 with
+probability below 1e-40, so a generated key is never refused."""
+_PRIVATE_MODE_MASK: Final = 0o077
+"""Permission bits of group and others; a key file must have none of them."""
 _BLOCK_BYTES: Final = 64
 _PERSON: Final = b"dpstream-noise1"  # domain separation, at most 16 bytes
 
@@ -144,13 +149,38 @@ class _PrfStream:
                 return r
 
 
+def _weakness(key: bytes) -> str | None:
+    """Say why ``key`` is obviously not a secret, or return None.
+
+    A crude low-entropy check: all bytes equal (``bytes(32)``, hex ``"11" * 32``) or fewer
+    than :data:`_MIN_DISTINCT_BYTES` distinct byte values. It only catches obvious mistakes
+    (a placeholder, a zeroed buffer, a repeated pattern); a key that passes may still be
+    guessable, so make keys with :meth:`NoiseKey.generate` or ``dpstream keygen``.
+    """
+    distinct = len(set(key))
+    if distinct == 1:
+        return (f"has all {len(key)} bytes equal (such as an all-zero key): it is not secret. "
+                "Make a real one with `dpstream keygen --out PATH` (the key itself is not shown)")
+    if distinct < _MIN_DISTINCT_BYTES:
+        return (f"has only {distinct} distinct byte values in {len(key)} bytes (at least "
+                f"{_MIN_DISTINCT_BYTES} required): it looks like a pattern, not a random secret. "
+                "Make a real one with `dpstream keygen --out PATH` (the key itself is not shown)")
+    return None
+
+
 class NoiseKey:
     """The secret from which all noise is derived.
 
     Load it with :meth:`from_environment` in production (``DPSTREAM_NOISE_KEY``
     as 64 hex characters or base64 of 32 bytes, or ``DPSTREAM_NOISE_KEY_FILE``
-    naming a file that holds it). :meth:`generate` makes a fresh key from the
-    operating system's CSPRNG. A key built from fixed bytes is for tests only.
+    naming a file that holds it, readable by its owner only). :meth:`generate`
+    makes a fresh key from the operating system's CSPRNG. A key built from fixed
+    bytes is for tests only.
+
+    Keys that are obviously not secret are refused (see :func:`_weakness`): all
+    bytes equal (``bytes(32)``, ``"11" * 32``) or fewer than
+    :data:`_MIN_DISTINCT_BYTES` distinct byte values. That check only catches
+    obvious mistakes; it says nothing about how the key was made.
     """
 
     __slots__ = ("_key",)
@@ -158,6 +188,9 @@ class NoiseKey:
     def __init__(self, key: bytes) -> None:
         if not isinstance(key, bytes) or len(key) != _KEY_BYTES:
             raise NoiseKeyError(f"a noise key is exactly {_KEY_BYTES} bytes")
+        weakness = _weakness(key)
+        if weakness is not None:
+            raise NoiseKeyError(f"the noise key {weakness}")
         self._key = key
 
     @classmethod
@@ -176,8 +209,9 @@ class NoiseKey:
         text = text.strip()
         try:
             if len(text) == 2 * _KEY_BYTES:
-                return cls(bytes.fromhex(text))
-            raw = base64.b64decode(text, validate=True)
+                raw = bytes.fromhex(text)
+            else:
+                raw = base64.b64decode(text, validate=True)
         except (ValueError, binascii.Error):
             raw = b""
         if len(raw) != _KEY_BYTES:
@@ -185,29 +219,60 @@ class NoiseKey:
                 f"the noise key in {source} must be 64 hex characters or base64 of "
                 f"{_KEY_BYTES} bytes (the key itself is not shown)"
             )
+        weakness = _weakness(raw)
+        if weakness is not None:
+            raise NoiseKeyError(f"the noise key in {source} {weakness}")
         return cls(raw)
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> NoiseKey:
-        """Read a key from a file (hex or base64 text)."""
+        """Read a key from a file (hex or base64 text) that only its owner can read or write.
+
+        Raises:
+            NoiseKeyError: the file cannot be read, is readable or writable by its group or
+                others (``mode & 0o077``; the message gives the ``chmod`` that fixes it), or
+                does not hold a valid, non-weak key.
+        """
         try:
-            text = Path(path).read_text()
+            with open(path, "rb") as handle:
+                # the mode of the file actually opened (a symlink's target), not of a path
+                # that could be swapped between a check and the read
+                mode = stat.S_IMODE(os.fstat(handle.fileno()).st_mode)
+                if mode & _PRIVATE_MODE_MASK and os.name == "posix":
+                    raise NoiseKeyError(
+                        f"the noise key file {path} has mode {mode:04o}: it is readable or "
+                        "writable by its group or by others, and whoever reads the key can "
+                        f"subtract the noise. Restrict it with `chmod 600 {path}` (and keep "
+                        "it owned by the user that runs the flow), or make a new one with "
+                        "`dpstream keygen --out PATH`")
+                data = handle.read()
         except OSError as exc:
             raise NoiseKeyError(f"cannot read the noise key file {path}: {exc.strerror}") from None
+        try:
+            text = data.decode("ascii")
+        except UnicodeDecodeError:
+            raise NoiseKeyError(
+                f"the noise key in file {path} must be 64 hex characters or base64 of "
+                f"{_KEY_BYTES} bytes (the key itself is not shown)"
+            ) from None
         return cls.parse(text, source=f"file {path}")
 
     @classmethod
     def from_environment(cls, environ: dict[str, str] | None = None) -> NoiseKey:
-        """Load the key from ``DPSTREAM_NOISE_KEY`` or ``DPSTREAM_NOISE_KEY_FILE``."""
+        """Load the key from ``DPSTREAM_NOISE_KEY`` or ``DPSTREAM_NOISE_KEY_FILE``.
+
+        The file must be private to its owner (see :meth:`from_file`); either way the key is
+        refused if it is obviously weak.
+        """
         env = os.environ if environ is None else environ
         if env.get(NOISE_KEY_ENV):
             return cls.parse(env[NOISE_KEY_ENV], source=f"${NOISE_KEY_ENV}")
         if env.get(NOISE_KEY_FILE_ENV):
             return cls.from_file(env[NOISE_KEY_FILE_ENV])
         raise NoiseKeyError(
-            f"no noise key: set {NOISE_KEY_ENV} (64 hex characters; make one with "
-            f"`python -c 'import secrets; print(secrets.token_hex(32))'`) or "
-            f"{NOISE_KEY_FILE_ENV} to a file holding it"
+            f"no noise key: set {NOISE_KEY_FILE_ENV} to a file holding it, readable by its "
+            f"owner only (make one with `dpstream keygen --out PATH`), or {NOISE_KEY_ENV} "
+            "to 64 hex characters"
         )
 
     def fingerprint(self) -> str:

@@ -4,13 +4,21 @@
 * ``dpstream.alert/1`` — a key's threshold monitor fired.
 * ``dpstream.status/1`` — budget exhaustion (on the releases topic, so its consumers see it).
 * ``dpstream.dead_letter/1`` — a record that could not be used, with the reason and the original
-  bytes (base64). Dead letters hold raw data: give the dead-letter topic to operators only,
-  never to the audience of the releases.
+  bytes (base64; at most :data:`MAX_ORIGINAL_BYTES` of them, with the full size and a SHA-256
+  digest, so a huge bad record never makes a dead letter the broker refuses). Dead letters hold
+  raw data: give the dead-letter topic to operators only, never to the audience of the releases.
+
+**Delivery is at least once.** Records are written before the snapshot that covers them is
+committed, and a restart replays the open epoch, so a record may appear twice; a replay
+reproduces it byte for byte (same noise). Consumers de-duplicate releases and statuses on
+``(flow, key, step, schema)``, alerts on ``(flow, key, step)`` and dead letters on
+``source``.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Final
@@ -24,6 +32,7 @@ __all__ = [
     "ALERT_SCHEMA",
     "DEAD_LETTER_SCHEMA",
     "DeadLetter",
+    "MAX_ORIGINAL_BYTES",
     "RELEASE_SCHEMA",
     "RecordEncoder",
     "STATUS_SCHEMA",
@@ -33,6 +42,8 @@ RELEASE_SCHEMA: Final = "dpstream.release/1"
 ALERT_SCHEMA: Final = "dpstream.alert/1"
 STATUS_SCHEMA: Final = "dpstream.status/1"
 DEAD_LETTER_SCHEMA: Final = "dpstream.dead_letter/1"
+MAX_ORIGINAL_BYTES: Final = 64 * 1024
+"""The most of a bad record's bytes a dead letter carries (base64 makes it 4/3 larger)."""
 
 
 @dataclass(frozen=True)
@@ -97,5 +108,8 @@ class RecordEncoder:
             "schema": DEAD_LETTER_SCHEMA, "flow": self.flow, "reason": letter.reason,
             "source": {"topic": letter.topic, "partition": letter.partition,
                        "offset": letter.offset},
-            "original_base64": base64.b64encode(letter.original).decode(),
+            "original_base64": base64.b64encode(letter.original[:MAX_ORIGINAL_BYTES]).decode(),
+            "original_size": len(letter.original),
+            "original_sha256": hashlib.sha256(letter.original).hexdigest(),
+            "original_truncated": len(letter.original) > MAX_ORIGINAL_BYTES,
         })

@@ -34,7 +34,7 @@ import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from operator import attrgetter, itemgetter
+from operator import attrgetter, countOf, itemgetter
 from typing import Annotated, Any, Final, Literal
 
 import msgspec
@@ -51,6 +51,7 @@ __all__ = [
     "TIMESTAMP_CREATE_TIME",
     "TIMESTAMP_LOG_APPEND_TIME",
     "TIMESTAMP_NONE",
+    "TICK",
     "shard_of",
 ]
 
@@ -60,6 +61,10 @@ RawMessage = tuple[int, bytes | None, int | None, str | None, int, int]
 TIMESTAMP_NONE: Final = 0  # the Kafka record timestamp types (as confluent-kafka reports them)
 TIMESTAMP_CREATE_TIME: Final = 1
 TIMESTAMP_LOG_APPEND_TIME: Final = 2
+
+TICK: Final = b'{"dpstream.tick":1}'
+"""A heartbeat record's value (see :class:`dpstream.io.kafka.Heartbeat`): it moves its
+partition's broker clock like any record, and is otherwise skipped (no event, no dead letter)."""
 
 MAX_KEY_LENGTH = 256
 MAX_SECONDS = 253_402_300_799.0  # 9999-12-31T23:59:59Z: keeps every step index inside int64
@@ -150,6 +155,7 @@ class PartitionClock:
         self.closed: int | None = None if state is None else state.get("closed")
         self.events = 0
         self.dead_letters = 0
+        self.ticks = 0
         self._shard_cache: dict[str, int] = {}
         event_type = msgspec.defstruct(
             "Event", [("key", str), ("ts", float | str)],
@@ -294,6 +300,14 @@ class PartitionClock:
             np.concatenate(([start], np.where(trusted, broker, -np.inf))))
         if running[-1] > start:
             self.watermark = float(running[-1])
+        before_all = running[:-1]
+        if countOf(map(_VALUE, messages), TICK):  # heartbeats: clock only
+            keep = np.fromiter((m[1] != TICK for m in messages), dtype=bool, count=n)
+            messages = [m for m in messages if m[1] != TICK]
+            broker, trusted, kinds, before_all = broker[keep], trusted[keep], kinds[keep], \
+                before_all[keep]
+            self.ticks += n - len(messages)
+            n = len(messages)
         fast = self._decode_batch(messages)
         refs: range | list[int]
         times: np.ndarray | list[float]
@@ -310,10 +324,10 @@ class PartitionClock:
                 rules.lateness_seconds
             seconds = np.asarray(times, dtype=np.float64)
             if fast is not None:  # every record decoded: no need to pick them out
-                own_broker, own_trusted, before = broker, trusted, running[:-1]
+                own_broker, own_trusted, before = broker, trusted, before_all
             else:
                 index = np.asarray(refs, dtype=np.int64)
-                own_broker, own_trusted, before = broker[index], trusted[index], running[index]
+                own_broker, own_trusted, before = broker[index], trusted[index], before_all[index]
             finite = np.isfinite(seconds)
             placed = np.minimum(np.maximum(seconds, own_broker - lateness), own_broker)
             if not finite.all():

@@ -9,11 +9,12 @@ items and are kept in the snapshots.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import Any
+from typing import Any, Protocol
 
 import bytewax.operators as op
 from bytewax.dataflow import Stream, operator
@@ -22,35 +23,73 @@ from bytewax.operators import StatefulBatchLogic
 from dpstream.core.key_statistics import Output, StatisticsSpec
 from dpstream.core.noise import NoiseKey
 from dpstream.io.records import DeadLetter
+from dpstream.stream import stopping
 from dpstream.stream.events import EventRules, PartitionClock, RawMessage, ShardUpdate, shard_of
 from dpstream.stream.shard import ShardState
 
-__all__ = ["StepAssignment", "assign_steps", "keyed_statistics"]
+__all__ = ["FlowObserver", "StepAssignment", "assign_steps", "keyed_statistics"]
 
-Observer = Callable[[str, int], None]
+log = logging.getLogger("dpstream")
+STALL_REPORT_SECONDS = 60.0
+"""How often a shard waiting for a lagging input partition says so in the log."""
 
 
-def _ignore(_name: str, _amount: int) -> None:
-    return None
+class FlowObserver(Protocol):
+    """Where the operators report what they do (:class:`dpstream.metrics.FlowMetrics`)."""
+
+    def observe_input(self, name: str, amount: int) -> None:
+        """Events accepted (``events``) or dead letters (``dead_letter:<reason>``)."""
+
+    def observe_partition(self, partition: int, frontier_step: int | None,
+                          broker_seconds: float | None) -> None:
+        """An input partition's frontier and latest trusted broker time."""
+
+    def observe_shard(self, shard: int, closed_step: int | None, pending_steps: int) -> None:
+        """A shard's last closed step and how many steps it holds open."""
+
+    def observe_outputs(self, outputs: list[Output], mechanism: str) -> None:
+        """What a shard published."""
+
+
+class _Nobody:
+    """Observes nothing."""
+
+    def observe_input(self, name: str, amount: int) -> None:
+        return None
+
+    def observe_partition(self, partition: int, frontier_step: int | None,
+                          broker_seconds: float | None) -> None:
+        return None
+
+    def observe_shard(self, shard: int, closed_step: int | None, pending_steps: int) -> None:
+        return None
+
+    def observe_outputs(self, outputs: list[Output], mechanism: str) -> None:
+        return None
 
 
 class _PartitionLogic(StatefulBatchLogic[list[RawMessage], Any, dict[str, Any]]):
-    def __init__(self, clock: PartitionClock, observe: Observer) -> None:
-        self.clock, self.observe = clock, observe
+    def __init__(self, clock: PartitionClock, observer: FlowObserver) -> None:
+        self.clock, self.observer = clock, observer
 
     def on_batch(self, values: list[list[RawMessage]]) -> tuple[list[Any], bool]:
         out: list[Any] = []
+        clock, observer = self.clock, self.observer
         for batch in values:
-            before = self.clock.events
-            updates, dead = self.clock.process(batch[0][0], batch)
+            before = clock.events
+            updates, dead = clock.process(batch[0][0], batch)
             out.extend((str(update.shard), update) for update in updates)
             out.extend(dead)
-            self.observe("events", self.clock.events - before)
+            observer.observe_input("events", clock.events - before)
             for letter in dead:
-                self.observe("dead_letter:" + letter.reason.split(":")[0], 1)
+                observer.observe_input("dead_letter:" + letter.reason.split(":")[0], 1)
+        if clock.partition is not None:
+            observer.observe_partition(clock.partition, clock.frontier(), clock.watermark)
         return out, StatefulBatchLogic.RETAIN
 
     def on_eof(self) -> tuple[list[Any], bool]:
+        if stopping.stop_requested():  # a stop, not the end of a bounded input: close nothing
+            return [], StatefulBatchLogic.RETAIN
         if self.clock.watermark is None:  # no trusted record yet: nothing to close
             return [], StatefulBatchLogic.RETAIN
         return ([(str(u.shard), u) for u in self.clock.end_of_input()],
@@ -80,45 +119,81 @@ def _group_by_partition(batch: list[RawMessage]) -> list[tuple[str, list[RawMess
 
 @operator
 def assign_steps(step_id: str, up: Stream[RawMessage], rules: EventRules,
-                 observe: Observer = _ignore) -> StepAssignment:
+                 observer: FlowObserver | None = None) -> StepAssignment:
     """Parse raw messages per input partition and route step increments to shards."""
     grouped = op.flat_map_batch("group_by_partition", up, _group_by_partition)
+    seen = observer or _Nobody()
     parsed = op.stateful_batch(
-        "parse", grouped, lambda state: _PartitionLogic(PartitionClock(rules, state), observe))
+        "parse", grouped, lambda state: _PartitionLogic(PartitionClock(rules, state), seen))
     flat = op.key_rm("unkey", parsed)
     branches = op.branch("split", flat, lambda item: isinstance(item, DeadLetter))
     return StepAssignment(branches.falses, branches.trues)  # type: ignore[arg-type]
 
 
+def waiting_for(shard: ShardState) -> tuple[list[int], int | None]:
+    """The input partitions that hold a shard's next step open, and the step they hold."""
+    if shard.next_step is None and not shard.pending:
+        return [], None
+    step = shard.next_step if shard.next_step is not None else min(shard.pending)
+    if not shard.frontiers:
+        return list(range(shard.partitions)), step
+    ahead = max(shard.frontiers.values())
+    if ahead <= step:
+        return [], step
+    lagging = [p for p in range(shard.partitions) if p not in shard.ended_empty
+               and shard.frontiers.get(p, step) <= step]
+    return lagging, step
+
+
 class _ShardLogic(StatefulBatchLogic[ShardUpdate, Output, dict[str, Any]]):
-    def __init__(self, shard: ShardState, observe: Callable[[list[Output]], None]) -> None:
-        self.shard, self.observe = shard, observe
+    def __init__(self, shard: ShardState, observer: FlowObserver, mechanism: str) -> None:
+        self.shard, self.observer, self.mechanism = shard, observer, mechanism
+        self._next_report = time.monotonic() + STALL_REPORT_SECONDS
 
     def on_batch(self, values: list[ShardUpdate]) -> tuple[list[Output], bool]:
         out: list[Output] = []
         for update in values:
             out.extend(self.shard.update(update))
-        self.observe(out)
+        self._observe(out)
         return out, StatefulBatchLogic.RETAIN
 
+    def _observe(self, out: list[Output]) -> None:
+        shard = self.shard
+        self.observer.observe_outputs(out, self.mechanism)
+        if shard.shard is None:
+            return
+        closed = None if shard.next_step is None else shard.next_step - 1
+        ahead = max(shard.frontiers.values(), default=None)
+        pending = 0 if ahead is None or shard.next_step is None else \
+            max(0, ahead - shard.next_step)
+        self.observer.observe_shard(shard.shard, closed, pending)
+        now = time.monotonic()
+        if pending and now >= self._next_report:
+            self._next_report = now + STALL_REPORT_SECONDS
+            lagging, step = waiting_for(shard)
+            if lagging:
+                behind = ", ".join(f"{p} (at step {shard.frontiers.get(p, 'none')})"
+                                   for p in lagging[:10])
+                log.warning("shard %d: %d step(s) from step %s wait for input partition(s) %s; "
+                            "the others are at step %s. A partition without records holds "
+                            "every step open: check its producers, or the heartbeat "
+                            "(flow.heartbeat)", shard.shard, pending, step, behind, ahead)
+
     def on_eof(self) -> tuple[list[Output], bool]:
+        if stopping.stop_requested():  # a stop, not the end of a bounded input
+            return [], StatefulBatchLogic.RETAIN
         out = self.shard.end_of_input()
-        self.observe(out)
+        self._observe(out)
         return out, StatefulBatchLogic.RETAIN
 
     def snapshot(self) -> dict[str, Any]:
         return self.shard.to_state()
 
 
-def _ignore_outputs(_outputs: list[Output]) -> None:
-    return None
-
-
 @operator
 def keyed_statistics(step_id: str, up: Stream[tuple[str, ShardUpdate]], spec: StatisticsSpec,
                      partitions: int, shards: int, declared_keys: tuple[str, ...] | None,
-                     noise: NoiseKey,
-                     observe: Callable[[list[Output]], None] = _ignore_outputs,
+                     noise: NoiseKey, observer: FlowObserver | None = None,
                      shard_class: type[ShardState] = ShardState) -> Stream[Output]:
     """Run every key's monitor and counter, shard by shard; emit releases, alerts, statuses.
 
@@ -131,8 +206,12 @@ def keyed_statistics(step_id: str, up: Stream[tuple[str, ShardUpdate]], spec: St
             declared_by_shard[shard_of(key, shards)].append(key)
         declared_by_shard = dict(declared_by_shard)
 
+    seen = observer or _Nobody()
+    mechanism = spec.counter.mechanism
+
     def build(state: dict[str, Any] | None) -> _ShardLogic:
-        return _ShardLogic(shard_class(spec, partitions, declared_by_shard, noise, state), observe)
+        return _ShardLogic(shard_class(spec, partitions, declared_by_shard, noise, state), seen,
+                           mechanism)
 
     keyed = op.stateful_batch("shards", up, build)
     return op.key_rm("unkey", keyed)

@@ -1,0 +1,1 @@
+"""Flow modules for ``python -m bytewax.run`` (importable from any directory)."""

@@ -1,0 +1,549 @@
+"""dpstream's own Kafka edge: one client configuration, the input, the delivery-checked output.
+
+Bytewax's Kafka connector was replaced because a privacy system cannot lose what it released:
+
+* **Nothing released is lost.** :class:`KafkaOutput` waits for the broker's delivery report of
+  every record of a batch before it returns, re-sends what failed for a transient reason (the
+  broker is away longer than ``message.timeout.ms``) and fails loudly on a permanent one.
+  Bytewax commits an epoch's snapshot only after its outputs were written, so a snapshot never
+  covers a release that was not acknowledged (Bytewax's own sink flushes without looking at the
+  delivery reports: releases vanished while the snapshots committed).
+* **One client configuration.** :class:`KafkaClients` holds the brokers, ``[kafka] add_config``
+  and credentials from the environment (``DPSTREAM_KAFKA_SASL_PASSWORD`` ->
+  ``sasl.password``, any ``DPSTREAM_KAFKA_<PROPERTY>``); every connection the flow makes uses
+  it, the partition lookup at start-up included.
+* **Start-up waits for the broker** with a bounded, logged retry, refuses a broker too old to
+  stamp records (Kafka < 0.10, no timestamps for the step clock) and says which topics are
+  missing.
+* **librdkafka's logs** go through Python logging (logger ``dpstream.kafka``), rate-limited.
+* **The input** (:class:`KafkaInput`) reads assigned partitions from the recovery offset, or
+  from ``kafka.start_offset`` on a fresh start, commits its position to the consumer group
+  ``kafka.group_id`` (so standard lag tools see the flow; the recovery store, not the group,
+  is what a restart resumes from), ends its input on a stop request (a clean stop, see
+  :mod:`dpstream.stream.stopping`) and reports per-partition lag.
+* **Heartbeats** (:class:`Heartbeat`) write a tick record to every input partition at a fixed
+  interval, so an idle partition's broker time still moves and steps keep closing. The ticks
+  are records in the partition's offset order, so a replay sees exactly the same ticks: the
+  rule is as replay-deterministic as the events themselves.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import orjson
+from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
+from bytewax.outputs import DynamicSink, StatelessSinkPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_END,
+    OFFSET_STORED,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient
+
+from dpstream.errors import ConfigError, DpstreamError
+from dpstream.stream import stopping
+from dpstream.stream.events import TICK, RawMessage
+
+__all__ = [
+    "Heartbeat",
+    "KafkaClients",
+    "KafkaInput",
+    "KafkaOutput",
+    "OutputError",
+    "RateLimitedLog",
+    "wait_for_topics",
+]
+
+log = logging.getLogger("dpstream")
+kafka_log = logging.getLogger("dpstream.kafka")
+
+ENV_PREFIX: Final = "DPSTREAM_KAFKA_"
+START_OFFSETS: Final = {"earliest": OFFSET_BEGINNING, "latest": OFFSET_END,
+                        "committed": OFFSET_STORED}
+_SECRET_WORDS: Final = ("password", "secret", "key", "token", "jaas")
+Encoded = tuple[str, bytes | None, bytes]  # topic role, key, value
+
+
+class OutputError(DpstreamError):
+    """The broker refused a record for good (the flow stops; nothing is marked as sent)."""
+
+
+class RateLimitedLog:
+    """Log a kind of message at most once per ``interval`` seconds, counting the rest."""
+
+    def __init__(self, logger: logging.Logger, interval: float = 30.0) -> None:
+        self.logger, self.interval = logger, interval
+        self._last: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, kind: str, level: int, message: str, *args: Any) -> None:
+        """Log ``message % args`` at ``level`` unless ``kind`` was logged too recently."""
+        now = time.monotonic()
+        with self._lock:
+            last = self._last.get(kind)
+            if last is not None and now - last < self.interval:
+                self._suppressed[kind] = self._suppressed.get(kind, 0) + 1
+                return
+            self._last[kind] = now
+            suppressed = self._suppressed.pop(kind, 0)
+        if suppressed:
+            message += " (%d similar message(s) suppressed in the last %.0f s)"
+            args = (*args, suppressed, self.interval)
+        self.logger.log(level, message, *args)
+
+
+class _LibrdkafkaLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """What librdkafka's ``logger`` setting calls: rate-limited by facility."""
+
+    def __init__(self, client: str, on_error: Callable[[str], None]) -> None:
+        super().__init__(kafka_log, {})
+        self.client, self.on_error = client, on_error
+        self.limited = RateLimitedLog(kafka_log, 30.0)
+
+    def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        text = str(msg) % args if args else str(msg)
+        if level >= logging.ERROR:
+            self.on_error(self.client)
+        facility = text.split(" ", 2)[1] if text.count(" ") >= 2 else text[:20]
+        self.limited(f"{self.client}:{facility}", level, "%s: %s", self.client, text)
+
+
+def _ignore_error(_client: str) -> None:
+    return None
+
+
+def _redact(settings: Mapping[str, str]) -> dict[str, str]:
+    return {k: ("***" if any(w in k for w in _SECRET_WORDS) else v)
+            for k, v in settings.items()}
+
+
+@dataclass(frozen=True)
+class KafkaClients:
+    """The librdkafka settings every connection of a flow uses.
+
+    Args:
+        brokers: ``host:port`` of the bootstrap brokers.
+        add_config: librdkafka properties from ``[kafka] add_config``.
+        environ: the environment; ``DPSTREAM_KAFKA_<PROPERTY>`` sets ``<property>`` with
+            ``_`` read as ``.`` (``DPSTREAM_KAFKA_SASL_PASSWORD`` -> ``sasl.password``).
+            Credentials belong there, not in the configuration file.
+        on_error: called with the client kind on every error-level librdkafka log line.
+    """
+
+    brokers: tuple[str, ...]
+    add_config: Mapping[str, str] = field(default_factory=dict)
+    environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    on_error: Callable[[str], None] = _ignore_error
+
+    @property
+    def settings(self) -> dict[str, str]:
+        """The common settings, with the environment's credentials."""
+        settings = {"bootstrap.servers": ",".join(self.brokers), **self.add_config}
+        for name, value in self.environ.items():
+            if name.startswith(ENV_PREFIX) and len(name) > len(ENV_PREFIX):
+                settings[name[len(ENV_PREFIX):].lower().replace("_", ".")] = value
+        return settings
+
+    def describe(self) -> str:
+        """The settings with secrets masked (for logs and errors)."""
+        return ", ".join(f"{k}={v}" for k, v in sorted(_redact(self.settings).items()))
+
+    def config(self, client: str, **extra: Any) -> dict[str, Any]:
+        """Settings for one client (``consumer``, ``producer`` or ``admin``)."""
+        return {**self.settings, "client.id": f"dpstream-{client}",
+                "logger": _LibrdkafkaLogger(client, self.on_error), **extra}
+
+    @property
+    def too_old_for_timestamps(self) -> bool:
+        """The settings themselves say the broker predates Kafka 0.10 (no record timestamps)."""
+        fallback = self.settings.get("broker.version.fallback", "")
+        try:
+            major, minor = (int(x) for x in fallback.split(".")[:2])
+        except ValueError:
+            return False
+        return (major, minor) < (0, 10) and \
+            self.settings.get("api.version.request", "true").lower() == "false"
+
+    @property
+    def plaintext(self) -> bool:
+        """Whether the connection is plain TCP (the version probe speaks only that)."""
+        return self.settings.get("security.protocol", "plaintext").lower() == "plaintext"
+
+
+_TOO_OLD = ("the Kafka broker at {where} is older than Kafka 0.10 ({why}): its records carry no "
+            "timestamps, and dpstream's step clock places and closes time steps by the "
+            "broker's record timestamps (flow.clock = 'broker' needs topics with "
+            "message.timestamp.type=LogAppendTime, 'producer' needs producer timestamps). "
+            "Use Kafka 0.10 or later")
+
+
+def probe_api_versions(address: str, timeout: float = 3.0) -> bool | None:
+    """Ask a plaintext broker for its API versions (ApiVersions v0, Kafka >= 0.10).
+
+    Returns:
+        True if it answered, False if it accepted the connection and closed it or stayed
+        silent (a broker older than 0.10 does that), None if it could not be reached.
+    """
+    host, _, port = address.rpartition(":")
+    client = b"dpstream-probe"
+    request = struct.pack(">hhih", 18, 0, 1, len(client)) + client
+    try:
+        sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
+    except (OSError, ValueError):
+        return None
+    try:
+        sock.settimeout(timeout)
+        sock.sendall(struct.pack(">i", len(request)) + request)
+        header = sock.recv(8)
+        return len(header) >= 8 and struct.unpack(">ii", header[:8])[1] == 1
+    except OSError:
+        return False
+    finally:
+        sock.close()
+
+
+def wait_for_topics(clients: KafkaClients, input_topic: str, output_topics: Iterable[str],
+                    timeout: float = 60.0) -> int:
+    """Wait for the cluster, check the topics, return the input topic's partition count.
+
+    Retries an unreachable cluster for ``timeout`` seconds, logging each attempt. Refuses a
+    broker older than Kafka 0.10 (no record timestamps) and missing topics, naming them.
+
+    Raises:
+        DpstreamError: unreachable after ``timeout``, a broker too old, a topic missing.
+    """
+    where = ",".join(clients.brokers)
+    if clients.too_old_for_timestamps:
+        raise DpstreamError(_TOO_OLD.format(
+            where=where, why="the settings say broker.version.fallback="
+            + clients.settings["broker.version.fallback"]))
+    deadline = time.monotonic() + timeout
+    attempt = 0
+    while True:
+        attempt += 1
+        if clients.plaintext:
+            answers = [probe_api_versions(a) for a in clients.brokers]
+            if False in answers and True not in answers:
+                raise DpstreamError(_TOO_OLD.format(
+                    where=where, why="it does not answer the ApiVersions request"))
+        admin = AdminClient(clients.config("admin"))
+        try:
+            metadata = admin.list_topics(timeout=min(5.0, max(0.5, deadline - time.monotonic())))
+        except KafkaException as exc:
+            reason = exc.args[0].str() if exc.args and hasattr(exc.args[0], "str") else str(exc)
+            if time.monotonic() >= deadline:
+                raise DpstreamError(
+                    f"cannot reach a Kafka broker at {where} after {timeout:.0f} s "
+                    f"({attempt} attempts; last: {reason}); settings: {clients.describe()}"
+                ) from None
+            log.warning("waiting for Kafka at %s (attempt %d: %s)", where, attempt, reason)
+            stopping.wait(min(2.0 * attempt, 10.0))
+            if stopping.stop_requested():
+                raise DpstreamError("stopped while waiting for Kafka") from None
+            continue
+        break
+    topics = {name: t for name, t in metadata.topics.items() if t.error is None}
+    missing = [t for t in (input_topic, *output_topics) if t not in topics]
+    if missing:
+        existing = sorted(t for t in topics if not t.startswith("__"))
+        shown = ", ".join(existing[:20]) or "none"
+        raise DpstreamError(
+            f"Kafka topic(s) {', '.join(repr(t) for t in missing)} do not exist on {where} "
+            f"(existing: {shown}). dpstream does not create topics while it runs: create "
+            "them with `dpstream topics --config FILE` or your cluster's tools (the input "
+            "topic with message.timestamp.type=LogAppendTime)")
+    return len(topics[input_topic].partitions)
+
+
+# --- input ----------------------------------------------------------------------------------
+
+Observer = Callable[[int, int], None]  # partition, records not yet read
+
+
+class _InputPartition(StatefulSourcePartition[RawMessage, int]):
+    """One input partition, read from an explicit offset (no group rebalancing)."""
+
+    def __init__(self, config: dict[str, Any], topic: str, partition: int, offset: int,
+                 batch_size: int, tail: bool, observe_lag: Observer) -> None:
+        self.topic, self.partition, self.batch_size, self.tail = topic, partition, \
+            batch_size, tail
+        self.observe_lag = observe_lag
+        self.offset = offset
+        config = dict(config)
+        config["stats_cb"] = self._stats
+        self.consumer = Consumer(config)
+        self.consumer.assign([TopicPartition(topic, partition, offset)])
+        self._eof = False
+        self._idle = False
+        self.errors = RateLimitedLog(log, 30.0)
+
+    def _stats(self, text: str) -> None:
+        try:
+            stats = orjson.loads(text)["topics"][self.topic]["partitions"][str(self.partition)]
+        except (KeyError, orjson.JSONDecodeError):
+            return
+        lag = stats.get("consumer_lag", -1)
+        if isinstance(lag, int) and lag >= 0:
+            self.observe_lag(self.partition, lag)
+
+    def next_batch(self) -> list[RawMessage]:
+        if self._eof or stopping.stop_requested():
+            raise StopIteration
+        messages = self.consumer.consume(self.batch_size, 0.001)
+        batch: list[RawMessage] = []
+        topic, partition = self.topic, self.partition
+        for m in messages:
+            error = m.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    if not self.tail:
+                        self._eof = True
+                    continue
+                self.errors(f"consume:{error.code()}", logging.WARNING,
+                            "input %s[%d]: %s", topic, partition, error.str())
+                continue
+            kind, ms = m.timestamp()
+            batch.append((partition, m.value(), m.offset(), topic, ms, kind))
+        if batch:
+            self.offset = batch[-1][2] + 1  # type: ignore[operator]
+        self._idle = not batch
+        return batch
+
+    def next_awake(self) -> Any:
+        if self._idle:  # nothing arrived: do not spin on the broker
+            from datetime import UTC, datetime, timedelta
+
+            return datetime.now(UTC) + timedelta(milliseconds=20)
+        return None
+
+    def snapshot(self) -> int:
+        if self.offset >= 0:  # tell the consumer group where we are (for lag tools only)
+            try:
+                self.consumer.commit(offsets=[TopicPartition(self.topic, self.partition,
+                                                             self.offset)], asynchronous=True)
+            except KafkaException as exc:
+                self.errors("commit", logging.WARNING, "input %s[%d]: offset commit failed: %s",
+                            self.topic, self.partition, exc)
+        return self.offset
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+class KafkaInput(FixedPartitionedSource[RawMessage, int]):
+    """Every partition of one topic, as :data:`~dpstream.stream.events.RawMessage` tuples.
+
+    Args:
+        clients: the flow's Kafka settings.
+        topic: the input topic.
+        partitions: its partition count (from :func:`wait_for_topics`).
+        group_id: the consumer group offsets are committed to (for lag tools).
+        start_offset: ``earliest``, ``latest`` or ``committed`` (the group's offset, else
+            earliest), used for a partition with no recovery state.
+        batch_size: most records per batch.
+        tail: keep reading at the end (``False``: the input ends at the end of the topic).
+        observe_lag: called with (partition, records not yet read) from librdkafka's statistics.
+    """
+
+    def __init__(self, clients: KafkaClients, topic: str, partitions: int, *,
+                 group_id: str, start_offset: str = "earliest", batch_size: int = 10_000,
+                 tail: bool = True, observe_lag: Observer | None = None) -> None:
+        if start_offset not in START_OFFSETS:
+            raise ConfigError(f"kafka.start_offset must be one of {sorted(START_OFFSETS)}, "
+                              f"got {start_offset!r}")
+        self.clients, self.topic, self.partitions = clients, topic, partitions
+        self.group_id, self.start_offset = group_id, start_offset
+        self.batch_size, self.tail = batch_size, tail
+        self.observe_lag = observe_lag or (lambda _p, _n: None)
+
+    def list_parts(self) -> list[str]:
+        """One Bytewax input partition per Kafka partition, named by its index."""
+        return [str(p) for p in range(self.partitions)]
+
+    def build_part(self, step_id: str, for_part: str, resume_state: int | None
+                   ) -> _InputPartition:
+        """Read partition ``for_part`` from its recovery offset or the start offset."""
+        config = self.clients.config(
+            "consumer", **{"group.id": self.group_id, "enable.auto.commit": False,
+                           "enable.auto.offset.store": False,
+                           "enable.partition.eof": not self.tail,
+                           "auto.offset.reset": "earliest",
+                           "statistics.interval.ms": 5000})
+        offset = START_OFFSETS[self.start_offset] if resume_state is None else resume_state
+        return _InputPartition(config, self.topic, int(for_part), offset, self.batch_size,
+                               self.tail, self.observe_lag)
+
+
+# --- output ---------------------------------------------------------------------------------
+
+DeliveryObserver = Callable[[int, dict[str, int], int], None]  # pending, delivered, retried
+STOP_GRACE_SECONDS: Final = 10.0
+
+
+def _permanent(error: KafkaError) -> bool:
+    if error.fatal():
+        return True
+    return error.code() in {KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.TOPIC_AUTHORIZATION_FAILED,
+                            KafkaError.INVALID_RECORD, KafkaError.RECORD_LIST_TOO_LARGE,
+                            KafkaError._INVALID_ARG, KafkaError.INVALID_REQUIRED_ACKS,
+                            KafkaError.CLUSTER_AUTHORIZATION_FAILED}
+
+
+class _OutputPartition(StatelessSinkPartition[Encoded]):
+    def __init__(self, config: dict[str, Any], topics: Mapping[str, str],
+                 observe: DeliveryObserver) -> None:
+        self.producer = Producer(config)
+        self.topics, self.observe = dict(topics), observe
+        self.waiting = RateLimitedLog(log, 10.0)
+
+    def write_batch(self, items: list[Encoded]) -> None:
+        """Send ``items`` and return only once the broker acknowledged every one of them."""
+        pending = list(items)
+        delivered: dict[str, int] = {}
+        retried = 0
+        started = time.monotonic()
+        while pending:
+            failed: list[tuple[Encoded, KafkaError]] = []
+            for item in pending:
+                self._produce(item, delivered, failed)
+            while len(self.producer) > 0:
+                self.producer.flush(1.0)
+                if len(self.producer) > 0:
+                    self._waiting(len(self.producer), started)
+            permanent = [(item, err) for item, err in failed if _permanent(err)]
+            if permanent:
+                (role, _key, value), err = permanent[0]
+                raise OutputError(
+                    f"the broker refused a {role} record for good ({err.str()}, "
+                    f"{len(value)} bytes, topic {self.topics[role]!r}); nothing of this "
+                    "epoch is marked as sent: fix the cause and restart (the recovery store "
+                    "replays it with the same noise)")
+            pending = [item for item, _err in failed]
+            if pending:
+                retried += len(pending)
+                self.waiting("retry", logging.WARNING,
+                             "%d output record(s) not delivered (%s); re-sending (the "
+                             "snapshot waits for them)", len(pending), failed[0][1].str())
+                self._waiting(len(pending), started)
+        self.observe(0, delivered, retried)
+
+    def _produce(self, item: Encoded, delivered: dict[str, int],
+                 failed: list[tuple[Encoded, KafkaError]]) -> None:
+        role, key, value = item
+
+        def report(error: KafkaError | None, _message: Any) -> None:
+            if error is None:
+                delivered[role] = delivered.get(role, 0) + 1
+            else:
+                failed.append((item, error))
+
+        while True:
+            try:
+                self.producer.produce(self.topics[role], value, key, on_delivery=report)
+                return
+            except BufferError:  # the local queue is full: let deliveries drain it
+                self.producer.poll(0.1)
+            except KafkaException as exc:
+                failed.append((item, exc.args[0]))
+                return
+
+    def _waiting(self, pending: int, started: float) -> None:
+        self.observe(pending, {}, 0)
+        self.waiting("wait", logging.WARNING,
+                     "waiting %.0f s for the broker to acknowledge %d output record(s)",
+                     time.monotonic() - started, pending)
+        if stopping.stop_requested() and time.monotonic() - started > STOP_GRACE_SECONDS:
+            log.error("stopping with %d output record(s) not acknowledged: this epoch is not "
+                      "committed, so a restart with the same recovery store re-sends them "
+                      "(same noise)", pending)
+            logging.shutdown()
+            os._exit(3)
+
+    def close(self) -> None:
+        self.producer.flush(5.0)
+
+
+class KafkaOutput(DynamicSink[Encoded]):
+    """Write ``(role, key, value)`` records to the topic of their role, delivery-checked.
+
+    Args:
+        clients: the flow's Kafka settings.
+        topics: topic name of each role (``releases``, ``alerts``, ``dead_letters``).
+        observe: called with (records pending, delivered per role, re-sent).
+    """
+
+    def __init__(self, clients: KafkaClients, topics: Mapping[str, str],
+                 observe: DeliveryObserver | None = None) -> None:
+        self.clients, self.topics = clients, dict(topics)
+        self.observe = observe or (lambda _p, _d, _r: None)
+
+    def build(self, step_id: str, worker_index: int, worker_count: int) -> _OutputPartition:
+        """One delivery-checked producer per worker."""
+        config = self.clients.config("producer", **{"acks": "all", "linger.ms": 5})
+        return _OutputPartition(config, self.topics, self.observe)
+
+
+# --- heartbeat ------------------------------------------------------------------------------
+
+class Heartbeat:
+    """Write a tick record to every partition of the input topic every ``interval`` seconds.
+
+    A tick carries no event: the flow reads only its broker timestamp, so an input partition
+    without traffic still moves its clock and the steps keep closing (otherwise one idle
+    partition holds every step open). Other consumers of the input topic must skip records
+    whose value is ``{"dpstream.tick":1}``.
+    """
+
+    def __init__(self, clients: KafkaClients, topic: str, partitions: int,
+                 interval: float) -> None:
+        self.clients, self.topic, self.partitions, self.interval = clients, topic, \
+            partitions, interval
+        self.failures = RateLimitedLog(log, 60.0)
+        self._thread = threading.Thread(target=self._run, name="dpstream-heartbeat",
+                                        daemon=True)
+        self._stop = threading.Event()
+
+    def start(self) -> Heartbeat:
+        """Start ticking in a daemon thread."""
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop ticking."""
+        self._stop.set()
+
+    def _run(self) -> None:
+        producer = Producer(self.clients.config("producer", **{"linger.ms": 0,
+                                                        "client.id": "dpstream-heartbeat"}))
+
+        def report(error: KafkaError | None, _message: Any) -> None:
+            if error is not None:
+                self.failures("tick", logging.WARNING,
+                              "heartbeat to %s failed (%s): idle partitions stop closing "
+                              "steps until it works", self.topic, error.str())
+
+        while not self._stop.is_set() and not stopping.stop_requested():
+            for p in range(self.partitions):
+                try:
+                    producer.produce(self.topic, TICK, b"dpstream.tick", partition=p,
+                                     on_delivery=report)
+                except (BufferError, KafkaException) as exc:
+                    self.failures("tick", logging.WARNING, "heartbeat: %s", exc)
+            producer.poll(0)
+            self._stop.wait(self.interval)
+        producer.flush(2.0)

@@ -1,0 +1,257 @@
+"""Running a flow as a process: logging, metrics port, heartbeat, progress, a clean stop.
+
+Both ways of running the counters flow come through here: ``dpstream run`` (:func:`run`) and
+``python -m bytewax.run dpstream.flows.counters:flow`` (which imports
+:func:`flow_from_environment`'s result). Either way the process
+
+* configures dpstream's logging (``DPSTREAM_LOG_LEVEL``) unless the host application did;
+* turns SIGINT/SIGTERM into a clean stop (:mod:`dpstream.stream.stopping`): no Rust panic
+  trace, the last snapshot written, the process exits 0;
+* serves metrics on ``metrics.port + process id`` (``-i`` of ``bytewax.run``), so several
+  processes on one host do not collide, and says clearly when the port is taken;
+* waits for the Kafka cluster at start-up (bounded, logged), then writes heartbeat ticks to the
+  input partitions (``flow.heartbeat``) so idle partitions do not stall the steps;
+* logs a progress line every ``DPSTREAM_PROGRESS_SECONDS`` (default 30) and a one-line summary
+  when a bounded input ends.
+"""
+
+from __future__ import annotations
+
+import atexit
+import errno
+import logging
+import os
+import sys
+import threading
+from collections.abc import Mapping
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from bytewax.dataflow import Dataflow
+from prometheus_client import CollectorRegistry
+
+from dpstream.errors import ConfigError, DpstreamError
+from dpstream.stream import stopping
+
+__all__ = ["flow_from_environment", "run", "setup_logging"]
+
+log = logging.getLogger("dpstream")
+
+RECOVERY_DIR_ENV = "DPSTREAM_RECOVERY_DIR"
+EPHEMERAL_ENV = "DPSTREAM_EPHEMERAL"
+LOG_LEVEL_ENV = "DPSTREAM_LOG_LEVEL"
+PROGRESS_ENV = "DPSTREAM_PROGRESS_SECONDS"
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+_SECRET_SETTINGS = ("sasl.password", "ssl.key.password", "sasl.oauthbearer.client.secret",
+                    "ssl.keystore.password")
+
+
+def setup_logging(level: str | int | None = None) -> None:
+    """Configure logging for dpstream unless the application already configured it.
+
+    ``level`` (or ``$DPSTREAM_LOG_LEVEL``, default ``info``) applies to the ``dpstream``
+    loggers; kafka-python's own chatter is kept at WARNING.
+    """
+    chosen = level if level is not None else os.environ.get(LOG_LEVEL_ENV, "info")
+    numeric = chosen if isinstance(chosen, int) else logging.getLevelName(str(chosen).upper())
+    if not isinstance(numeric, int):
+        raise ConfigError(f"log level must be debug, info, warning or error, got {chosen!r}")
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    logging.getLogger("dpstream").setLevel(numeric)
+    if numeric > logging.DEBUG:
+        logging.getLogger("kafka").setLevel(logging.WARNING)
+
+
+def process_id(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    """Return this process's id in a Bytewax cluster (``-i`` or ``$BYTEWAX_PROCESS_ID``)."""
+    argv = sys.argv if argv is None else argv
+    env = os.environ if environ is None else environ
+    for i, arg in enumerate(argv):
+        value = None
+        if arg in ("-i", "--process-id") and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith("--process-id="):
+            value = arg.split("=", 1)[1]
+        if value is not None:
+            try:
+                return int(value)
+            except ValueError:
+                break
+    try:
+        return int(env.get("BYTEWAX_PROCESS_ID", "0"))
+    except ValueError:
+        return 0
+
+
+def serve_metrics(metrics: Any, port: int) -> int:
+    """Serve ``metrics`` on ``port`` + this process's id; a clear error if it is taken."""
+    chosen = port + process_id()
+    try:
+        metrics.serve(chosen)
+    except OSError as exc:
+        if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+            raise ConfigError(
+                f"metrics port {chosen} is "
+                f"{'in use' if exc.errno == errno.EADDRINUSE else 'not allowed'}"
+                f" (metrics.port {port} + process id {chosen - port}): another process, perhaps "
+                "another dpstream flow, holds it. Set metrics.port (or DPSTREAM_METRICS_PORT) to "
+                "a free port, or 0 to serve no metrics") from None
+        raise
+    return chosen
+
+
+def _totals(registry: CollectorRegistry) -> dict[str, float]:
+    """Sum every sample of the registry by name (labels summed over)."""
+    sums: dict[str, float] = {}
+    for family in registry.collect():
+        for sample in family.samples:
+            if sample.value == sample.value:  # not NaN
+                sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
+    return sums
+
+
+def progress_line(registry: CollectorRegistry) -> str:
+    """What the flow has done so far, in one line (operator data: exact counts included)."""
+    t = _totals(registry)
+    parts = []
+    if "dpstream_closed_step" in t:
+        parts.append(f"closed through step {t['dpstream_closed_step']:.0f}")
+    if "dpstream_step_lag_seconds" in t:
+        parts.append(f"{t['dpstream_step_lag_seconds']:.0f} s behind the clock")
+    if "dpstream_events_total" in t:
+        parts.append(f"{t['dpstream_events_total']:.0f} events")
+    if "dpstream_dead_letters_total" in t:
+        parts.append(f"{t['dpstream_dead_letters_total']:.0f} dead letters")
+    parts.append(f"{t.get('dpstream_releases_total', 0):.0f} releases")
+    parts.append(f"{t.get('dpstream_alerts_total', 0):.0f} alerts")
+    if t.get("dpstream_refused_releases_total"):
+        parts.append(f"{t['dpstream_refused_releases_total']:.0f} refused charges")
+    if t.get("dpstream_output_pending_records"):
+        parts.append(f"{t['dpstream_output_pending_records']:.0f} output records unacknowledged")
+    return ", ".join(parts)
+
+
+def _report_progress(registry: CollectorRegistry, interval: float) -> None:
+    while not stopping.wait(interval):
+        log.info("progress: %s", progress_line(registry))
+
+
+def flow_from_environment(config_path: str | None = None, recovery_dir: str | None = None,
+                          ephemeral: bool | None = None) -> Dataflow:
+    """Build the counters flow from ``$DPSTREAM_CONFIG`` and the noise key in the environment.
+
+    Besides the dataflow this starts the process's side parts (metrics endpoint, heartbeat,
+    progress log, stop handlers). The flow instance is bound to the recovery directory
+    (``recovery_dir`` or ``$DPSTREAM_RECOVERY_DIR``, which must be the directory given to
+    Bytewax) before anything runs; without one the run must be acknowledged as ephemeral
+    (``ephemeral`` or ``DPSTREAM_EPHEMERAL=1``).
+    """
+    from dpstream.config import load_config
+    from dpstream.core.noise import NoiseKey
+    from dpstream.instance import bind_instance
+    from dpstream.io.kafka import Heartbeat, wait_for_topics
+    from dpstream.metrics import FlowMetrics
+    from dpstream.pipeline import (
+        build_counters_flow,
+        kafka_clients,
+        output_topics,
+        statistics_spec,
+    )
+
+    setup_logging()
+    stopping.install_stop_handlers()
+    config = load_config(config_path)
+    noise = NoiseKey.from_environment()
+    recovery_dir = recovery_dir or os.environ.get(RECOVERY_DIR_ENV) or None
+    if ephemeral is None:
+        ephemeral = os.environ.get(EPHEMERAL_ENV, "") not in ("", "0", "false")
+    secrets_in_file = sorted(k for k in config.kafka.add_config if k in _SECRET_SETTINGS)
+    if secrets_in_file:
+        log.warning("kafka.add_config holds %s: credentials belong in the environment "
+                    "(DPSTREAM_KAFKA_SASL_PASSWORD=... sets sasl.password)",
+                    ", ".join(secrets_in_file))
+    instance = bind_instance(config, statistics_spec(config), noise, recovery_dir,
+                             ephemeral=ephemeral)
+    metrics = FlowMetrics(config.name, exact_counts=config.metrics_exact_counts)
+    if config.metrics_port:
+        port = serve_metrics(metrics, config.metrics_port)
+        log.info("metrics on :%d/metrics", port)
+    log.info("%s\nnoise key fingerprint %s", config.describe(), noise.fingerprint())
+    if instance.durable:
+        log.info("flow instance %s (%s, kept in %s)", instance.id,
+                 "resumed" if instance.resumed else "new", recovery_dir)
+    else:
+        log.warning("flow instance %s is ephemeral (no recovery store): a restart publishes "
+                    "everything again under a new instance", instance.id)
+    log.info("reprocessing an input topic is a new flow instance: its privacy spend adds to "
+             "every earlier instance's over the same events, and its ledgers cannot see theirs")
+    clients = kafka_clients(config, metrics)
+    partitions = wait_for_topics(clients, config.kafka.input_topic,
+                                 output_topics(config).values(),
+                                 config.kafka.startup_timeout_seconds)
+    log.info("reading %s (%d partitions) from %s; releases to %s, alerts to %s, dead letters "
+             "to %s (delivery is at least once: consumers de-duplicate on flow, key, step)",
+             config.kafka.input_topic, partitions, ",".join(config.kafka.brokers),
+             config.kafka.releases_topic, config.kafka.alerts_topic,
+             config.kafka.dead_letter_topic)
+    flow = build_counters_flow(config, noise, instance=instance.id, partitions=partitions,
+                               metrics=metrics)
+    if config.kafka.tail and config.heartbeat_seconds > 0:
+        Heartbeat(clients, config.kafka.input_topic, partitions,
+                  config.heartbeat_seconds).start()
+        log.info("heartbeat: a tick to each input partition every %g s (flow.heartbeat)",
+                 config.heartbeat_seconds)
+    interval = float(os.environ.get(PROGRESS_ENV, "30"))
+    if interval > 0:
+        threading.Thread(target=_report_progress, args=(metrics.registry, interval),
+                         name="dpstream-progress", daemon=True).start()
+    if not config.kafka.tail:
+        atexit.register(lambda: None if stopping.stop_requested() else log.info(
+            "input ended: %s", progress_line(metrics.registry)))
+    return flow
+
+
+def run(config_path: str | None, *, workers: int = 1, recovery_dir: str | None = None,
+        recovery_partitions: int = 1, ephemeral: bool = False,
+        snapshot_interval: float = 5.0) -> int:
+    """Run the counters flow in this process until its input ends or a stop is requested."""
+    os.environ.setdefault("RUST_BACKTRACE", "0")
+    from bytewax.recovery import RecoveryConfig, init_db_dir
+    from bytewax.run import cli_main
+
+    flow = flow_from_environment(config_path, recovery_dir, ephemeral)
+    recovery = None
+    if recovery_dir:
+        directory = Path(recovery_dir)
+        if not any(directory.glob("*.sqlite3")):
+            directory.mkdir(parents=True, exist_ok=True)
+            init_db_dir(directory, recovery_partitions)
+            log.info("initialised %d recovery partitions in %s", recovery_partitions, directory)
+        recovery = RecoveryConfig(directory)
+    try:
+        cli_main(flow, workers_per_process=workers,
+                 epoch_interval=timedelta(seconds=snapshot_interval),
+                 recovery_config=recovery)
+    except DpstreamError:
+        raise
+    except Exception as exc:
+        cause = _dpstream_cause(exc)
+        if cause is not None:
+            raise cause from None
+        raise
+    if stopping.stop_requested():
+        log.info("stopped%s", "; a restart resumes from the recovery store" if recovery else "")
+    return 0
+
+
+def _dpstream_cause(exc: BaseException | None) -> DpstreamError | None:
+    """The DpstreamError a Bytewax runtime error wraps, if any."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, DpstreamError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None

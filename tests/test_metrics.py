@@ -1,0 +1,250 @@
+"""FlowMetrics: every series and method, read back from a fresh registry."""
+
+import math
+import threading
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from dpstream.metrics import FlowMetrics
+
+FLOW = "counters"
+
+
+class FakeClock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make(exact_counts=True, now=0.0):
+    clock = FakeClock(now)
+    metrics = FlowMetrics(FLOW, CollectorRegistry(), exact_counts=exact_counts, clock=clock)
+    return metrics, clock
+
+
+def value(metrics, name, **labels):
+    return metrics.registry.get_sample_value(name, {"flow": FLOW, **labels})
+
+
+def names(metrics):
+    return {s.name for family in metrics.registry.collect() for s in family.samples}
+
+
+def test_up_is_one_from_the_start():
+    metrics, _ = make()
+    assert value(metrics, "dpstream_up") == 1.0
+
+
+def test_operational_counters_start_at_zero_so_increase_sees_the_first_one():
+    metrics, _ = make()
+    for role in ("releases", "alerts", "dead_letters"):
+        assert value(metrics, "dpstream_output_delivered_total", role=role) == 0.0
+    for client in ("consumer", "producer", "admin"):
+        assert value(metrics, "dpstream_kafka_client_errors_total", client=client) == 0.0
+    assert value(metrics, "dpstream_output_retries_total") == 0.0
+    assert value(metrics, "dpstream_output_pending_records") == 0.0
+
+
+def test_observe_partition_sets_frontier_and_broker_time_per_partition():
+    metrics, _ = make()
+    metrics.observe_partition(0, 41, 1_700_000_123.5)
+    metrics.observe_partition(3, 40, None)
+    assert value(metrics, "dpstream_partition_frontier_step", partition="0") == 41
+    broker_time = value(metrics, "dpstream_partition_broker_time_seconds", partition="0")
+    assert broker_time == 1_700_000_123.5
+    assert value(metrics, "dpstream_partition_frontier_step", partition="3") == 40
+    assert value(metrics, "dpstream_partition_broker_time_seconds", partition="3") is None
+    metrics.observe_partition(0, None, 1_700_000_200.0)  # None leaves the value as it was
+    assert value(metrics, "dpstream_partition_frontier_step", partition="0") == 41
+    broker_time = value(metrics, "dpstream_partition_broker_time_seconds", partition="0")
+    assert broker_time == 1_700_000_200.0
+    metrics.observe_partition(0, 42, None)
+    assert value(metrics, "dpstream_partition_frontier_step", partition="0") == 42
+
+
+def test_observe_shard_aggregates_min_closed_and_max_pending():
+    metrics, _ = make()
+    assert value(metrics, "dpstream_closed_step") is None
+    assert value(metrics, "dpstream_steps_pending") is None
+    metrics.observe_shard(0, 10, 1)
+    assert value(metrics, "dpstream_closed_step") == 10
+    assert value(metrics, "dpstream_steps_pending") == 1
+    metrics.observe_shard(5, 7, 4)
+    assert value(metrics, "dpstream_closed_step") == 7
+    assert value(metrics, "dpstream_steps_pending") == 4
+    metrics.observe_shard(5, 12, 0)  # shard 5 catches up: shard 0 is now the slowest
+    assert value(metrics, "dpstream_closed_step") == 10
+    assert value(metrics, "dpstream_steps_pending") == 1
+    metrics.observe_shard(0, 11, 0)
+    assert value(metrics, "dpstream_closed_step") == 11
+    assert value(metrics, "dpstream_steps_pending") == 0
+
+
+def test_a_shard_that_closed_nothing_hides_the_closed_step_and_the_lag():
+    metrics, clock = make(now=1000.0)
+    metrics.set_clock(0.0, 60.0)
+    metrics.observe_shard(0, 3, 0)
+    assert value(metrics, "dpstream_closed_step") == 3
+    metrics.observe_shard(1, None, 2)
+    assert value(metrics, "dpstream_closed_step") is None
+    assert value(metrics, "dpstream_step_lag_seconds") is None
+    assert value(metrics, "dpstream_steps_pending") == 2
+    metrics.observe_shard(1, 5, 0)
+    assert value(metrics, "dpstream_closed_step") == 3
+    assert value(metrics, "dpstream_step_lag_seconds") == 1000.0 - 4 * 60.0
+
+
+def test_step_lag_is_now_minus_the_end_of_the_closed_step_at_scrape_time():
+    origin, step = 1_763_596_800.0, 60.0
+    metrics, clock = make(now=origin + 100 * step + 15.0)
+    assert value(metrics, "dpstream_step_lag_seconds") is None  # no clock, no closed step
+    metrics.observe_shard(0, 98, 1)
+    assert value(metrics, "dpstream_step_lag_seconds") is None  # no clock yet
+    metrics.set_clock(origin, step)
+    # step 98 ends at origin + 99 * step: lag = 1 step + 15 s
+    assert value(metrics, "dpstream_step_lag_seconds") == pytest.approx(75.0)
+    clock.now += 30.0  # computed when read, not when observed
+    assert value(metrics, "dpstream_step_lag_seconds") == pytest.approx(105.0)
+    metrics.observe_shard(0, 99, 0)
+    assert value(metrics, "dpstream_step_lag_seconds") == pytest.approx(45.0)
+    assert metrics.step_lag_seconds() == pytest.approx(45.0)
+
+
+def test_step_lag_with_fractional_steps():
+    metrics, _ = make(now=10.0)
+    metrics.set_clock(2.5, 0.5)
+    metrics.observe_shard(0, 9, 0)  # step 9 ends at 2.5 + 10 * 0.5 = 7.5
+    assert value(metrics, "dpstream_step_lag_seconds") == pytest.approx(2.5)
+
+
+def test_step_lag_uses_the_wall_clock_by_default():
+    metrics = FlowMetrics(FLOW, CollectorRegistry())
+    metrics.set_clock(0.0, 1.0)
+    metrics.observe_shard(0, 0, 0)
+    lag = metrics.registry.get_sample_value("dpstream_step_lag_seconds", {"flow": FLOW})
+    assert lag is not None and lag > 1_700_000_000  # now is far past 1970-01-01T00:00:01
+
+
+@pytest.mark.parametrize(("origin", "step"), [(0.0, 0.0), (0.0, -1.0), (0.0, math.inf),
+                                              (0.0, math.nan), (math.nan, 1.0), (math.inf, 1.0)])
+def test_set_clock_refuses_a_bad_grid(origin, step):
+    metrics, _ = make()
+    with pytest.raises(ValueError, match="must be finite"):
+        metrics.set_clock(origin, step)
+
+
+def test_observe_input_lag_per_partition():
+    metrics, _ = make()
+    metrics.observe_input_lag(0, 1234)
+    metrics.observe_input_lag(1, 0)
+    assert value(metrics, "dpstream_input_lag_records", partition="0") == 1234
+    assert value(metrics, "dpstream_input_lag_records", partition="1") == 0
+    metrics.observe_input_lag(0, 17)
+    assert value(metrics, "dpstream_input_lag_records", partition="0") == 17
+
+
+def test_without_exact_counts_no_input_lag_and_no_delivered_dead_letters():
+    metrics, _ = make(exact_counts=False)
+    metrics.observe_input_lag(0, 1234)
+    metrics.observe_delivery(0, {"releases": 3, "dead_letters": 2}, 0)
+    assert value(metrics, "dpstream_input_lag_records", partition="0") is None
+    assert value(metrics, "dpstream_output_delivered_total", role="dead_letters") is None
+    assert value(metrics, "dpstream_output_delivered_total", role="releases") == 3
+    exposition = generate_latest(metrics.registry).decode()
+    assert "dpstream_input_lag_records" not in exposition
+    assert 'role="dead_letters"' not in exposition
+    assert not names(metrics) & {"dpstream_events_total", "dpstream_dead_letters_total"}
+
+
+def test_observe_delivery_counts_by_role_and_sets_pending():
+    metrics, _ = make()
+    metrics.observe_delivery(12, {"releases": 5, "alerts": 1}, 0)
+    metrics.observe_delivery(3, {"releases": 2, "dead_letters": 4, "alerts": 0}, 7)
+    assert value(metrics, "dpstream_output_pending_records") == 3
+    assert value(metrics, "dpstream_output_delivered_total", role="releases") == 7
+    assert value(metrics, "dpstream_output_delivered_total", role="alerts") == 1
+    assert value(metrics, "dpstream_output_delivered_total", role="dead_letters") == 4
+    assert value(metrics, "dpstream_output_retries_total") == 7
+    metrics.observe_delivery(0, {}, 2)
+    assert value(metrics, "dpstream_output_pending_records") == 0
+    assert value(metrics, "dpstream_output_retries_total") == 9
+
+
+@pytest.mark.parametrize(("delivered", "retried", "message"), [
+    ({"status": 1}, 0, "role must be one of releases, alerts, dead_letters, got 'status'"),
+    ({"releases": -1}, 0, r"delivered\['releases'\] must be >= 0, got -1"),
+    ({}, -2, "retried must be >= 0, got -2"),
+])
+def test_observe_delivery_refuses_bad_input_and_counts_nothing(delivered, retried, message):
+    metrics, _ = make()
+    with pytest.raises(ValueError, match=message):
+        metrics.observe_delivery(5, {"alerts": 1, **delivered}, retried)
+    assert value(metrics, "dpstream_output_delivered_total", role="alerts") == 0
+    assert value(metrics, "dpstream_output_pending_records") == 0
+
+
+def test_observe_kafka_error_per_client():
+    metrics, _ = make()
+    metrics.observe_kafka_error("consumer")
+    metrics.observe_kafka_error("consumer")
+    metrics.observe_kafka_error("admin")
+    assert value(metrics, "dpstream_kafka_client_errors_total", client="consumer") == 2
+    assert value(metrics, "dpstream_kafka_client_errors_total", client="producer") == 0
+    assert value(metrics, "dpstream_kafka_client_errors_total", client="admin") == 1
+    with pytest.raises(ValueError, match="client must be one of consumer, producer, admin"):
+        metrics.observe_kafka_error("broker")
+
+
+def test_every_series_carries_the_flow_label_and_no_other_label_is_unbounded():
+    metrics, _ = make(now=100.0)
+    metrics.set_clock(0.0, 1.0)
+    metrics.observe_partition(0, 5, 6.0)
+    metrics.observe_shard(0, 4, 0)
+    metrics.observe_input_lag(0, 1)
+    metrics.observe_delivery(1, {"releases": 1}, 1)
+    metrics.observe_kafka_error("producer")
+    allowed = {"flow", "partition", "role", "client", "mechanism", "unit", "reason"}
+    samples = [s for family in metrics.registry.collect() for s in family.samples]
+    assert {s.name for s in samples} >= {
+        "dpstream_up", "dpstream_partition_frontier_step", "dpstream_partition_broker_time_seconds",
+        "dpstream_closed_step", "dpstream_steps_pending", "dpstream_step_lag_seconds",
+        "dpstream_output_pending_records", "dpstream_output_delivered_total",
+        "dpstream_output_retries_total", "dpstream_kafka_client_errors_total",
+        "dpstream_input_lag_records"}
+    for sample in samples:
+        assert sample.labels["flow"] == FLOW, sample
+        assert set(sample.labels) <= allowed, sample
+
+
+def test_concurrent_shards_aggregate_correctly():
+    metrics, _ = make()
+
+    def shard(index):
+        for closed in range(200):
+            metrics.observe_shard(index, closed, 200 - closed)
+            metrics.observe_delivery(0, {"releases": 1}, 0)
+
+    threads = [threading.Thread(target=shard, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert value(metrics, "dpstream_closed_step") == 199
+    assert value(metrics, "dpstream_steps_pending") == 1
+    assert value(metrics, "dpstream_output_delivered_total", role="releases") == 8 * 200
+
+
+def test_existing_metrics_are_unchanged():
+    metrics, _ = make()
+    metrics.set_budget("tree", "epsilon", 1.0)
+    metrics.observe_input("events", 3)
+    metrics.observe_input("dead_letter:malformed", 1)
+    assert value(metrics, "dpstream_events_total") == 3
+    assert value(metrics, "dpstream_dead_letters_total", reason="malformed") == 1
+    assert value(metrics, "dpstream_privacy_budget", mechanism="tree", unit="epsilon") == 1.0
+    assert value(metrics, "dpstream_privacy_remaining", mechanism="tree", unit="epsilon") == 1.0
+    assert value(metrics, "dpstream_privacy_spent", mechanism="tree", unit="epsilon") == 0.0
+
