@@ -4,25 +4,48 @@ It starts the embedded Kafka-protocol broker, creates the topics, produces a
 synthetic stream (page views of 300 pages with Zipf-like popularity, plus a few
 malformed records that end up on the dead-letter topic), runs the counters
 flow in a child process (``dpstream run``) and prints the releases and alerts
-as they arrive. The noise key is generated for this run only.
+as they arrive, with a legend in plain words. The noise key is generated for this run only.
+
+The broker and the flow run in sessions of their own, so a Ctrl-C in the terminal reaches the
+demo only; the demo then stops everything in order (the producer, the flow, the viewer, and the
+broker last) and prints a summary. SIGTERM and SIGHUP stop it the same way; a second signal
+while stopping kills the flow instead of waiting for it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import random
+import shlex
 import signal
+import socket
+import stat
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from types import FrameType
+from typing import Any, Final
+
+from dpstream.errors import DpstreamError
 
 __all__ = ["run_demo"]
+
+PAGES: Final = 300
+DEFAULT_METRICS_PORT: Final = 9464
+METRICS_PORT_ENV: Final = "DPSTREAM_DEMO_METRICS_PORT"
+FLOW_STOP_TIMEOUT: Final = 20.0
+"""Seconds the flow gets to stop after SIGTERM before it is killed."""
+_REFRESH_SECONDS: Final = 2.0
+_TOP: Final = 8
 
 DEMO_CONFIG = """\
 # Written by `dpstream demo`.
@@ -65,14 +88,88 @@ initial_epsilon = 0.2
 port = {metrics_port}
 """
 
+LEGEND = """\
+How to read what follows
+  * A release is one page's view count so far, with random noise added on purpose: the noise is
+    what makes it private (no single page view can be told from the numbers). A page that is
+    shown gets a fresh release every step (1 s of events); each refresh lists the top {top}.
+  * "1234.5 ± 7.1 (noise std)": 7.1 is one standard deviation of that noise; the true count is
+    usually within a few of those of the value shown.
+  * "privacy: 1 of 1 ε committed up front ...": each page has a privacy budget ε (epsilon;
+    smaller is more private). Its counter charges the whole budget with its first release, and
+    that one charge covers every future release of the page: the budget is not running out.
+  * Rare pages stay hidden: a page is shown only once a private threshold test says it has had
+    enough views (that moment is its alert). Of the {pages} pages only the popular ones get there;
+    hiding the rest is the privacy at work, not lost data.
+  * Malformed records are not counted; they go to the dead-letter topic.
+  * {metrics}
+"""
+
+# Runs the broker binary in a session (and process group) of its own: `EmbeddedBroker` starts
+# its binary in the caller's process group, where the terminal's Ctrl-C would kill it first.
+_SESSION_LAUNCHER = """\
+#!/bin/sh
+# Written by `dpstream demo`: starts the broker in a session of its own, so that a Ctrl-C in the
+# terminal reaches the demo only, and the demo stops the broker last.
+exec {python} -I -S -c 'import os, sys; os.setsid(); os.execv(sys.argv[1], sys.argv[1:])' \\
+    {binary} "$@"
+"""
+
+
+def _say(*parts: object) -> None:
+    """Print and flush; a closed terminal (SIGHUP) must not break the orderly stop."""
+    with contextlib.suppress(OSError, ValueError):
+        print(*parts, flush=True)
+
+
+# -- the metrics port ---------------------------------------------------------------------------
+
+
+def _port_is_free(port: int) -> bool:
+    """Whether the flow's metrics server could bind ``port`` now (tried the way it binds)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as http.server does
+        try:
+            sock.bind(("0.0.0.0", port))  # the flow serves its metrics on all interfaces
+        except OSError:
+            return False
+    return True
+
+
+def _metrics_port() -> tuple[int, int | None]:
+    """Return ``(port, busy)``: the port for the flow's metrics and the busy one it replaces.
+
+    The wanted port is ``$DPSTREAM_DEMO_METRICS_PORT`` or 9464; 0 turns the metrics off.
+    """
+    from dpstream.io.broker import free_port
+
+    raw = os.environ.get(METRICS_PORT_ENV, "").strip()
+    try:
+        wanted = int(raw) if raw else DEFAULT_METRICS_PORT
+    except ValueError:
+        wanted = -1
+    if not 0 <= wanted <= 65535:
+        raise DpstreamError(f"{METRICS_PORT_ENV} must be a TCP port number (0 = no metrics), "
+                            f"got {raw!r}")
+    if wanted == 0 or _port_is_free(wanted):
+        return wanted, None
+    for _ in range(5):
+        port = free_port()
+        if _port_is_free(port):
+            return port, wanted
+    raise DpstreamError(f"metrics port {wanted} is busy and no free port was found")
+
+
+# -- the synthetic stream and the viewer --------------------------------------------------------
+
 
 def _produce(bootstrap: str, rate: int, stop: threading.Event, sent: Counter[str]) -> None:
     from kafka import KafkaProducer
 
     producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=20)
     rng = random.Random()
-    pages = [f"page-{i:03d}" for i in range(300)]
-    weights = [1.0 / (i + 1) ** 1.1 for i in range(300)]
+    pages = [f"page-{i:03d}" for i in range(PAGES)]
+    weights = [1.0 / (i + 1) ** 1.1 for i in range(PAGES)]
     tick = 0.05
     while not stop.is_set():
         started = time.monotonic()
@@ -89,94 +186,288 @@ def _produce(bootstrap: str, rate: int, stop: threading.Event, sent: Counter[str
     producer.close(5)
 
 
-def _view(bootstrap: str, stop: threading.Event, started: float) -> None:
-    from kafka import KafkaConsumer, TopicPartition
+def _budget_unit(accounting: object) -> str:
+    """The budget's unit as printed: the ledgers account in ``epsilon`` or ``rho`` (zCDP)."""
+    return {"epsilon": "ε", "pure": "ε", "rho": "ρ (zCDP)"}.get(str(accounting), str(accounting))
 
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                             group_id=None, consumer_timeout_ms=500)
-    parts = [TopicPartition(t, p) for t in ("releases", "alerts", "dead-letters")
-             for p in consumer.partitions_for_topic(t) or {0}]
-    consumer.assign(parts)
-    consumer.seek_to_beginning(*parts)
-    latest: dict[str, dict[str, object]] = {}
-    alerts = dead = statuses = 0
-    first_release: float | None = None
-    last_print = 0.0
-    while not stop.is_set():
-        for records in consumer.poll(timeout_ms=300).values():
+
+def _release_line(body: dict[str, Any], step: int) -> str:
+    """One row of a refresh: key, noisy value ± noise std, and the key's privacy commitment."""
+    privacy = body.get("privacy") or {}
+    when = f" (as of step {body['step']})" if int(body["step"]) != step else ""
+    noise = f"± {float(body['std']):.1f} (noise std){when}"
+    return (f"   {body['key']:<10} {float(body['value']):>12.1f} {noise:<20}  "
+            f"privacy: {float(privacy.get('spent', 0)):g} of "
+            f"{float(privacy.get('budget', 0)):g} {_budget_unit(privacy.get('accounting'))} "
+            "committed up front for all future releases of this key")
+
+
+def _visible_line(visible: int) -> str:
+    return (f"   {visible} of {PAGES} pages visible; the others have too few events "
+            "to be shown privately")
+
+
+class _Viewer:
+    """Reads the releases, alerts and dead letters; prints a refresh every two seconds."""
+
+    def __init__(self, bootstrap: str, started: float, metrics: str) -> None:
+        self.bootstrap, self.started, self.metrics = bootstrap, started, metrics
+        self.stop = threading.Event()
+        self.latest: dict[str, dict[str, Any]] = {}
+        self.seen: Counter[str] = Counter()
+        self.first_release: float | None = None
+
+    def run(self) -> None:
+        from kafka import KafkaConsumer, TopicPartition
+
+        consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
+                                 group_id=None, consumer_timeout_ms=500)
+        parts = [TopicPartition(t, p) for t in ("releases", "alerts", "dead-letters")
+                 for p in consumer.partitions_for_topic(t) or {0}]
+        consumer.assign(parts)
+        consumer.seek_to_beginning(*parts)
+        last_print = 0.0
+        try:
+            while not self.stop.is_set():
+                self._poll(consumer, 300)
+                if time.monotonic() - last_print >= _REFRESH_SECONDS and self.latest:
+                    last_print = time.monotonic()
+                    self._refresh()
+            # Stopping: the flow has ended (or was killed), read what it published last.
+            drain_until = time.monotonic() + 3
+            while self._poll(consumer, 200) and time.monotonic() < drain_until:
+                pass
+        finally:
+            consumer.close()
+
+    def _poll(self, consumer: Any, timeout_ms: int) -> int:
+        count = 0
+        for records in consumer.poll(timeout_ms=timeout_ms).values():
             for record in records:
-                body = json.loads(record.value)
-                if record.topic == "alerts":
-                    alerts += 1
-                elif record.topic == "dead-letters":
-                    dead += 1
-                elif body["schema"].startswith("dpstream.release"):
-                    latest[body["key"]] = body
-                    if first_release is None:
-                        first_release = time.monotonic() - started
-                        print(f"first release after {first_release:.1f} s")
-                else:
-                    statuses += 1
-        if time.monotonic() - last_print >= 2 and latest:
-            last_print = time.monotonic()
-            top = sorted(latest.values(), key=lambda b: -float(b["value"]))[:8]  # type: ignore[arg-type]
-            step = max(int(b["step"]) for b in latest.values())  # type: ignore[call-overload]
-            print(f"\n-- step {step}: {len(latest)} keys admitted, {alerts} alerts, "
-                  f"{dead} dead letters, {statuses} status records")
-            for body in top:
-                print(f"   {body['key']:<10} {float(body['value']):>12.1f} ± "  # type: ignore[arg-type]
-                      f"{float(body['std']):<8.1f} (step {body['step']}, "  # type: ignore[arg-type]
-                      f"eps spent {body['privacy']['spent']:g})")  # type: ignore[index]
-    consumer.close()
+                count += 1
+                self._take(record.topic, json.loads(record.value))
+        return count
+
+    def _take(self, topic: str, body: dict[str, Any]) -> None:
+        if topic == "alerts":
+            self.seen["alerts"] += 1
+        elif topic == "dead-letters":
+            self.seen["dead letters"] += 1
+        elif str(body.get("schema", "")).startswith("dpstream.release"):
+            self.seen["releases"] += 1
+            self.latest[body["key"]] = body
+            if self.first_release is None:
+                self.first_release = time.monotonic() - self.started
+                _say("\n" + LEGEND.format(top=_TOP, pages=PAGES, metrics=self.metrics))
+                _say(f"first release after {self.first_release:.1f} s")
+        else:
+            self.seen["status records"] += 1
+
+    def _refresh(self) -> None:
+        top = sorted(self.latest.values(), key=lambda b: -float(b["value"]))[:_TOP]
+        step = max(int(b["step"]) for b in self.latest.values())
+        lines = [f"\n-- step {step}: {len(self.latest)} keys admitted, "
+                 f"{self.seen['alerts']} alerts, {self.seen['dead letters']} dead letters, "
+                 f"{self.seen['status records']} status records",
+                 _visible_line(len(self.latest))]
+        lines += [_release_line(body, step) for body in top]
+        _say("\n".join(lines))
+
+
+# -- the demo -----------------------------------------------------------------------------------
+
+
+def _session_launcher(directory: Path, binary: Path) -> Path:
+    """Write a launcher that runs ``binary`` in a new session; return its path."""
+    launcher = directory / "tansu-in-own-session"
+    launcher.write_text(_SESSION_LAUNCHER.format(python=shlex.quote(sys.executable),
+                                                 binary=shlex.quote(str(binary))))
+    launcher.chmod(launcher.stat().st_mode | stat.S_IXUSR)
+    return launcher
+
+
+class _Demo:
+    def __init__(self, duration: float, rate: int, workers: int) -> None:
+        self.duration, self.rate, self.workers = duration, rate, workers
+        self.started = time.monotonic()
+        self.interrupt = threading.Event()  # Ctrl-C, SIGTERM or SIGHUP: stop in order
+        self.hurry = threading.Event()  # a second one: kill the flow, do not wait for it
+        self.stopping = False
+        self.sent: Counter[str] = Counter()
+        self.producer_stop = threading.Event()
+        self.producer: threading.Thread | None = None
+        self.flow: subprocess.Popen[bytes] | None = None
+        self.flow_killed = False
+        self.flow_early = False
+        self.viewer: _Viewer | None = None
+        self.viewer_thread: threading.Thread | None = None
+
+    def on_signal(self, _signum: int, _frame: FrameType | None) -> None:
+        if not self.interrupt.is_set():
+            self.interrupt.set()
+        elif self.stopping and not self.hurry.is_set():
+            self.hurry.set()
+            _say("(second interrupt: the flow is killed instead of waiting for it)")
+
+    def run(self) -> int:
+        from dpstream.io.broker import EmbeddedBroker, find_tansu_binary
+        from dpstream.io.topics import ensure_topics
+
+        with tempfile.TemporaryDirectory(prefix="dpstream-demo-") as tmp:
+            broker = EmbeddedBroker(binary=_session_launcher(Path(tmp), find_tansu_binary()))
+            broker.start()  # an interrupt meanwhile only sets self.interrupt (see run_demo)
+            try:
+                _say(f"broker up at {broker.bootstrap} ({time.monotonic() - self.started:.1f} s)")
+                if self.interrupt.is_set():
+                    return self._finish(flow_started=False)
+                ensure_topics(broker.bootstrap, {"events": 3, "releases": 3, "alerts": 1,
+                                                 "dead-letters": 1})
+                if self.interrupt.is_set():
+                    return self._finish(flow_started=False)
+                self._start(Path(tmp), broker.bootstrap)
+                self._wait()
+                self._stop()
+                return self._finish(flow_started=True)
+            finally:
+                self._stop()  # idempotent; here only if something above raised
+                broker.stop()  # last: everything else that talks to it has stopped
+
+    def _start(self, tmp: Path, bootstrap: str) -> None:
+        metrics_port, busy = _metrics_port()
+        origin = datetime.fromtimestamp(int(time.time()), tz=UTC).isoformat().replace(
+            "+00:00", "Z")
+        config = tmp / "demo.toml"
+        config.write_text(DEMO_CONFIG.format(origin=origin, bootstrap=bootstrap,
+                                             metrics_port=metrics_port))
+        if metrics_port:
+            url = f"http://127.0.0.1:{metrics_port}/metrics"
+            metrics = f"Metrics (Prometheus, e.g. the privacy spent per page): {url}"
+        else:
+            url, metrics = "off", f"Metrics are off ({METRICS_PORT_ENV}=0)."
+        if busy is not None:
+            _say(f"metrics port {busy} is busy; using port {metrics_port} instead "
+                 f"(set {METRICS_PORT_ENV} to choose another)")
+        _say(f"configuration: {config} (metrics on {url})")
+        env = dict(os.environ, DPSTREAM_NOISE_KEY=os.urandom(32).hex())
+        self.flow = subprocess.Popen(
+            [sys.executable, "-m", "dpstream.cli", "run", "--config", str(config),
+             "--workers", str(self.workers), "--recovery-dir", str(tmp / "recovery")],
+            env=env, stdin=subprocess.DEVNULL,
+            start_new_session=True)  # the terminal's Ctrl-C is for the demo, which stops it
+        self.producer = threading.Thread(target=_produce, name="demo-producer", daemon=True,
+                                         args=(bootstrap, self.rate, self.producer_stop,
+                                               self.sent))
+        self.viewer = _Viewer(bootstrap, self.started, metrics)
+        self.viewer_thread = threading.Thread(target=self.viewer.run, name="demo-viewer",
+                                              daemon=True)
+        self.producer.start()
+        self.viewer_thread.start()
+
+    def _wait(self) -> None:
+        assert self.flow is not None
+        deadline = None if self.duration <= 0 else time.monotonic() + self.duration
+        while deadline is None or time.monotonic() < deadline:
+            if self.flow.poll() is not None:
+                self.flow_early = True
+                _say(f"the flow exited early with code {self.flow.returncode}")
+                return
+            left = 0.5 if deadline is None else min(0.5, max(0.0, deadline - time.monotonic()))
+            if self.interrupt.wait(left):
+                break
+        _say("\nstopping: the producer, then the flow (up to "
+             f"{FLOW_STOP_TIMEOUT:.0f} s), the viewer and the broker")
+
+    def _stop(self) -> None:
+        """Stop the producer, then the flow, then the viewer (the broker is the caller's)."""
+        if self.stopping:
+            return
+        self.stopping = True
+        logging.getLogger("kafka").setLevel(logging.CRITICAL)  # no client noise while stopping
+        self.producer_stop.set()
+        if self.producer is not None:
+            self.producer.join(20)
+        if self.flow is not None and self.flow.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.flow.send_signal(signal.SIGTERM)  # `dpstream run` stops cleanly on it
+            deadline = time.monotonic() + FLOW_STOP_TIMEOUT
+            while (self.flow.poll() is None and time.monotonic() < deadline
+                   and not self.hurry.is_set()):
+                time.sleep(0.1)
+            if self.flow.poll() is None:
+                if not self.hurry.is_set():
+                    _say(f"the flow did not stop within {FLOW_STOP_TIMEOUT:.0f} s; killing it")
+                self.flow_killed = True
+                with contextlib.suppress(ProcessLookupError):
+                    self.flow.kill()
+                self.flow.wait()
+        if self.viewer is not None and self.viewer_thread is not None:
+            self.viewer.stop.set()
+            self.viewer_thread.join(10)
+
+    def _finish(self, *, flow_started: bool) -> int:
+        """Print the summary; return the demo's exit code."""
+        viewer = self.viewer
+        seen = viewer.seen if viewer is not None else Counter[str]()
+        visible = len(viewer.latest) if viewer is not None else 0
+        if self.flow is None:
+            flow = "not started"
+        else:
+            code = self.flow.returncode
+            flow = str(code)
+            if self.flow_killed:
+                flow += (" (killed on a second interrupt)" if self.hurry.is_set()
+                         else f" (killed: it did not stop within {FLOW_STOP_TIMEOUT:.0f} s)")
+            elif self.flow_early:
+                flow += " (it exited by itself before the end)"
+            elif code == 0:
+                flow += " (stopped cleanly)"
+        rows = [
+            ("events sent", f"{self.sent['events']}"),
+            ("malformed records sent", f"{self.sent['malformed']} (they go to the dead-letter "
+                                       "topic, not into the counts)"),
+            ("releases seen", f"{seen['releases']}"),
+            ("alerts seen", f"{seen['alerts']} (pages that passed the threshold test)"),
+            ("dead letters seen", f"{seen['dead letters']}"),
+            ("pages visible", f"{visible} of {PAGES}"),
+            ("flow exit code", flow),
+        ]
+        if seen["status records"]:
+            rows.insert(5, ("status records seen", f"{seen['status records']}"))
+        _say("\nsummary\n" + "\n".join(f"   {name:<24}{value}" for name, value in rows))
+        if not flow_started:
+            return 130
+        return 0 if self.flow is not None and self.flow.returncode == 0 and not (
+            self.flow_early or self.flow_killed) else 1
+
+
+@contextlib.contextmanager
+def _stop_signals(handler: Callable[[int, FrameType | None], None]) -> Iterator[None]:
+    """Route SIGINT, SIGTERM and SIGHUP to ``handler`` (main thread only), then restore."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    names = [signal.SIGINT, signal.SIGTERM]
+    if hasattr(signal, "SIGHUP"):
+        names.append(signal.SIGHUP)
+    previous = {signum: signal.signal(signum, handler) for signum in names}
+    try:
+        yield
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old)
 
 
 def run_demo(duration: float = 30.0, rate: int = 5_000, workers: int = 1) -> int:
-    """Run the demo for ``duration`` seconds (0: until Ctrl-C); return an exit code."""
-    from dpstream.io.broker import EmbeddedBroker
-    from dpstream.io.topics import ensure_topics
+    """Run the demo for ``duration`` seconds (0: until Ctrl-C); return an exit code.
 
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="dpstream-demo-") as tmp, EmbeddedBroker() as broker:
-        print(f"broker up at {broker.bootstrap} ({time.monotonic() - started:.1f} s)")
-        ensure_topics(broker.bootstrap, {"events": 3, "releases": 3, "alerts": 1,
-                                         "dead-letters": 1})
-        origin = datetime.fromtimestamp(int(time.time()), tz=UTC).isoformat().replace(
-            "+00:00", "Z")
-        config = Path(tmp) / "demo.toml"
-        metrics_port = int(os.environ.get("DPSTREAM_DEMO_METRICS_PORT", "9464"))
-        config.write_text(DEMO_CONFIG.format(origin=origin, bootstrap=broker.bootstrap,
-                                             metrics_port=metrics_port))
-        env = dict(os.environ, DPSTREAM_NOISE_KEY=os.urandom(32).hex())
-        print(f"configuration: {config} (metrics on http://127.0.0.1:{metrics_port}/metrics)")
-        stop = threading.Event()
-        sent: Counter[str] = Counter()
-        producer = threading.Thread(target=_produce, args=(broker.bootstrap, rate, stop, sent),
-                                    daemon=True)
-        viewer = threading.Thread(target=_view, args=(broker.bootstrap, stop, started),
-                                  daemon=True)
-        flow = subprocess.Popen([sys.executable, "-m", "dpstream.cli", "run", "--config",
-                                 str(config), "--workers", str(workers),
-                                 "--recovery-dir", str(Path(tmp) / "recovery")], env=env)
-        producer.start()
-        viewer.start()
-        try:
-            deadline = None if duration <= 0 else time.monotonic() + duration
-            while deadline is None or time.monotonic() < deadline:
-                if flow.poll() is not None:
-                    print(f"the flow exited early with code {flow.returncode}")
-                    return 1
-                time.sleep(0.5)
-        except KeyboardInterrupt:
-            print("\nstopping")
-        finally:
-            stop.set()
-            flow.send_signal(signal.SIGINT)
-            try:
-                flow.wait(15)
-            except subprocess.TimeoutExpired:
-                flow.kill()
-                flow.wait()
-            producer.join(15)
-            viewer.join(5)
-        print(f"sent {sent['events']} events and {sent['malformed']} malformed records")
-    return 0
+    0 when the flow ran and stopped cleanly (also after Ctrl-C), 1 when it failed or had to be
+    killed, 130 when interrupted before the flow started.
+    """
+    demo = _Demo(duration, rate, workers)
+    kafka_log = logging.getLogger("kafka")
+    kafka_level = kafka_log.level
+    try:
+        with _stop_signals(demo.on_signal):
+            return demo.run()
+    finally:
+        kafka_log.setLevel(kafka_level)
