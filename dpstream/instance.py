@@ -27,10 +27,12 @@ data. That must be acknowledged explicitly (``dpstream run --ephemeral``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import secrets
+import sqlite3
 import stat
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -118,6 +120,21 @@ def _private_directory(directory: Path) -> None:
     _refuse_if_shared(directory, "recovery directory", _PRIVATE_DIR_MODE)
 
 
+def _empty_partition(path: Path) -> bool:
+    """Whether ``path`` is a Bytewax recovery partition that holds no snapshot yet.
+
+    ``python -m bytewax.recovery DIR N`` initialises such partitions before a first run.
+    """
+    if not (path.name.startswith("part-") and path.suffix == ".sqlite3"):
+        return False
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+            return not any(db.execute(f"SELECT 1 FROM {table} LIMIT 1").fetchone()
+                           for table in ("snaps", "commits", "fronts", "exs"))
+    except sqlite3.Error:
+        return False
+
+
 def bind_instance(config: FlowConfig, spec: StatisticsSpec, noise: NoiseKey,
                   recovery_dir: str | os.PathLike[str] | None, *,
                   ephemeral: bool = False) -> FlowInstance:
@@ -170,7 +187,7 @@ def bind_instance(config: FlowConfig, spec: StatisticsSpec, noise: NoiseKey,
                 "directory (its spend adds to this one's)")
         return FlowInstance(instance, durable=True, resumed=True)
     ours = {MANIFEST_NAME, manifest.with_suffix(".tmp").name}  # .tmp: a crash mid-write
-    if any(p.name not in ours for p in directory.iterdir()):
+    if any(p.name not in ours and not _empty_partition(p) for p in directory.iterdir()):
         raise RecoveryMismatchError(
             f"the recovery directory {directory} holds state but no {MANIFEST_NAME}: it was not "
             "made by this version of dpstream; use an empty directory (a new flow instance)")

@@ -151,6 +151,11 @@ class KafkaClients:
     on_error: Callable[[str], None] = _ignore_error
 
     @property
+    def bootstrap(self) -> list[str]:
+        """The bootstrap brokers actually used (the environment may override the file)."""
+        return [b.strip() for b in self.settings["bootstrap.servers"].split(",") if b.strip()]
+
+    @property
     def settings(self) -> dict[str, str]:
         """The common settings, with the environment's credentials."""
         settings = {"bootstrap.servers": ",".join(self.brokers), **self.add_config}
@@ -227,7 +232,7 @@ def wait_for_topics(clients: KafkaClients, input_topic: str, output_topics: Iter
     Raises:
         DpstreamError: unreachable after ``timeout``, a broker too old, a topic missing.
     """
-    where = ",".join(clients.brokers)
+    where = ",".join(clients.bootstrap)
     if clients.too_old_for_timestamps:
         raise DpstreamError(_TOO_OLD.format(
             where=where, why="the settings say broker.version.fallback="
@@ -237,13 +242,13 @@ def wait_for_topics(clients: KafkaClients, input_topic: str, output_topics: Iter
     while True:
         attempt += 1
         if clients.plaintext:
-            answers = [probe_api_versions(a) for a in clients.brokers]
+            answers = [probe_api_versions(a) for a in clients.bootstrap]
             if False in answers and True not in answers:
                 raise DpstreamError(_TOO_OLD.format(
                     where=where, why="it does not answer the ApiVersions request"))
         admin = AdminClient(clients.config("admin"))
         try:
-            metadata = admin.list_topics(timeout=min(5.0, max(0.5, deadline - time.monotonic())))
+            metadata = admin.list_topics(timeout=min(2.0, max(0.5, deadline - time.monotonic())))
         except KafkaException as exc:
             reason = exc.args[0].str() if exc.args and hasattr(exc.args[0], "str") else str(exc)
             if time.monotonic() >= deadline:

@@ -10,9 +10,11 @@ items and are kept in the snapshots.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import defaultdict
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from operator import itemgetter
 from typing import Any, Protocol
 
@@ -30,7 +32,7 @@ from dpstream.stream.shard import ShardState
 __all__ = ["FlowObserver", "StepAssignment", "assign_steps", "keyed_statistics"]
 
 log = logging.getLogger("dpstream")
-STALL_REPORT_SECONDS = 60.0
+STALL_REPORT_SECONDS = float(os.environ.get("DPSTREAM_STALL_REPORT_SECONDS", "60"))
 """How often a shard waiting for a lagging input partition says so in the log."""
 
 
@@ -149,6 +151,7 @@ class _ShardLogic(StatefulBatchLogic[ShardUpdate, Output, dict[str, Any]]):
     def __init__(self, shard: ShardState, observer: FlowObserver, mechanism: str) -> None:
         self.shard, self.observer, self.mechanism = shard, observer, mechanism
         self._next_report = time.monotonic() + STALL_REPORT_SECONDS
+        self._pending = 0
 
     def on_batch(self, values: list[ShardUpdate]) -> tuple[list[Output], bool]:
         out: list[Output] = []
@@ -167,6 +170,7 @@ class _ShardLogic(StatefulBatchLogic[ShardUpdate, Output, dict[str, Any]]):
         pending = 0 if ahead is None or shard.next_step is None else \
             max(0, ahead - shard.next_step)
         self.observer.observe_shard(shard.shard, closed, pending)
+        self._pending = pending
         now = time.monotonic()
         if pending and now >= self._next_report:
             self._next_report = now + STALL_REPORT_SECONDS
@@ -178,6 +182,17 @@ class _ShardLogic(StatefulBatchLogic[ShardUpdate, Output, dict[str, Any]]):
                             "the others are at step %s. A partition without records holds "
                             "every step open: check its producers, or the heartbeat "
                             "(flow.heartbeat)", shard.shard, pending, step, behind, ahead)
+
+    def notify_at(self) -> datetime | None:
+        """Wake up to report a stall even when no input arrives at all."""
+        if self._pending:
+            return datetime.now(UTC) + timedelta(
+                seconds=max(0.0, self._next_report - time.monotonic()))
+        return None
+
+    def on_notify(self) -> tuple[list[Output], bool]:
+        self._observe([])
+        return [], StatefulBatchLogic.RETAIN
 
     def on_eof(self) -> tuple[list[Output], bool]:
         if stopping.stop_requested():  # a stop, not the end of a bounded input

@@ -33,6 +33,7 @@ from typing import Any
 from dpstream.core.key_statistics import KeyStatistics, Output, StatisticsSpec
 from dpstream.core.noise import NoiseKey
 from dpstream.errors import InvalidParameterError, NoiseKeyError, RecoveryMismatchError
+from dpstream.stream import stopping
 from dpstream.stream.events import ShardUpdate
 
 __all__ = ["ShardState"]
@@ -155,6 +156,8 @@ class ShardState:
             self.next_step = min(min(self.pending), end)
         out: list[Output] = []
         while self.next_step < end:
+            if stopping.stop_requested():  # a long run of steps must not delay a stop: the
+                break  # state stays consistent (closed through next_step - 1), the rest later
             if not self.keys and self.declared_keys is None:
                 self.next_step = min([s for s in self.pending if s >= self.next_step] + [end])
                 if self.next_step >= end:

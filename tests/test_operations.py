@@ -1,0 +1,406 @@
+"""The counters flow as a user meets it (issue 6): faults, stalls, stops and start-up, for real.
+
+Each test runs ``dpstream run`` (or ``python -m bytewax.run``) as a child process against the
+embedded Kafka-protocol broker, and checks what the user sees: the records, the exit code, the
+log lines and the metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from dpstream.io.broker import EmbeddedBroker, free_port
+from dpstream.io.records import MAX_ORIGINAL_BYTES
+from dpstream.io.topics import produce, read_all
+
+pytestmark = [pytest.mark.integration]
+
+KEY = "7b3f0e9a1c5d4e8f90a1b2c3d4e5f60718293a4b5c6d7e8f9a0b1c2d3e4f5a6b"
+ENV = dict(os.environ, PYTHONUNBUFFERED="1", DPSTREAM_NOISE_KEY=KEY,
+           DPSTREAM_STALL_REPORT_SECONDS="2", DPSTREAM_PROGRESS_SECONDS="2")
+KEYS = ["a", "b", "c"]
+
+
+def now_origin() -> int:
+    return int(time.time()) - 5
+
+
+def write_config(path: Path, bootstrap: str, topics: dict[str, str], *, origin: int,
+                 tail: bool = True, heartbeat: str = "off", metrics_port: int = 0,
+                 extra_kafka: str = "", name: str = "ops") -> Path:
+    origin_iso = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(origin))
+    path.write_text(f"""
+[flow]
+name = "{name}"
+step = "1s"
+origin = "{origin_iso}"
+shards = 2
+clock = "producer"  # the embedded broker ignores LogAppendTime; these producers are trusted
+heartbeat = "{heartbeat}"
+[kafka]
+brokers = ["{bootstrap}"]
+input_topic = "{topics['events']}"
+releases_topic = "{topics['releases']}"
+alerts_topic = "{topics['alerts']}"
+dead_letter_topic = "{topics['dead']}"
+tail = {str(tail).lower()}
+batch_size = 200
+startup_timeout = "5s"
+{extra_kafka}
+[privacy]
+budget = 1.0
+[counter]
+epsilon = 0.9
+horizon = 4096
+[admission]
+mode = "declared"
+keys = {json.dumps(KEYS)}
+[metrics]
+port = {metrics_port}
+""")
+    return path
+
+
+def make_topics(topic_factory, partitions: int = 3) -> dict[str, str]:
+    return {"events": topic_factory(partitions, "events"), "releases": topic_factory(1, "rel"),
+            "alerts": topic_factory(1, "alerts"), "dead": topic_factory(1, "dead")}
+
+
+def event(key: str, ts: float) -> tuple[None, bytes, int]:
+    return None, json.dumps({"key": key, "ts": ts}).encode(), int(ts * 1000)
+
+
+def start(config: Path, *args: str, env: dict[str, str] | None = None,
+          **kwargs) -> subprocess.Popen:
+    if "--recovery-dir" not in args:
+        args = (*args, "--ephemeral")
+    return subprocess.Popen([sys.executable, "-m", "dpstream.cli", "run", "--config",
+                             str(config), *args], env=env or ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, **kwargs)
+
+
+def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 30) -> str:
+    if proc.poll() is None:
+        proc.send_signal(sig)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        pytest.fail(f"the flow did not stop within {timeout} s:\n{out[-3000:]}")
+    return out
+
+
+def scrape(port: int) -> dict[str, float]:
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
+                                      timeout=5).read().decode()
+    except OSError:  # not serving yet
+        return {}
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            values[name] = float(value)
+    return values
+
+
+def metric(values: dict[str, float], prefix: str) -> float:
+    return sum(v for k, v in values.items() if k.startswith(prefix + "{") or k == prefix)
+
+
+def wait_until(check, timeout: float, what: str, proc: subprocess.Popen | None = None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = check()
+        if result:
+            return result
+        if proc is not None and proc.poll() is not None:
+            pytest.fail(f"the flow exited ({proc.returncode}) while waiting for {what}:\n"
+                        f"{proc.communicate()[0][-3000:]}")
+        time.sleep(0.3)
+    pytest.fail(f"timed out after {timeout} s waiting for {what}")
+
+
+def assert_clean(out: str) -> None:
+    assert "panicked" not in out and "Traceback" not in out, out[-3000:]
+
+
+# --- item 1: a large bad record -------------------------------------------------------------
+
+def test_a_huge_bad_record_becomes_a_small_dead_letter(broker, topic_factory, tmp_path):
+    topics = make_topics(topic_factory, partitions=1)
+    origin = now_origin()
+    huge = b'{"key": "' + b"x" * 900_000 + b'", "ts": "not a time"}'
+    produce(broker.bootstrap, topics["events"],
+            [event("a", origin + 0.5), (None, huge, (origin + 1) * 1000), event("b", origin + 2.5)])
+    config = write_config(tmp_path / "c.toml", broker.bootstrap, topics, origin=origin,
+                          tail=False)
+    proc = start(config)
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 0, out[-3000:]
+    [dead] = read_all(broker.bootstrap, topics["dead"], expect=1, timeout=30)
+    body = json.loads(dead.value)
+    assert len(dead.value) < 2 * MAX_ORIGINAL_BYTES
+    assert body["original_size"] == len(huge) and body["original_truncated"] is True
+    assert len(body["original_sha256"]) == 64
+    releases = read_all(broker.bootstrap, topics["releases"], timeout=30, idle=1)
+    assert {json.loads(r.value)["step"] for r in releases} == {0, 1, 2}
+    assert "input ended:" in out  # the one-line summary of a bounded input
+
+
+# --- item 2: idle partitions, far-future events -----------------------------------------
+
+def test_an_idle_partition_is_reported_and_the_heartbeat_moves_it(broker, topic_factory,
+                                                                 tmp_path):
+    topics = make_topics(topic_factory, partitions=3)
+    origin = now_origin()
+    produce(broker.bootstrap, topics["events"],
+            [event(k, time.time()) for k in KEYS for _ in range(5)], partition=0)
+    produce(broker.bootstrap, topics["events"], [event("a", time.time())], partition=1)
+    port = free_port()
+    config = write_config(tmp_path / "idle.toml", broker.bootstrap, topics, origin=origin,
+                          metrics_port=port)
+    proc = start(config)
+    try:  # without heartbeats partition 2 holds every step open, and says so
+        wait_until(lambda: metric(scrape(port), "dpstream_steps_pending") > 0, 60,
+                   "steps pending", proc)
+        values = scrape(port)
+        assert metric(values, "dpstream_releases_total") == 0
+        assert 'dpstream_partition_frontier_step{flow="ops",partition="0"}' in values
+        time.sleep(2 * float(ENV["DPSTREAM_STALL_REPORT_SECONDS"]))  # the report's interval
+    finally:
+        out = stop(proc)
+    assert proc.returncode == 0
+    assert_clean(out)
+    assert "wait for input partition(s) 2" in out, out[-3000:]
+
+    # the same flow with heartbeats: partition 2 moves by the ticks alone
+    hb_topics = dict(topics, releases=topic_factory(1, "rel2"))
+    config = write_config(tmp_path / "hb.toml", broker.bootstrap, hb_topics, origin=origin,
+                          heartbeat="500ms")
+    proc = start(config)
+    try:
+        releases = wait_until(
+            lambda: read_all(broker.bootstrap, hb_topics["releases"], timeout=5, idle=0.5), 60,
+            "releases with heartbeats", proc)
+        assert {json.loads(r.value)["key"] for r in releases} <= set(KEYS)
+    finally:
+        out = stop(proc)
+    assert proc.returncode == 0
+    assert "heartbeat: a tick" in out
+    dead = read_all(broker.bootstrap, topics["dead"], timeout=3, idle=0.5)
+    assert not dead  # ticks are not dead letters
+
+
+def test_a_far_future_event_time_does_not_stop_the_releases(broker, topic_factory, tmp_path):
+    topics = make_topics(topic_factory, partitions=1)
+    origin = now_origin()
+    year = 365 * 86400
+    messages = [event("a", origin + 0.5), event("b", origin + 1.5)]
+    body = json.dumps({"key": "c", "ts": origin + 2.5 + year}).encode()
+    messages.append((None, body, (origin + 2) * 1000 + 500))  # stamped a year ahead
+    messages += [event(k, origin + s + 0.5) for s in range(3, 6) for k in KEYS]
+    produce(broker.bootstrap, topics["events"], messages)
+    config = write_config(tmp_path / "f.toml", broker.bootstrap, topics, origin=origin,
+                          tail=False)
+    proc = start(config)
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 0, out[-3000:]
+    releases = [json.loads(r.value) for r in
+                read_all(broker.bootstrap, topics["releases"], timeout=30, idle=1)]
+    assert {r["step"] for r in releases} == set(range(6))  # counted at its broker time: step 2
+    assert len(releases) == 6 * len(KEYS)
+
+
+# --- items 3, 6, 9: stop cleanly, resume, consumer group ------------------------------------
+
+def test_sigterm_and_sigint_stop_cleanly_and_the_group_shows_the_position(broker, topic_factory,
+                                                                         tmp_path):
+    from confluent_kafka import Consumer, TopicPartition
+
+    topics = make_topics(topic_factory, partitions=1)
+    origin = now_origin()
+    produce(broker.bootstrap, topics["events"],
+            [event(k, origin + s + 0.5) for s in range(6) for k in KEYS])
+    config = write_config(tmp_path / "s.toml", broker.bootstrap, topics, origin=origin)
+    recovery = tmp_path / "recovery"
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        proc = start(config, "--recovery-dir", str(recovery), "--snapshot-interval", "0.5")
+        wait_until(lambda: read_all(broker.bootstrap, topics["releases"], timeout=5, idle=0.5),
+                   60, "releases", proc)
+        time.sleep(1.5)  # a snapshot commits the position
+        out = stop(proc, sig, timeout=20)
+        assert proc.returncode == 0, out[-3000:]
+        assert_clean(out)
+        assert "stopped; a restart resumes from the recovery store" in out
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "dpstream.ops"})
+    try:
+        [committed] = consumer.committed([TopicPartition(topics["events"], 0)], timeout=10)
+    finally:
+        consumer.close()
+    assert committed.offset == 6 * len(KEYS)  # standard lag tools see the flow's position
+    releases = read_all(broker.bootstrap, topics["releases"], timeout=10, idle=1)
+    by_coordinate: dict[tuple[str, int], set[bytes]] = {}
+    for r in releases:
+        body = json.loads(r.value)
+        by_coordinate.setdefault((body["key"], body["step"]), set()).add(r.value)
+    assert all(len(v) == 1 for v in by_coordinate.values())  # duplicates are byte-identical
+
+
+# --- item 9: a broker outage longer than the message timeout ---------------------------------
+
+def test_a_broker_outage_longer_than_the_message_timeout_loses_no_release(tmp_path):
+    from dpstream.io.topics import ensure_topics
+
+    steps = 20_000
+    with EmbeddedBroker() as own:
+        topics = {"events": "events", "releases": "releases", "alerts": "alerts",
+                  "dead": "dead"}
+        ensure_topics(own.bootstrap, {"events": 1, "releases": 1, "alerts": 1, "dead": 1})
+        origin = now_origin() - steps
+        produce(own.bootstrap, "events",
+                [event(k, origin + s + 0.5) for s in range(steps) for k in KEYS])
+        port = free_port()
+        config = write_config(tmp_path / "o.toml", own.bootstrap, topics, origin=origin,
+                              metrics_port=port, extra_kafka='add_config = '
+                              '{"message.timeout.ms" = "2000", "reconnect.backoff.max.ms" = "500"}')
+        config.write_text(config.read_text().replace("batch_size = 200", "batch_size = 20"))
+        expected = (steps - 1) * len(KEYS)  # tailing: the last step stays open
+        proc = start(config)
+        try:
+            wait_until(lambda: metric(scrape(port), "dpstream_releases_total") >= 3000,
+                       60, "the first releases", proc)
+            os.kill(own.pid, signal.SIGSTOP)  # the broker is away for 3x the message timeout
+            try:
+                time.sleep(6)
+                during = scrape(port)
+            finally:
+                os.kill(own.pid, signal.SIGCONT)
+            assert metric(during, "dpstream_output_pending_records") > 0  # output was waiting
+            wait_until(lambda: metric(scrape(port), "dpstream_output_delivered_total")
+                       >= expected, 180, "every release delivered", proc)
+            values = scrape(port)
+            assert metric(values, "dpstream_output_retries_total") > 0  # re-sent, not lost
+            assert metric(values, "dpstream_output_pending_records") == 0
+        finally:
+            out = stop(proc)
+        assert proc.returncode == 0, out[-3000:]
+        assert_clean(out)
+        assert "re-sending (the snapshot waits for them)" in out
+        releases = read_all(own.bootstrap, "releases", timeout=60, expect=expected)
+        coordinates = {(json.loads(r.value)["key"], json.loads(r.value)["step"])
+                       for r in releases}
+        assert coordinates == {(k, s) for k in KEYS for s in range(steps - 1)}
+        kafka_lines = [line for line in out.splitlines() if "dpstream.kafka" in line]
+        assert len(kafka_lines) < 60, kafka_lines[:80]  # librdkafka's logs, rate-limited
+
+
+# --- items 5, 8, 10: start-up --------------------------------------------------------------
+
+def test_startup_errors_are_one_clear_line(broker, topic_factory, tmp_path):
+    topics = make_topics(topic_factory, partitions=1)
+    origin = now_origin()
+    missing = dict(topics, events="no-such-topic")
+    out = subprocess.run([sys.executable, "-m", "dpstream.cli", "run", "--ephemeral",
+                          "--config", str(write_config(tmp_path / "m.toml", broker.bootstrap,
+                                                       missing, origin=origin))],
+                         env=ENV, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "'no-such-topic'" in out.stderr and "dpstream topics --config" in out.stderr
+    assert "Traceback" not in out.stderr
+
+    nobody = f"127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "dpstream.cli", "run", "--ephemeral",
+                          "--config", str(write_config(tmp_path / "n.toml", nobody, topics,
+                                                       origin=origin))],
+                         env=ENV, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert f"cannot reach a Kafka broker at {nobody} after 5 s" in out.stderr
+    assert "waiting for Kafka" in out.stderr  # each attempt was logged
+    assert time.monotonic() - started < 40
+
+    with socket.socket() as busy:  # two flows, one metrics port
+        busy.bind(("0.0.0.0", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        out = subprocess.run([sys.executable, "-m", "dpstream.cli", "run", "--ephemeral",
+                              "--config", str(write_config(tmp_path / "p.toml",
+                                                           broker.bootstrap, topics,
+                                                           origin=origin, metrics_port=port))],
+                             env=ENV, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert f"metrics port {port} is in use" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_the_start_up_lookup_uses_the_flows_client_settings(broker, topic_factory, tmp_path):
+    """One client configuration for every connection: add_config reaches the partition lookup."""
+    topics = make_topics(topic_factory, partitions=2)
+    origin = now_origin()
+    produce(broker.bootstrap, topics["events"], [event("a", origin + 0.5)], partition=0)
+    nobody = f"127.0.0.1:{free_port()}"
+    config = write_config(tmp_path / "a.toml", nobody, topics, origin=origin, tail=False)
+    env = dict(ENV, DPSTREAM_KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap)  # from the environment
+    proc = start(config, env=env)
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 0, out[-3000:]
+    assert read_all(broker.bootstrap, topics["releases"], expect=len(KEYS), timeout=30)
+
+
+def test_a_flow_started_before_the_broker_waits_for_it(tmp_path):
+    port = free_port()
+    bootstrap = f"127.0.0.1:{port}"
+    topics = {"events": "events", "releases": "releases", "alerts": "alerts", "dead": "dead"}
+    origin = now_origin()
+    config = write_config(tmp_path / "w.toml", bootstrap, topics, origin=origin, tail=False,
+                          extra_kafka="")
+    config.write_text(config.read_text().replace('startup_timeout = "5s"',
+                                                 'startup_timeout = "60s"'))
+    proc = start(config)
+    time.sleep(3)
+    assert proc.poll() is None
+    from dpstream.io.topics import ensure_topics
+
+    with EmbeddedBroker(port=port) as late:
+        ensure_topics(late.bootstrap, {"events": 1, "releases": 1, "alerts": 1, "dead": 1})
+        produce(late.bootstrap, "events", [event("a", origin + 0.5)])
+        out = proc.communicate(timeout=120)[0]
+        assert proc.returncode == 0, out[-3000:]
+        assert "waiting for Kafka at" in out
+        assert read_all(late.bootstrap, "releases", expect=len(KEYS), timeout=30)
+
+
+def test_the_documented_bytewax_command_works_from_any_directory(broker, topic_factory,
+                                                                 tmp_path):
+    topics = make_topics(topic_factory, partitions=2)
+    origin = now_origin()
+    produce(broker.bootstrap, topics["events"],
+            [event(k, origin + s + 0.5) for s in range(3) for k in KEYS])
+    config = write_config(tmp_path / "bw.toml", broker.bootstrap, topics, origin=origin,
+                          tail=False)
+    recovery = tmp_path / "recovery"
+    recovery.mkdir(mode=0o700)
+    subprocess.run([sys.executable, "-m", "bytewax.recovery", str(recovery), "1"], check=True,
+                   capture_output=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out = subprocess.run([sys.executable, "-m", "bytewax.run", "dpstream.flows.counters:flow",
+                          "-w", "2", "-r", str(recovery), "-s", "5", "-b", "0"],
+                         cwd=elsewhere, capture_output=True, text=True, timeout=120,
+                         env=dict(ENV, DPSTREAM_CONFIG=str(config),
+                                  DPSTREAM_RECOVERY_DIR=str(recovery)))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "INFO dpstream: flow instance" in out.stderr  # dpstream logs under bytewax.run
+    assert "input ended:" in out.stderr
+    assert read_all(broker.bootstrap, topics["releases"], expect=3 * len(KEYS), timeout=30)
