@@ -12,16 +12,17 @@
 committed, and a restart replays the open epoch, so a record may appear twice; a replay
 reproduces it byte for byte (same noise). Consumers de-duplicate releases and statuses on
 ``(flow, key, step, schema)``, alerts on ``(flow, key, step)`` and dead letters on
-``source``.
+``source``; :func:`identity` gives that identity for any record.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Final
+from typing import Any, Final
 
 import orjson
 
@@ -36,6 +37,7 @@ __all__ = [
     "RELEASE_SCHEMA",
     "RecordEncoder",
     "STATUS_SCHEMA",
+    "identity",
 ]
 
 RELEASE_SCHEMA: Final = "dpstream.release/1"
@@ -113,3 +115,19 @@ class RecordEncoder:
             "original_sha256": hashlib.sha256(letter.original).hexdigest(),
             "original_truncated": len(letter.original) > MAX_ORIGINAL_BYTES,
         })
+
+
+def identity(body: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What identifies a published record, for consumers that de-duplicate.
+
+    Delivery is at least once; a replayed record is byte-identical to the first copy, so
+    keeping the first record of each identity loses nothing.
+    """
+    schema = body.get("schema")
+    if schema == DEAD_LETTER_SCHEMA:
+        source = body.get("source") or {}
+        return (schema, body.get("flow"), source.get("topic"), source.get("partition"),
+                source.get("offset"))
+    if schema in (RELEASE_SCHEMA, ALERT_SCHEMA, STATUS_SCHEMA):
+        return (schema, body.get("flow"), body.get("key"), body.get("step"))
+    raise ValueError(f"not a dpstream record: schema {schema!r}")
