@@ -101,25 +101,25 @@ def _write_new_private_file(path: str, text: str) -> None:
 def _topics(args: argparse.Namespace) -> int:
     """Create the flow's input, releases, alerts and dead-letter topics that are missing."""
     from dpstream.config import load_config
-    from dpstream.io.topics import _metadata_client, _partition_counts, ensure_topics
+    from dpstream.io.kafka import create_missing_topics
+    from dpstream.pipeline import kafka_clients
 
     config = load_config(args.config)
     kafka = config.kafka
-    roles = {"input": kafka.input_topic, "releases": kafka.releases_topic,
-             "alerts": kafka.alerts_topic, "dead-letter": kafka.dead_letter_topic}
-    bootstrap = ",".join(kafka.brokers)
-    client = _metadata_client(bootstrap, args.timeout)
-    try:
-        existing = _partition_counts(client, set(roles.values()))
-    finally:
-        client.close()
-    missing = {name: args.partitions for name in roles.values() if name not in existing}
-    ensure_topics(bootstrap, missing, timeout=args.timeout)
-    for role, name in roles.items():
-        if name in existing:
-            print(f"exists   {role:<11} {name} ({existing[name]} partitions)")
+    # the input topic: broker time stamps every record (what flow.clock = "broker" trusts)
+    stamped = {"message.timestamp.type": "LogAppendTime"}
+    roles = {"input": (kafka.input_topic, stamped), "releases": (kafka.releases_topic, {}),
+             "alerts": (kafka.alerts_topic, {}), "dead-letter": (kafka.dead_letter_topic, {})}
+    result = create_missing_topics(
+        kafka_clients(config), {name: (args.partitions, settings)
+                                for name, settings in roles.values()}, timeout=args.timeout)
+    for role, (name, settings) in roles.items():
+        existed = result[name]
+        if existed is not None:
+            print(f"exists   {role:<11} {name} ({existed} partitions)")
         else:
-            print(f"created  {role:<11} {name} ({args.partitions} partitions)")
+            extra = " with LogAppendTime" if settings else ""
+            print(f"created  {role:<11} {name} ({args.partitions} partitions{extra})")
     return 0
 
 

@@ -275,6 +275,41 @@ def wait_for_topics(clients: KafkaClients, input_topic: str, output_topics: Iter
     return len(topics[input_topic].partitions)
 
 
+def create_missing_topics(clients: KafkaClients, wanted: Mapping[str, tuple[int, dict[str, str]]],
+                          timeout: float = 30.0) -> dict[str, int | None]:
+    """Create the topics of ``wanted`` (name -> (partitions, topic settings)) that are missing.
+
+    Uses the flow's own client settings (security and credentials included).
+
+    Returns:
+        For each topic, its partition count if it existed already, None if it was created.
+
+    Raises:
+        DpstreamError: the cluster is unreachable or refused to create a topic.
+    """
+    from confluent_kafka.admin import NewTopic
+
+    admin = AdminClient(clients.config("admin"))
+    try:
+        metadata = admin.list_topics(timeout=timeout)
+    except KafkaException as exc:
+        reason = exc.args[0].str() if exc.args and hasattr(exc.args[0], "str") else str(exc)
+        raise DpstreamError(f"cannot reach a Kafka broker at {','.join(clients.bootstrap)} "
+                            f"({reason})") from None
+    existing = {name: len(t.partitions) for name, t in metadata.topics.items()
+                if t.error is None}
+    missing = [NewTopic(name, num_partitions=partitions, replication_factor=-1, config=settings)
+               for name, (partitions, settings) in wanted.items() if name not in existing]
+    for name, future in (admin.create_topics(missing, request_timeout=timeout).items()
+                         if missing else []):
+        try:
+            future.result(timeout)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise DpstreamError(f"cannot create topic {name!r}: {exc.args[0].str()}") from None
+    return {name: existing.get(name) for name in wanted}
+
+
 # --- input ----------------------------------------------------------------------------------
 
 Observer = Callable[[int, int], None]  # partition, records not yet read
