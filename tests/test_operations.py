@@ -173,9 +173,12 @@ def test_an_idle_partition_is_reported_and_the_heartbeat_moves_it(broker, topic_
                           metrics_port=port)
     proc = start(config)
     try:  # without heartbeats partition 2 holds every step open, and says so
-        wait_until(lambda: metric(scrape(port), "dpstream_steps_pending") > 0, 60,
-                   "steps pending", proc)
-        values = scrape(port)
+        def read_and_waiting() -> dict[str, float] | None:
+            values = scrape(port)
+            done = metric(values, "dpstream_events_total") == 3 * 5 + 1  # both partitions read
+            return values if done and metric(values, "dpstream_steps_pending") > 0 else None
+
+        values = wait_until(read_and_waiting, 60, "steps pending", proc)
         assert metric(values, "dpstream_releases_total") == 0
         assert 'dpstream_partition_frontier_step{flow="ops",partition="0"}' in values
         time.sleep(2 * float(ENV["DPSTREAM_STALL_REPORT_SECONDS"]))  # the report's interval
