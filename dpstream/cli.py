@@ -148,7 +148,9 @@ def _broker(args: argparse.Namespace) -> int:
         print(f"embedded Kafka-protocol broker (in memory: everything is lost when it stops). "
               f"Point a configuration at it with kafka.brokers = [\"{broker.bootstrap}\"] "
               f"(or DPSTREAM_BROKERS={broker.bootstrap}), create its topics with "
-              "`dpstream topics --config FILE`; Ctrl-C stops it.", flush=True)
+              "`dpstream topics --config FILE`; Ctrl-C stops it. It does not stamp records "
+              "with broker time (LogAppendTime), so set flow.clock = \"producer\" for flows "
+              "reading it (with trusted producers only).", flush=True)
         while broker.is_running():
             time.sleep(0.2)
         raise DpstreamError(f"the embedded broker exited by itself; its logs are in {log_dir}")

@@ -120,6 +120,8 @@ def progress_line(registry: CollectorRegistry) -> str:
         parts.append(f"closed through step {t['dpstream_closed_step']:.0f}")
     if "dpstream_step_lag_seconds" in t:
         parts.append(f"{t['dpstream_step_lag_seconds']:.0f} s behind the clock")
+    if t.get("dpstream_steps_pending"):
+        parts.append(f"{t['dpstream_steps_pending']:.0f} steps waiting for input partitions")
     if "dpstream_events_total" in t:
         parts.append(f"{t['dpstream_events_total']:.0f} events")
     if "dpstream_dead_letters_total" in t:

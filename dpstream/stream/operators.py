@@ -34,6 +34,7 @@ __all__ = ["FlowObserver", "StepAssignment", "assign_steps", "keyed_statistics"]
 log = logging.getLogger("dpstream")
 STALL_REPORT_SECONDS = float(os.environ.get("DPSTREAM_STALL_REPORT_SECONDS", "60"))
 """How often a shard waiting for a lagging input partition says so in the log."""
+_last_stall_report = [0.0]  # process-wide: one stall line per interval, not one per shard
 
 
 class FlowObserver(Protocol):
@@ -167,18 +168,21 @@ class _ShardLogic(StatefulBatchLogic[ShardUpdate, Output, dict[str, Any]]):
             return
         closed = None if shard.next_step is None else shard.next_step - 1
         ahead = max(shard.frontiers.values(), default=None)
-        pending = 0 if ahead is None or shard.next_step is None else \
-            max(0, ahead - shard.next_step)
+        first_open = shard.next_step if shard.next_step is not None else \
+            min(shard.pending, default=None)  # open universe before its first close
+        pending = 0 if ahead is None or first_open is None else max(0, ahead - first_open)
         self.observer.observe_shard(shard.shard, closed, pending)
         self._pending = pending
         now = time.monotonic()
         if pending and now >= self._next_report:
             self._next_report = now + STALL_REPORT_SECONDS
             lagging, step = waiting_for(shard)
-            if lagging:
+            if lagging and now - _last_stall_report[0] >= STALL_REPORT_SECONDS * 0.9:
+                _last_stall_report[0] = now
                 behind = ", ".join(f"{p} (at step {shard.frontiers.get(p, 'none')})"
                                    for p in lagging[:10])
-                log.warning("shard %d: %d step(s) from step %s wait for input partition(s) %s; "
+                log.warning("shard %d (and maybe others): %d step(s) from step %s wait for "
+                            "input partition(s) %s; "
                             "the others are at step %s. A partition without records holds "
                             "every step open: check its producers, or the heartbeat "
                             "(flow.heartbeat)", shard.shard, pending, step, behind, ahead)
