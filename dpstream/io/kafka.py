@@ -197,16 +197,11 @@ _TOO_OLD = ("the Kafka broker at {where} is older than Kafka 0.10 ({why}): its r
             "Use Kafka 0.10 or later")
 
 
-def probe_api_versions(address: str, timeout: float = 3.0) -> bool | None:
-    """Ask a plaintext broker for its API versions (ApiVersions v0, Kafka >= 0.10).
-
-    Returns:
-        True if it answered, False if it accepted the connection and closed it or stayed
-        silent (a broker older than 0.10 does that), None if it could not be reached.
-    """
+def _ask(address: str, api_key: int, body: bytes, timeout: float) -> bool | None:
+    """Send one version-0 request; True if answered, False if not, None if unreachable."""
     host, _, port = address.rpartition(":")
     client = b"dpstream-probe"
-    request = struct.pack(">hhih", 18, 0, 1, len(client)) + client
+    request = struct.pack(">hhih", api_key, 0, 7, len(client)) + client + body
     try:
         sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
     except (OSError, ValueError):
@@ -215,11 +210,28 @@ def probe_api_versions(address: str, timeout: float = 3.0) -> bool | None:
         sock.settimeout(timeout)
         sock.sendall(struct.pack(">i", len(request)) + request)
         header = sock.recv(8)
-        return len(header) >= 8 and struct.unpack(">ii", header[:8])[1] == 1
+        return len(header) >= 8 and struct.unpack(">ii", header[:8])[1] == 7
     except OSError:
         return False
     finally:
         sock.close()
+
+
+def probe_api_versions(address: str, timeout: float = 3.0) -> bool | None:
+    """Whether a plaintext broker is too old to stamp records (Kafka < 0.10).
+
+    Kafka 0.10 introduced both record timestamps and the ApiVersions request. A broker that
+    answers a Metadata v0 request but stays silent on ApiVersions is older; one that answers
+    neither is not ready (or not Kafka), and start-up keeps waiting for it.
+
+    Returns:
+        True if it answered ApiVersions (0.10 or later), False if it is older, None if it
+        cannot be reached or does not answer yet.
+    """
+    answered = _ask(address, 18, b"", timeout)
+    if answered is not False:
+        return answered
+    return False if _ask(address, 3, struct.pack(">i", 0), timeout) else None
 
 
 def wait_for_topics(clients: KafkaClients, input_topic: str, output_topics: Iterable[str],
