@@ -580,8 +580,12 @@ class Heartbeat:
         self._stop.set()
 
     def _run(self) -> None:
-        producer = Producer(self.clients.config("producer", **{"linger.ms": 0,
-                                                        "client.id": "dpstream-heartbeat"}))
+        # a tick is only useful when fresh: one that cannot be delivered within its interval
+        # is dropped rather than appended after an outage, behind records stamped earlier
+        timeout_ms = max(1000, int(self.interval * 1000))
+        producer = Producer(self.clients.config(
+            "producer", **{"linger.ms": 0, "client.id": "dpstream-heartbeat",
+                           "message.timeout.ms": timeout_ms}))
 
         def report(error: KafkaError | None, _message: Any) -> None:
             if error is not None:

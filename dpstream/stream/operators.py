@@ -34,6 +34,8 @@ __all__ = ["FlowObserver", "StepAssignment", "assign_steps", "keyed_statistics"]
 log = logging.getLogger("dpstream")
 STALL_REPORT_SECONDS = float(os.environ.get("DPSTREAM_STALL_REPORT_SECONDS", "60"))
 """How often a shard waiting for a lagging input partition says so in the log."""
+STALL_STEPS = 3
+"""Steps a shard must hold open before it reports (partitions normally differ by a step)."""
 _last_stall_report = [0.0]  # process-wide: one stall line per interval, not one per shard
 
 
@@ -174,7 +176,7 @@ class _ShardLogic(StatefulBatchLogic[ShardUpdate, Output, dict[str, Any]]):
         self.observer.observe_shard(shard.shard, closed, pending)
         self._pending = pending
         now = time.monotonic()
-        if pending and now >= self._next_report:
+        if pending >= STALL_STEPS and now >= self._next_report:
             self._next_report = now + STALL_REPORT_SECONDS
             lagging, step = waiting_for(shard)
             if lagging and now - _last_stall_report[0] >= STALL_REPORT_SECONDS * 0.9:
