@@ -407,3 +407,60 @@ def test_the_documented_bytewax_command_works_from_any_directory(broker, topic_f
     assert "INFO dpstream: flow instance" in out.stderr  # dpstream logs under bytewax.run
     assert "input ended:" in out.stderr
     assert read_all(broker.bootstrap, topics["releases"], expect=3 * len(KEYS), timeout=30)
+
+
+def test_a_stop_during_an_outage_exits_and_the_restart_resends(tmp_path):
+    """SIGTERM while releases wait for an absent broker: exit 3 after a grace, nothing lost."""
+    from dpstream.io.topics import ensure_topics
+
+    steps = 20_000
+    with EmbeddedBroker() as own:
+        topics = {"events": "events", "releases": "releases", "alerts": "alerts",
+                  "dead": "dead"}
+        ensure_topics(own.bootstrap, {"events": 1, "releases": 1, "alerts": 1, "dead": 1})
+        origin = now_origin() - steps
+        produce(own.bootstrap, "events",
+                [event(k, origin + s + 0.5) for s in range(steps) for k in KEYS])
+        port = free_port()
+        config = write_config(tmp_path / "o.toml", own.bootstrap, topics, origin=origin,
+                              metrics_port=port, extra_kafka='add_config = '
+                              '{"message.timeout.ms" = "2000", "reconnect.backoff.max.ms" = "500"}')
+        config.write_text(config.read_text().replace("batch_size = 200", "batch_size = 20"))
+        recovery = tmp_path / "recovery"
+        args = ("--recovery-dir", str(recovery), "--snapshot-interval", "0.5")
+        proc = start(config, *args)
+        try:
+            wait_until(lambda: metric(scrape(port), "dpstream_releases_total") >= 3000,
+                       60, "the first releases", proc)
+            os.kill(own.pid, signal.SIGSTOP)
+            try:
+                wait_until(lambda: metric(scrape(port), "dpstream_output_pending_records") > 0,
+                           30, "output waiting for the broker", proc)
+                started = time.monotonic()
+                out = stop(proc, signal.SIGTERM, timeout=40)
+                waited = time.monotonic() - started
+            finally:
+                os.kill(own.pid, signal.SIGCONT)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode == 3, out[-3000:]
+        assert "not acknowledged" in out and "a restart with the same recovery store re-sends" \
+            in out
+        assert_clean(out)
+        assert waited < 30
+        expected = (steps - 1) * len(KEYS)
+        proc = start(config, *args)  # resumes; the unacknowledged epoch is replayed
+        try:
+            wait_until(lambda: metric(scrape(port), "dpstream_closed_step") >= steps - 2, 180,
+                       "the resumed flow to close every step", proc)
+        finally:
+            out = stop(proc)
+        assert proc.returncode == 0, out[-3000:]
+        releases = read_all(own.bootstrap, "releases", timeout=60, idle=2)
+        by_coordinate: dict[tuple[str, int], set[bytes]] = {}
+        for r in releases:
+            body = json.loads(r.value)
+            by_coordinate.setdefault((body["key"], body["step"]), set()).add(r.value)
+        assert len(by_coordinate) == expected  # nothing lost
+        assert all(len(v) == 1 for v in by_coordinate.values())  # replays never re-noise
