@@ -43,8 +43,6 @@ EPHEMERAL_ENV = "DPSTREAM_EPHEMERAL"
 LOG_LEVEL_ENV = "DPSTREAM_LOG_LEVEL"
 PROGRESS_ENV = "DPSTREAM_PROGRESS_SECONDS"
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-_SECRET_SETTINGS = ("sasl.password", "ssl.key.password", "sasl.oauthbearer.client.secret",
-                    "ssl.keystore.password")
 
 
 def setup_logging(level: str | int | None = None) -> None:
@@ -153,7 +151,7 @@ def flow_from_environment(config_path: str | None = None, recovery_dir: str | No
     from dpstream.config import load_config
     from dpstream.core.noise import NoiseKey
     from dpstream.instance import bind_instance
-    from dpstream.io.kafka import Heartbeat, wait_for_topics
+    from dpstream.io.kafka import Heartbeat, is_secret, wait_for_topics
     from dpstream.metrics import FlowMetrics
     from dpstream.pipeline import (
         build_counters_flow,
@@ -169,7 +167,7 @@ def flow_from_environment(config_path: str | None = None, recovery_dir: str | No
     recovery_dir = recovery_dir or os.environ.get(RECOVERY_DIR_ENV) or None
     if ephemeral is None:
         ephemeral = os.environ.get(EPHEMERAL_ENV, "") not in ("", "0", "false")
-    secrets_in_file = sorted(k for k in config.kafka.add_config if k in _SECRET_SETTINGS)
+    secrets_in_file = sorted(k for k in config.kafka.add_config if is_secret(k))
     if secrets_in_file:
         log.warning("kafka.add_config holds %s: credentials belong in the environment "
                     "(DPSTREAM_KAFKA_SASL_PASSWORD=... sets sasl.password)",

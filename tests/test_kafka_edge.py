@@ -118,3 +118,11 @@ def test_a_huge_dead_letter_is_truncated_with_its_size_and_digest():
     assert base64.b64decode(body["original_base64"]) == original[:MAX_ORIGINAL_BYTES]
     assert body["original_size"] == len(original) and body["original_truncated"] is True
     assert body["original_sha256"] == hashlib.sha256(original).hexdigest()
+
+
+def test_which_settings_count_as_secrets():
+    from dpstream.io.kafka import is_secret
+
+    assert all(map(is_secret, ["sasl.password", "ssl.key.password", "sasl.jaas.config",
+                               "sasl.oauthbearer.client.secret", "ssl.key.pem"]))
+    assert not any(map(is_secret, ["ssl.key.location", "security.protocol", "sasl.username"]))

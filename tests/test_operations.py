@@ -254,31 +254,46 @@ def test_sigterm_and_sigint_stop_cleanly_and_the_group_shows_the_position(broker
         consumer.close()
     assert committed.offset == 6 * len(KEYS)  # standard lag tools see the flow's position
     releases = read_all(broker.bootstrap, topics["releases"], timeout=10, idle=1)
-    by_coordinate: dict[tuple[str, int], set[bytes]] = {}
-    for r in releases:
-        body = json.loads(r.value)
-        by_coordinate.setdefault((body["key"], body["step"]), set()).add(r.value)
+    by_coordinate = values_by_coordinate(releases)
     assert all(len(v) == 1 for v in by_coordinate.values())  # duplicates are byte-identical
 
 
 # --- item 9: a broker outage longer than the message timeout ---------------------------------
 
-def test_a_broker_outage_longer_than_the_message_timeout_loses_no_release(tmp_path):
+BACKLOG_STEPS = 20_000
+
+
+def backlog_flow(own: EmbeddedBroker, tmp_path: Path) -> tuple[Path, int]:
+    """A backlog of BACKLOG_STEPS steps on ``own`` broker, and a flow config that reads it in
+    small batches (so output is written for a while) with a 2 s message timeout."""
     from dpstream.io.topics import ensure_topics
 
-    steps = 20_000
+    topics = {"events": "events", "releases": "releases", "alerts": "alerts", "dead": "dead"}
+    ensure_topics(own.bootstrap, {"events": 1, "releases": 1, "alerts": 1, "dead": 1})
+    origin = now_origin() - BACKLOG_STEPS
+    produce(own.bootstrap, "events",
+            [event(k, origin + s + 0.5) for s in range(BACKLOG_STEPS) for k in KEYS])
+    port = free_port()
+    config = write_config(tmp_path / "o.toml", own.bootstrap, topics, origin=origin,
+                          metrics_port=port, extra_kafka='add_config = '
+                          '{"message.timeout.ms" = "2000", "reconnect.backoff.max.ms" = "500"}')
+    config.write_text(config.read_text().replace("batch_size = 200", "batch_size = 20"))
+    return config, port
+
+
+def values_by_coordinate(records) -> dict[tuple[str, int], set[bytes]]:
+    """Every distinct release value of each (key, step)."""
+    grouped: dict[tuple[str, int], set[bytes]] = {}
+    for r in records:
+        body = json.loads(r.value)
+        grouped.setdefault((body["key"], body["step"]), set()).add(r.value)
+    return grouped
+
+
+def test_a_broker_outage_longer_than_the_message_timeout_loses_no_release(tmp_path):
+    steps = BACKLOG_STEPS
     with EmbeddedBroker() as own:
-        topics = {"events": "events", "releases": "releases", "alerts": "alerts",
-                  "dead": "dead"}
-        ensure_topics(own.bootstrap, {"events": 1, "releases": 1, "alerts": 1, "dead": 1})
-        origin = now_origin() - steps
-        produce(own.bootstrap, "events",
-                [event(k, origin + s + 0.5) for s in range(steps) for k in KEYS])
-        port = free_port()
-        config = write_config(tmp_path / "o.toml", own.bootstrap, topics, origin=origin,
-                              metrics_port=port, extra_kafka='add_config = '
-                              '{"message.timeout.ms" = "2000", "reconnect.backoff.max.ms" = "500"}')
-        config.write_text(config.read_text().replace("batch_size = 200", "batch_size = 20"))
+        config, port = backlog_flow(own, tmp_path)
         expected = (steps - 1) * len(KEYS)  # tailing: the last step stays open
         proc = start(config)
         try:
@@ -302,8 +317,7 @@ def test_a_broker_outage_longer_than_the_message_timeout_loses_no_release(tmp_pa
         assert_clean(out)
         assert "re-sending (the snapshot waits for them)" in out
         releases = read_all(own.bootstrap, "releases", timeout=60, expect=expected)
-        coordinates = {(json.loads(r.value)["key"], json.loads(r.value)["step"])
-                       for r in releases}
+        coordinates = set(values_by_coordinate(releases))
         assert coordinates == {(k, s) for k in KEYS for s in range(steps - 1)}
         kafka_lines = [line for line in out.splitlines() if "dpstream.kafka" in line]
         assert len(kafka_lines) < 60, kafka_lines[:80]  # librdkafka's logs, rate-limited
@@ -411,21 +425,9 @@ def test_the_documented_bytewax_command_works_from_any_directory(broker, topic_f
 
 def test_a_stop_during_an_outage_exits_and_the_restart_resends(tmp_path):
     """SIGTERM while releases wait for an absent broker: exit 3 after a grace, nothing lost."""
-    from dpstream.io.topics import ensure_topics
-
-    steps = 20_000
+    steps = BACKLOG_STEPS
     with EmbeddedBroker() as own:
-        topics = {"events": "events", "releases": "releases", "alerts": "alerts",
-                  "dead": "dead"}
-        ensure_topics(own.bootstrap, {"events": 1, "releases": 1, "alerts": 1, "dead": 1})
-        origin = now_origin() - steps
-        produce(own.bootstrap, "events",
-                [event(k, origin + s + 0.5) for s in range(steps) for k in KEYS])
-        port = free_port()
-        config = write_config(tmp_path / "o.toml", own.bootstrap, topics, origin=origin,
-                              metrics_port=port, extra_kafka='add_config = '
-                              '{"message.timeout.ms" = "2000", "reconnect.backoff.max.ms" = "500"}')
-        config.write_text(config.read_text().replace("batch_size = 200", "batch_size = 20"))
+        config, port = backlog_flow(own, tmp_path)
         recovery = tmp_path / "recovery"
         args = ("--recovery-dir", str(recovery), "--snapshot-interval", "0.5")
         proc = start(config, *args)
@@ -458,9 +460,6 @@ def test_a_stop_during_an_outage_exits_and_the_restart_resends(tmp_path):
             out = stop(proc)
         assert proc.returncode == 0, out[-3000:]
         releases = read_all(own.bootstrap, "releases", timeout=60, idle=2)
-        by_coordinate: dict[tuple[str, int], set[bytes]] = {}
-        for r in releases:
-            body = json.loads(r.value)
-            by_coordinate.setdefault((body["key"], body["step"]), set()).add(r.value)
+        by_coordinate = values_by_coordinate(releases)
         assert len(by_coordinate) == expected  # nothing lost
         assert all(len(v) == 1 for v in by_coordinate.values())  # replays never re-noise

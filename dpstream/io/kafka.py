@@ -37,6 +37,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 import orjson
@@ -65,6 +66,7 @@ __all__ = [
     "KafkaOutput",
     "OutputError",
     "RateLimitedLog",
+    "is_secret",
     "wait_for_topics",
 ]
 
@@ -74,7 +76,7 @@ kafka_log = logging.getLogger("dpstream.kafka")
 ENV_PREFIX: Final = "DPSTREAM_KAFKA_"
 START_OFFSETS: Final = {"earliest": OFFSET_BEGINNING, "latest": OFFSET_END,
                         "committed": OFFSET_STORED}
-_SECRET_WORDS: Final = ("password", "secret", "key", "token", "jaas")
+_SECRET_WORDS: Final = ("password", "secret", "token", "jaas", "ssl.key.pem")
 Encoded = tuple[str, bytes | None, bytes]  # topic role, key, value
 
 
@@ -127,9 +129,13 @@ def _ignore_error(_client: str) -> None:
     return None
 
 
+def is_secret(name: str) -> bool:
+    """Whether a librdkafka setting holds a credential (masked; belongs in the environment)."""
+    return any(word in name for word in _SECRET_WORDS)
+
+
 def _redact(settings: Mapping[str, str]) -> dict[str, str]:
-    return {k: ("***" if any(w in k for w in _SECRET_WORDS) else v)
-            for k, v in settings.items()}
+    return {k: ("***" if is_secret(k) else v) for k, v in settings.items()}
 
 
 @dataclass(frozen=True)
@@ -325,6 +331,7 @@ def create_missing_topics(clients: KafkaClients, wanted: Mapping[str, tuple[int,
 # --- input ----------------------------------------------------------------------------------
 
 Observer = Callable[[int, int], None]  # partition, records not yet read
+_IDLE_WAIT: Final = timedelta(milliseconds=20)
 
 
 class _InputPartition(StatefulSourcePartition[RawMessage, int]):
@@ -376,11 +383,9 @@ class _InputPartition(StatefulSourcePartition[RawMessage, int]):
         self._idle = not batch
         return batch
 
-    def next_awake(self) -> Any:
+    def next_awake(self) -> datetime | None:
         if self._idle:  # nothing arrived: do not spin on the broker
-            from datetime import UTC, datetime, timedelta
-
-            return datetime.now(UTC) + timedelta(milliseconds=20)
+            return datetime.now(UTC) + _IDLE_WAIT
         return None
 
     def snapshot(self) -> int:
