@@ -129,7 +129,7 @@ def run_once(path: str, kind: str, events: int, keys: int, steps: int,
 
     from dpstream.core.noise import NoiseKey
     from dpstream.io.memory import MemorySource
-    from dpstream.pipeline import build_counters_flow
+    from dpstream.platform import build_flow
     from dpstream.stream.shard import ShardState
 
     shard_class = baseline_shard_class() if kind == "baseline" else ShardState
@@ -147,12 +147,12 @@ def run_once(path: str, kind: str, events: int, keys: int, steps: int,
     if path == "memory":
         batches = workload(events, keys, steps)
         gc.freeze()  # the prepared input is the harness's, not the flow's, memory
-        flow = build_counters_flow(cfg, NoiseKey.for_tests(0), instance=INSTANCE, partitions=3,
-                                   source=MemorySource(batches), sink=CountSink(),
-                                   shard_class=shard_class)
+        flow = build_flow(cfg, NoiseKey.for_tests(0), instance=INSTANCE, partitions=3,
+                          source=MemorySource(batches), sink=CountSink(),
+                          shard_class=shard_class)
     else:
-        flow = build_counters_flow(cfg, NoiseKey.for_tests(0), instance=INSTANCE,
-                                   shard_class=shard_class)
+        flow = build_flow(cfg, NoiseKey.for_tests(0), instance=INSTANCE,
+                          shard_class=shard_class)
     rss_before = _proc_status_mib("VmRSS")
     _reset_peak_rss()
     started, cpu0 = time.perf_counter(), time.process_time()

@@ -99,27 +99,29 @@ def _write_new_private_file(path: str, text: str) -> None:
 
 
 def _topics(args: argparse.Namespace) -> int:
-    """Create the flow's input, releases, alerts and dead-letter topics that are missing."""
+    """Create the flow's input and output topics that are missing."""
     from dpstream.config import load_config
     from dpstream.io.kafka import create_missing_topics
-    from dpstream.pipeline import kafka_clients
+    from dpstream.kinds import flow_kind
+    from dpstream.platform import kafka_clients
 
     config = load_config(args.config)
-    kafka = config.kafka
-    # the input topic: broker time stamps every record (what flow.clock = "broker" trusts)
+    kind = flow_kind(config.kind)
+    # input topics: broker time stamps every record (what flow.clock = "broker" trusts)
     stamped = {"message.timestamp.type": "LogAppendTime"}
-    roles = {"input": (kafka.input_topic, stamped), "releases": (kafka.releases_topic, {}),
-             "alerts": (kafka.alerts_topic, {}), "dead-letter": (kafka.dead_letter_topic, {})}
+    roles = {setting.removesuffix("_topic").replace("_", "-"):
+             (config.kafka.topic(setting), stamped if setting in kind.inputs else {})
+             for setting in kind.topics}
     result = create_missing_topics(
         kafka_clients(config), {name: (args.partitions, settings)
                                 for name, settings in roles.values()}, timeout=args.timeout)
     for role, (name, settings) in roles.items():
         existed = result[name]
         if existed is not None:
-            print(f"exists   {role:<11} {name} ({existed} partitions)")
+            print(f"exists   {role:<12} {name} ({existed} partitions)")
         else:
             extra = " with LogAppendTime" if settings else ""
-            print(f"created  {role:<11} {name} ({args.partitions} partitions{extra})")
+            print(f"created  {role:<12} {name} ({args.partitions} partitions{extra})")
     return 0
 
 

@@ -1,9 +1,13 @@
 """Typed configuration: a TOML file plus ``DPSTREAM_*`` environment overrides.
 
-Everything is validated when the configuration is loaded, so a bad setting
-stops the flow at start-up with a message that names the setting, the value
-and what was expected, never mid-stream. See ``deploy/counters.example.toml``
-for a commented example.
+A configuration names its flow kind (``flow.kind``: ``counters``, the default, or ``pmwg``).
+This module reads the sections every kind shares (``[flow]``, ``[events]``, ``[kafka]``,
+``[metrics]``) into a :class:`FlowConfig`; the kind (:mod:`dpstream.kinds`) reads its own
+tables with the same :class:`Section` helper and returns its subclass of :class:`FlowConfig`.
+
+Everything is validated when the configuration is loaded, so a bad setting stops the flow at
+start-up with a message that names the setting, the value and what was expected, never
+mid-stream. See ``deploy/counters.example.toml`` and ``deploy/pmwg.example.toml``.
 """
 
 from __future__ import annotations
@@ -17,24 +21,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from dpstream.core.blt_counter import BltCounterSpec
-from dpstream.core.ledger import PrivacyCharge, PrivacyLedger
-from dpstream.core.threshold_monitor import (
-    ThresholdMonitorSpec,
-    lazy_start_delta,
-    minimal_threshold,
-)
-from dpstream.core.tree_counter import TreeCounterSpec
 from dpstream.errors import ConfigError, InvalidParameterError
 
 __all__ = [
-    "AdmissionConfig",
     "CONFIG_ENV",
     "FlowConfig",
     "KafkaConfig",
-    "PrivacyConfig",
+    "Section",
     "load_config",
     "parse_config",
+    "parse_duration",
 ]
 
 CONFIG_ENV: Final = "DPSTREAM_CONFIG"
@@ -42,17 +38,19 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
 _UNITS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 CLOCKS: Final = ("broker", "producer")
+COMMON_TABLES: Final = frozenset({"flow", "events", "kafka", "metrics"})
 
 
 @dataclass(frozen=True)
 class KafkaConfig:
-    """Where events come from and where releases go."""
+    """Where a flow's records come from and go to.
+
+    ``topics`` maps each topic setting of the flow kind (``input_topic``,
+    ``dead_letter_topic``, and the kind's own, e.g. ``releases_topic``) to its topic.
+    """
 
     brokers: tuple[str, ...] = ("127.0.0.1:9092",)
-    input_topic: str = "events"
-    releases_topic: str = "releases"
-    alerts_topic: str = "alerts"
-    dead_letter_topic: str = "dead-letters"
+    topics: dict[str, str] = field(default_factory=dict)
     tail: bool = True
     batch_size: int = 10_000
     add_config: dict[str, str] = field(default_factory=dict)
@@ -63,103 +61,53 @@ class KafkaConfig:
     startup_timeout_seconds: float = 60.0
     """How long start-up waits for the Kafka cluster."""
 
-
-@dataclass(frozen=True)
-class PrivacyConfig:
-    """The per-key budget and the mechanisms that spend it."""
-
-    accounting: Literal["pure", "zcdp"]
-    budget: float
-    delta: float
-    counter: TreeCounterSpec | BltCounterSpec
-    monitor: ThresholdMonitorSpec | None
+    @property
+    def input_topic(self) -> str:
+        """The events topic."""
+        return self.topics["input_topic"]
 
     @property
-    def counter_charge(self) -> PrivacyCharge:
-        """What starting one key's counter costs."""
-        return self.counter.charge
+    def dead_letter_topic(self) -> str:
+        """Where unusable records go."""
+        return self.topics["dead_letter_topic"]
 
-    def new_ledger(self) -> PrivacyLedger:
-        """A fresh per-key ledger with the configured budget."""
-        return PrivacyLedger(self.accounting, self.budget, self.delta)
-
-
-@dataclass(frozen=True)
-class AdmissionConfig:
-    """Which keys get statistics.
-
-    ``declared``: a fixed key universe listed in the configuration; every
-    declared key is released from step 0, pure DP. ``open``: keys come from the
-    data; a key is admitted when its threshold monitor fires, its count up to
-    then is released once with ``initial`` noise, and the counter runs from
-    there. The monitor's lazy start costs the ``delta`` reported.
-    """
-
-    mode: Literal["declared", "open"]
-    keys: tuple[str, ...] = ()
-    initial: PrivacyCharge | None = None
-    delta: float = 0.0
+    def topic(self, setting: str) -> str:
+        """The topic of a kind's topic setting (e.g. ``releases_topic``)."""
+        return self.topics[setting]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FlowConfig:
-    """The whole configuration of a counters flow."""
+    """The settings every flow kind shares; each kind's configuration extends it."""
 
     name: str
+    kind: str = "counters"
     step_seconds: float
     origin: datetime
     lateness_seconds: float
     shards: int
     clock: Literal["broker", "producer"]
-    key_field: str
     time_field: str
     kafka: KafkaConfig
-    privacy: PrivacyConfig
-    admission: AdmissionConfig
     metrics_port: int
     metrics_exact_counts: bool = True
     heartbeat_seconds: float = 0.0
     """Seconds between heartbeat ticks to every input partition (0: none)."""
     source: str = "<dict>"
 
-    def per_key_charges(self) -> list[PrivacyCharge]:
-        """Every charge one key's statistics may make, in order."""
-        charges = []
-        if self.privacy.monitor is not None:
-            charges.append(self.privacy.monitor.charge)
-        if self.admission.initial is not None:
-            charges.append(self.admission.initial)
-        charges.append(self.privacy.counter_charge)
-        return charges
+    @property
+    def origin_seconds(self) -> float:
+        """The origin as Unix seconds."""
+        return self.origin.timestamp()
+
+    @property
+    def lateness(self) -> float:
+        """Alias of ``lateness_seconds`` (for the step clock)."""
+        return self.lateness_seconds
 
     def describe(self) -> str:
-        """A human summary of the privacy guarantee (no secrets)."""
-        ledger = self.privacy.new_ledger()
-        for charge in self.per_key_charges():
-            ledger.charge(charge)
-        unit = ledger.unit
-        lines = [
-            f"flow {self.name!r}: one step = {self.step_seconds:g} s "
-            f"from {self.origin.isoformat()}",
-            f"privacy unit: one event; accounting {self.privacy.accounting}; "
-            f"per-key budget {ledger.budget:g} {unit}, committed at most {ledger.spent:g} {unit}",
-            f"counter: {self.privacy.counter.mechanism} (horizon {self.privacy.counter.horizon})",
-        ]
-        if self.privacy.monitor is not None:
-            m = self.privacy.monitor
-            lines.append(f"monitor: AboveThreshold threshold={m.threshold} epsilon={m.epsilon:g}")
-        if self.admission.mode == "open":
-            lines.append(
-                f"admission: open key universe, admission delta <= {self.admission.delta:.3g}"
-            )
-        else:
-            lines.append(f"admission: {len(self.admission.keys)} declared keys")
-        if self.privacy.accounting == "zcdp":
-            lines.append(
-                f"as (epsilon, delta): ({ledger.epsilon_spent(self.privacy.delta):.4g}, "
-                f"{self.privacy.delta:g}) per key"
-            )
-        return "\n".join(lines)
+        """A human summary of the flow and its privacy guarantee (no secrets)."""
+        return f"flow {self.name!r} ({self.kind})"
 
 
 def parse_duration(value: Any, where: str) -> float:
@@ -175,7 +123,8 @@ def parse_duration(value: Any, where: str) -> float:
     return seconds
 
 
-def _parse_time(value: Any, where: str) -> datetime:
+def parse_time(value: Any, where: str) -> datetime:
+    """Parse an ISO-8601 time (naive times are UTC)."""
     if isinstance(value, datetime):
         parsed = value
     elif isinstance(value, str):
@@ -192,8 +141,12 @@ def _parse_time(value: Any, where: str) -> datetime:
     return parsed
 
 
-class _Section:
-    """Reads one TOML table, remembering which keys were used to reject typos."""
+class Section:
+    """Reads one TOML table, remembering which keys were used to reject typos.
+
+    Every flow kind reads its own tables with it: ``get`` a setting (type-checked), and
+    ``finish`` to refuse settings nobody read (a typo), listing the known ones.
+    """
 
     def __init__(self, data: dict[str, Any], name: str) -> None:
         if not isinstance(data, dict):
@@ -202,6 +155,7 @@ class _Section:
         self.used: set[str] = set()
 
     def get(self, key: str, default: Any, kind: type | tuple[type, ...] | None = None) -> Any:
+        """The setting ``key`` (or ``default``), checked to be of type ``kind``."""
         self.used.add(key)
         value = self.data.get(key, default)
         if kind is not None and value is not None:
@@ -215,9 +169,11 @@ class _Section:
         return value
 
     def where(self, key: str) -> str:
+        """The setting's name for messages (``table.key``)."""
         return f"{self.name}.{key}"
 
     def finish(self) -> None:
+        """Refuse settings that were never read."""
         unknown = sorted(set(self.data) - self.used)
         if unknown:
             raise ConfigError(
@@ -226,38 +182,75 @@ class _Section:
             )
 
 
-def _positive(value: float, where: str) -> float:
+def positive(value: float, where: str) -> float:
+    """Return ``value`` if finite and > 0, else a configuration error naming ``where``."""
     if not (math.isfinite(value) and value > 0):
         raise ConfigError(f"{where} must be finite and > 0, got {value!r}")
     return value
 
 
-def _spec(builder: Any, where: str, **kwargs: Any) -> Any:
+def build_spec(builder: Any, where: str, **kwargs: Any) -> Any:
+    """Build a mechanism spec, turning its parameter error into a configuration error."""
     try:
         return builder(**kwargs)
     except InvalidParameterError as exc:
         raise ConfigError(f"{where}: {exc}") from None
 
 
-def parse_config(raw: dict[str, Any], source: str = "<dict>") -> FlowConfig:
-    """Validate a configuration mapping (as read from TOML) into a :class:`FlowConfig`."""
-    known_tables = {"flow", "events", "kafka", "privacy", "counter", "monitor", "admission",
-                    "metrics"}
-    unknown = sorted(set(raw) - known_tables)
+def parse_common(raw: dict[str, Any], source: str, *, kind_tables: frozenset[str],
+                 topics: dict[str, str], origin_required: str | None = None
+                 ) -> tuple[dict[str, Any], dict[str, Section]]:
+    """Read the shared tables; return :class:`FlowConfig`'s fields and the kind's tables.
+
+    Args:
+        raw: the whole configuration mapping.
+        source: where it came from (for messages).
+        kind_tables: the tables the flow kind reads itself.
+        topics: the kind's ``[kafka]`` topic settings and their defaults (input and
+            dead-letter topics included).
+        origin_required: if set, ``flow.origin`` is required and this explains why; else it
+            defaults to the Unix epoch.
+    """
+    known = COMMON_TABLES | kind_tables
+    unknown = sorted(set(raw) - known)
     if unknown:
         raise ConfigError(
             f"{source}: unknown table(s) {', '.join(unknown)} "
-            f"(known: {', '.join(sorted(known_tables))})"
+            f"(known: {', '.join(sorted(known))})"
         )
-    flow = _Section(raw.get("flow", {}), "flow")
-    name = flow.get("name", "counters", str)
+    fields = _flow_section(Section(raw.get("flow", {}), "flow"), origin_required)
+    events = Section(raw.get("events", {}), "events")
+    kind_sections = {table: Section(raw.get(table, {}), table) for table in kind_tables}
+    kind_sections["events"] = events  # the kind reads its event fields, then finishes it
+    fields["time_field"] = events.get("time_field", "ts", str)
+    fields["kafka"] = _kafka_section(Section(raw.get("kafka", {}), "kafka"), fields["name"],
+                                     topics)
+    metrics = Section(raw.get("metrics", {}), "metrics")
+    fields["metrics_port"] = metrics.get("port", 9464, int)
+    if not 0 <= fields["metrics_port"] <= 65535:
+        raise ConfigError(f"metrics.port must be in 0..65535 (0 = off), "
+                          f"got {fields['metrics_port']}")
+    fields["metrics_exact_counts"] = metrics.get("exact_counts", True, bool)
+    metrics.finish()
+    fields["source"] = source
+    return fields, kind_sections
+
+
+def _flow_section(flow: Section, origin_required: str | None) -> dict[str, Any]:
+    name = flow.get("name", None, str)
+    kind = flow.get("kind", "counters", str)
+    if name is None:
+        name = kind
     if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name):
         raise ConfigError(f"flow.name must be 1-64 characters of [A-Za-z0-9_.-], got {name!r}")
     step_seconds = parse_duration(flow.get("step", "1m"), flow.where("step"))
     if step_seconds < 0.001:
         raise ConfigError(f"flow.step must be at least 1ms, got {flow.data.get('step')!r}")
     origin_raw = flow.get("origin", None)
-    origin = _parse_time(origin_raw, flow.where("origin")) if origin_raw is not None else None
+    if origin_raw is None and origin_required is not None:
+        raise ConfigError(f"flow.origin is required {origin_required}")
+    origin = (parse_time(origin_raw, flow.where("origin")) if origin_raw is not None
+              else datetime(1970, 1, 1, tzinfo=UTC))
     lateness = parse_duration(flow.get("lateness", "0s"), flow.where("lateness"))
     clock = flow.get("clock", "broker", str)
     if clock not in CLOCKS:
@@ -278,21 +271,19 @@ def parse_config(raw: dict[str, Any], source: str = "<dict>") -> FlowConfig:
             raise ConfigError(f"flow.heartbeat must be 'auto', 'off' or at least 100ms, "
                               f"got {heartbeat_raw!r}")
     flow.finish()
+    return {"name": name, "kind": kind, "step_seconds": step_seconds, "origin": origin,
+            "lateness_seconds": lateness, "clock": clock, "shards": shards,
+            "heartbeat_seconds": heartbeat}
 
-    events = _Section(raw.get("events", {}), "events")
-    key_field = events.get("key_field", "key", str)
-    time_field = events.get("time_field", "ts", str)
-    events.finish()
 
-    kafka = _Section(raw.get("kafka", {}), "kafka")
+def _kafka_section(kafka: Section, name: str, topic_defaults: dict[str, str]) -> KafkaConfig:
     brokers = kafka.get("brokers", ["127.0.0.1:9092"], (list, str))
     if isinstance(brokers, str):
         brokers = [b.strip() for b in brokers.split(",") if b.strip()]
     if not brokers or not all(isinstance(b, str) and ":" in b for b in brokers):
         raise ConfigError(f"kafka.brokers must be a list of 'host:port', got {brokers!r}")
     topics = {}
-    for key, default in (("input_topic", "events"), ("releases_topic", "releases"),
-                         ("alerts_topic", "alerts"), ("dead_letter_topic", "dead-letters")):
+    for key, default in topic_defaults.items():
         topic = kafka.get(key, default, str)
         if not _TOPIC.match(topic):
             raise ConfigError(f"kafka.{key} is not a valid Kafka topic name: {topic!r}")
@@ -312,164 +303,43 @@ def parse_config(raw: dict[str, Any], source: str = "<dict>") -> FlowConfig:
         raise ConfigError("kafka.group_id must not be empty")
     startup_timeout = parse_duration(kafka.get("startup_timeout", "60s"),
                                      kafka.where("startup_timeout"))
-    kafka_cfg = KafkaConfig(
-        brokers=tuple(brokers), tail=kafka.get("tail", True, bool), batch_size=batch_size,
-        add_config={str(k): str(v) for k, v in add_config.items()}, start_offset=start_offset,
-        group_id=group_id, startup_timeout_seconds=startup_timeout, **topics,
-    )
+    tail = kafka.get("tail", True, bool)
     kafka.finish()
+    return KafkaConfig(
+        brokers=tuple(brokers), topics=topics, tail=tail,
+        batch_size=batch_size, add_config={str(k): str(v) for k, v in add_config.items()},
+        start_offset=start_offset, group_id=group_id, startup_timeout_seconds=startup_timeout)
 
-    privacy = _Section(raw.get("privacy", {}), "privacy")
-    accounting = privacy.get("accounting", "pure", str)
-    if accounting not in ("pure", "zcdp"):
-        raise ConfigError(f"privacy.accounting must be 'pure' or 'zcdp', got {accounting!r}")
-    budget = _positive(privacy.get("budget", 1.0, float), "privacy.budget")
-    delta = privacy.get("delta", 1e-6, float)
-    if not 0 <= delta < 1:
-        raise ConfigError(f"privacy.delta must be in [0, 1), got {delta!r}")
-    privacy.finish()
 
-    counter = _Section(raw.get("counter", {}), "counter")
-    horizon = counter.get("horizon", 2**20, int)
-    if accounting == "pure":
-        eps = _positive(counter.get("epsilon", budget * 0.7, float), "counter.epsilon")
-        counter_spec = _spec(TreeCounterSpec, "[counter]", epsilon=eps, horizon=horizon)
-    else:
-        rho = _positive(counter.get("rho", budget * 0.7, float), "counter.rho")
-        counter_spec = _spec(BltCounterSpec, "[counter]", rho=rho, horizon=horizon)
-    counter.finish()
+def parse_config(raw: dict[str, Any], source: str = "<dict>") -> Any:
+    """Validate a configuration mapping (as read from TOML) into its kind's configuration.
 
-    admission = _Section(raw.get("admission", {}), "admission")
-    mode = admission.get("mode", "open", str)
-    if mode not in ("open", "declared"):
-        raise ConfigError(f"admission.mode must be 'open' or 'declared', got {mode!r}")
-    keys = admission.get("keys", [], list)
-    if mode == "declared" and (not keys or not all(isinstance(k, str) and k for k in keys)):
-        raise ConfigError("admission.mode = 'declared' needs admission.keys: a non-empty list of "
-                          f"non-empty strings, got {keys!r}")
-    if mode == "open" and keys:
-        raise ConfigError("admission.keys is only used with admission.mode = 'declared'")
-    if len(set(keys)) != len(keys):
-        raise ConfigError("admission.keys has duplicates")
-    initial_value = admission.get("initial_epsilon" if accounting == "pure" else "initial_rho",
-                                  None, float)
-    admission.used.update({"initial_epsilon", "initial_rho"})
-    wrong_initial = "initial_rho" if accounting == "pure" else "initial_epsilon"
-    if wrong_initial in admission.data:
-        raise ConfigError(f"admission.{wrong_initial} does not apply to accounting {accounting!r}")
-    admission.finish()
+    Returns:
+        The flow kind's :class:`FlowConfig` subclass (e.g. ``CountersConfig``).
+    """
+    from dpstream.kinds import flow_kind
 
-    monitor = _Section(raw.get("monitor", {}), "monitor")
-    monitor_enabled = monitor.get("enabled", mode == "open", bool)
-    monitor_spec = None
-    if monitor_enabled:
-        monitor_eps = _positive(monitor.get("epsilon", budget * 0.1 if accounting == "pure"
-                                            else math.sqrt(2 * budget * 0.1), float),
-                                "monitor.epsilon")
-        monitor_horizon = monitor.get("horizon", 86_400, int)
-        threshold = monitor.get("threshold", None, int)
-        if threshold is None:
-            if mode != "open":
-                raise ConfigError("monitor.threshold is required when the monitor is enabled "
-                                  "with admission.mode = 'declared'")
-            if not (isinstance(monitor_horizon, int) and monitor_horizon >= 1):
-                raise ConfigError(f"monitor.horizon must be >= 1, got {monitor_horizon!r}")
-            # the smallest threshold that keeps the admission delta within privacy.delta
-            threshold = minimal_threshold(monitor_eps, monitor_horizon, delta) if delta > 0 else 0
-        monitor_spec = _spec(ThresholdMonitorSpec, "[monitor]", epsilon=monitor_eps,
-                             threshold=threshold, horizon=monitor_horizon)
-    else:
-        for key in ("epsilon", "threshold", "horizon"):
-            monitor.get(key, None)
-    monitor.finish()
-
-    if origin is None:
-        if mode == "declared":
-            raise ConfigError(
-                "flow.origin is required with admission.mode = 'declared': declared keys are "
-                "released from step 0, which starts at the origin (set it near the deployment "
-                "time, e.g. origin = '2026-11-20T00:00:00Z')"
-            )
-        origin = datetime(1970, 1, 1, tzinfo=UTC)
-
-    admission_cfg: AdmissionConfig
-    if mode == "open":
-        if monitor_spec is None:
-            raise ConfigError(
-                "admission.mode = 'open' needs the threshold monitor ([monitor] enabled = true): "
-                "keys from the data are only released after their monitor fires"
-            )
-        if initial_value is None:
-            initial_value = budget * 0.2
-        unit = "epsilon" if accounting == "pure" else "rho"
-        _positive(initial_value, f"admission.initial_{unit}")
-        initial = PrivacyCharge(label="initial count", **{unit: initial_value})
-        try:
-            adm_delta = lazy_start_delta(monitor_spec)
-        except InvalidParameterError as exc:
-            raise ConfigError(f"[monitor]: {exc}") from None
-        if adm_delta > delta:
-            need = minimal_threshold(monitor_spec.epsilon, monitor_spec.horizon, delta)
-            raise ConfigError(
-                f"monitor.threshold = {monitor_spec.threshold} with monitor windows of "
-                f"monitor.horizon = {monitor_spec.horizon} steps costs an admission delta of "
-                f"{adm_delta:.3g}, above privacy.delta = {delta:g}; raise "
-                f"monitor.threshold to at least {need}, or lower monitor.horizon, or raise "
-                "monitor.epsilon"
-            )
-        admission_cfg = AdmissionConfig(mode="open", initial=initial, delta=adm_delta)
-    else:
-        if initial_value is not None:
-            raise ConfigError("admission.initial_* is only used with admission.mode = 'open'")
-        admission_cfg = AdmissionConfig(mode="declared", keys=tuple(keys))
-
-    metrics = _Section(raw.get("metrics", {}), "metrics")
-    metrics_port = metrics.get("port", 9464, int)
-    if not 0 <= metrics_port <= 65535:
-        raise ConfigError(f"metrics.port must be in 0..65535 (0 = off), got {metrics_port}")
-    exact_counts = metrics.get("exact_counts", True, bool)
-    metrics.finish()
-
-    privacy_cfg = PrivacyConfig(accounting=accounting, budget=budget, delta=delta,
-                                counter=counter_spec, monitor=monitor_spec)
-    config = FlowConfig(
-        name=name, step_seconds=step_seconds, origin=origin, lateness_seconds=lateness,
-        shards=shards, clock=clock, key_field=key_field, time_field=time_field, kafka=kafka_cfg,
-        privacy=privacy_cfg, admission=admission_cfg, metrics_port=metrics_port,
-        metrics_exact_counts=exact_counts, heartbeat_seconds=heartbeat, source=source,
-    )
-    ledger = privacy_cfg.new_ledger()
-    for charge in config.per_key_charges():
-        if not ledger.can_afford(charge):
-            costs = " + ".join(f"{c.label} {float(ledger.cost_of(c)):g}"
-                               for c in config.per_key_charges())
-            raise ConfigError(
-                f"privacy.budget = {budget:g} {ledger.unit} per key cannot pay for {costs} "
-                f"(delta {sum(c.delta for c in config.per_key_charges()):g}); raise the budget or "
-                "lower the mechanisms' parameters"
-            )
-        ledger.charge(charge)
-    return config
+    flow = raw.get("flow", {})
+    kind_name = flow.get("kind", "counters") if isinstance(flow, dict) else "counters"
+    return flow_kind(kind_name).parse_config(raw, source)
 
 
 _ENV_OVERRIDES: Final = {
     "DPSTREAM_BROKERS": ("kafka", "brokers"),
-    "DPSTREAM_INPUT_TOPIC": ("kafka", "input_topic"),
-    "DPSTREAM_RELEASES_TOPIC": ("kafka", "releases_topic"),
-    "DPSTREAM_ALERTS_TOPIC": ("kafka", "alerts_topic"),
-    "DPSTREAM_DEAD_LETTER_TOPIC": ("kafka", "dead_letter_topic"),
     "DPSTREAM_METRICS_PORT": ("metrics", "port"),
     "DPSTREAM_FLOW_NAME": ("flow", "name"),
 }
+_TOPIC_ENV: Final = ("input_topic", "dead_letter_topic", "releases_topic", "alerts_topic",
+                     "queries_topic", "answers_topic")
 
 
 def load_config(path: str | os.PathLike[str] | None = None,
-                environ: dict[str, str] | None = None) -> FlowConfig:
+                environ: dict[str, str] | None = None) -> Any:
     """Load the TOML file at ``path`` (or ``$DPSTREAM_CONFIG``) and apply environment overrides.
 
-    Environment overrides: ``DPSTREAM_BROKERS`` (comma-separated), ``DPSTREAM_INPUT_TOPIC``,
-    ``DPSTREAM_RELEASES_TOPIC``, ``DPSTREAM_ALERTS_TOPIC``, ``DPSTREAM_DEAD_LETTER_TOPIC``,
-    ``DPSTREAM_METRICS_PORT``, ``DPSTREAM_FLOW_NAME``.
+    Environment overrides: ``DPSTREAM_BROKERS`` (comma-separated), ``DPSTREAM_METRICS_PORT``,
+    ``DPSTREAM_FLOW_NAME``, and a topic setting as ``DPSTREAM_<SETTING>`` (e.g.
+    ``DPSTREAM_INPUT_TOPIC``, ``DPSTREAM_RELEASES_TOPIC``, ``DPSTREAM_ANSWERS_TOPIC``).
     """
     env = os.environ if environ is None else environ
     if path is None:
@@ -482,7 +352,14 @@ def load_config(path: str | os.PathLike[str] | None = None,
         raise ConfigError(f"cannot read configuration {path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"configuration {path} is not valid TOML: {exc}") from None
-    for var, (table, key) in _ENV_OVERRIDES.items():
+    overrides = dict(_ENV_OVERRIDES)
+    flow = raw.get("flow", {})
+    kind = flow.get("kind", "counters") if isinstance(flow, dict) else "counters"
+    from dpstream.kinds import KINDS, flow_kind
+
+    settings = flow_kind(kind).topics if kind in KINDS else _TOPIC_ENV
+    overrides.update({f"DPSTREAM_{s.upper()}": ("kafka", s) for s in settings})
+    for var, (table, key) in overrides.items():
         if var in env:
             value: Any = env[var]
             if key == "port":
@@ -492,4 +369,3 @@ def load_config(path: str | os.PathLike[str] | None = None,
                     raise ConfigError(f"${var} must be an integer, got {value!r}") from None
             raw.setdefault(table, {})[key] = value
     return parse_config(raw, source=str(path))
-

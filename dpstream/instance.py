@@ -37,10 +37,9 @@ import stat
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from dpstream.config import FlowConfig
-from dpstream.core.key_statistics import StatisticsSpec
 from dpstream.core.noise import NoiseKey
 from dpstream.errors import ConfigError, RecoveryMismatchError
 
@@ -56,6 +55,14 @@ _SHARED_BITS: Final = 0o077
 log = logging.getLogger("dpstream")
 
 
+class Mechanisms(Protocol):
+    """What a flow kind binds to an instance: the digest of its mechanisms' parameters."""
+
+    @property
+    def mechanisms_digest(self) -> str:
+        """One digest of every mechanism's parameters."""
+
+
 @dataclass(frozen=True)
 class FlowInstance:
     """The id every noise coordinate starts with, and whether it survives a restart."""
@@ -65,7 +72,7 @@ class FlowInstance:
     resumed: bool = False
 
 
-def _fixed_settings(config: FlowConfig, spec: StatisticsSpec, noise: NoiseKey) -> dict[str, Any]:
+def _fixed_settings(config: FlowConfig, spec: Mechanisms, noise: NoiseKey) -> dict[str, Any]:
     return {
         "flow.shards": config.shards,
         "flow.step": config.step_seconds,
@@ -135,14 +142,14 @@ def _empty_partition(path: Path) -> bool:
         return False
 
 
-def bind_instance(config: FlowConfig, spec: StatisticsSpec, noise: NoiseKey,
+def bind_instance(config: FlowConfig, spec: Mechanisms, noise: NoiseKey,
                   recovery_dir: str | os.PathLike[str] | None, *,
                   ephemeral: bool = False) -> FlowInstance:
     """Return the flow instance to run: resumed from, or recorded in, ``recovery_dir``.
 
     Args:
         config: the validated configuration.
-        spec: the per-key statistics it implies (for the mechanisms' digest).
+        spec: the mechanisms it implies (the flow kind's binding; only their digest is used).
         noise: the secret noise key (only its fingerprint is recorded).
         recovery_dir: the Bytewax recovery directory, or None.
         ephemeral: acknowledge a run without a recovery store (a new instance every start).

@@ -72,7 +72,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Final
+from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -81,7 +81,7 @@ from dpstream.core.key_statistics import Alert, BudgetExhausted, Output, Release
 
 __all__ = ["FlowMetrics"]
 
-OUTPUT_ROLES: Final = ("releases", "alerts", "dead_letters")
+OUTPUT_ROLES: Final = ("releases", "alerts", "answers", "dead_letters")
 """The ``role`` label values of ``dpstream_output_delivered_total``."""
 KAFKA_CLIENTS: Final = ("consumer", "producer", "admin")
 """The ``client`` label values of ``dpstream_kafka_client_errors_total``."""
@@ -165,7 +165,8 @@ class FlowMetrics:
             "dpstream_output_delivered",
             "Records the broker confirmed, by output role (dead_letters: exact, operator "
             "data).", ["flow", "role"], registry=r)
-        self._delivered_roles = OUTPUT_ROLES if self.exact_counts else OUTPUT_ROLES[:2]
+        self._delivered_roles = tuple(role for role in OUTPUT_ROLES
+                                      if self.exact_counts or role != "dead_letters")
         self._delivered = {role: self.output_delivered.labels(flow, role)
                            for role in self._delivered_roles}
         self.output_retries = Counter(
@@ -239,6 +240,36 @@ class FlowMetrics:
                 self._max_spent[(mechanism, unit)] = spent
                 self.spent.labels(self.flow, mechanism, unit).set(spent)
                 self.remaining.labels(self.flow, mechanism, unit).set(budget - spent)
+
+    # -- query answers (the pmwg flow) -------------------------------------------------------
+
+    def _answer_series(self) -> None:
+        if hasattr(self, "answers"):
+            return
+        r = self.registry
+        self.answers = Counter(
+            "dpstream_answers", "Questions answered, by histogram and kind (easy, hard, "
+            "bottom, error, waiting, marginal).", ["flow", "histogram", "kind"], registry=r)
+        self.hard_queries = Gauge(
+            "dpstream_hard_queries", "Hard queries a histogram's PMWG has answered.",
+            ["flow", "histogram"], registry=r)
+        self.histogram_spent = Gauge(
+            "dpstream_histogram_privacy_spent",
+            "Privacy a histogram has spent per event (size counter and mechanism), in the "
+            "ledger unit.", ["flow", "histogram", "mechanism"], registry=r)
+        self.histogram_budget = Gauge(
+            "dpstream_histogram_privacy_budget",
+            "Privacy a histogram may spend per event, in the ledger unit.",
+            ["flow", "histogram", "mechanism"], registry=r)
+
+    def observe_answers(self, answers: Iterable[Any]) -> None:
+        """Count answers by histogram and kind; publish each histogram's spend (no query)."""
+        self._answer_series()
+        for a in answers:
+            self.answers.labels(self.flow, a.histogram, a.kind).inc()
+            self.hard_queries.labels(self.flow, a.histogram).set(a.hard_queries)
+            self.histogram_spent.labels(self.flow, a.histogram, a.mechanism).set(a.spent)
+            self.histogram_budget.labels(self.flow, a.histogram, a.mechanism).set(a.budget)
 
     # -- operational series -----------------------------------------------------------------
 

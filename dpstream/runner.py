@@ -1,8 +1,8 @@
 """Running a flow as a process: logging, metrics port, heartbeat, progress, a clean stop.
 
-Both ways of running the counters flow come through here: ``dpstream run`` (:func:`run`) and
-``python -m bytewax.run dpstream.flows.counters:flow`` (which imports
-:func:`flow_from_environment`'s result). Either way the process
+Both ways of running a flow, of any kind, come through here: ``dpstream run`` (:func:`run`)
+and ``python -m bytewax.run dpstream.flows.counters:flow`` (or ``dpstream.flows.pmwg:flow``,
+which import :func:`flow_from_environment`'s result). Either way the process
 
 * configures dpstream's logging (``DPSTREAM_LOG_LEVEL``) unless the host application did;
 * turns SIGINT/SIGTERM into a clean stop (:mod:`dpstream.stream.stopping`): no Rust panic
@@ -139,30 +139,31 @@ def _report_progress(registry: CollectorRegistry, interval: float) -> None:
 
 
 def flow_from_environment(config_path: str | None = None, recovery_dir: str | None = None,
-                          ephemeral: bool | None = None) -> Dataflow:
-    """Build the counters flow from ``$DPSTREAM_CONFIG`` and the noise key in the environment.
+                          ephemeral: bool | None = None, kind: str | None = None) -> Dataflow:
+    """Build the flow of ``$DPSTREAM_CONFIG`` (of its ``flow.kind``) with the environment's key.
 
     Besides the dataflow this starts the process's side parts (metrics endpoint, heartbeat,
     progress log, stop handlers). The flow instance is bound to the recovery directory
     (``recovery_dir`` or ``$DPSTREAM_RECOVERY_DIR``, which must be the directory given to
     Bytewax) before anything runs; without one the run must be acknowledged as ephemeral
-    (``ephemeral`` or ``DPSTREAM_EPHEMERAL=1``).
+    (``ephemeral`` or ``DPSTREAM_EPHEMERAL=1``). ``kind``, if given, is the flow kind the
+    configuration must have (each ``dpstream.flows`` module runs one kind).
     """
     from dpstream.config import load_config
     from dpstream.core.noise import NoiseKey
     from dpstream.instance import bind_instance
-    from dpstream.io.kafka import Heartbeat, is_secret, wait_for_topics
+    from dpstream.io.kafka import Heartbeat, is_secret
+    from dpstream.kinds import flow_kind
     from dpstream.metrics import FlowMetrics
-    from dpstream.pipeline import (
-        build_counters_flow,
-        kafka_clients,
-        output_topics,
-        statistics_spec,
-    )
+    from dpstream.platform import build_flow, input_partitions, kafka_clients, output_topics
 
     setup_logging()
     stopping.install_stop_handlers()
     config = load_config(config_path)
+    if kind is not None and config.kind != kind:
+        raise ConfigError(f"{config.source} configures a {config.kind!r} flow (flow.kind) but "
+                          f"this is the {kind!r} flow module: use dpstream.flows.{config.kind}"
+                          ":flow, or dpstream run --config")
     noise = NoiseKey.from_environment()
     recovery_dir = recovery_dir or os.environ.get(RECOVERY_DIR_ENV) or None
     if ephemeral is None:
@@ -172,7 +173,7 @@ def flow_from_environment(config_path: str | None = None, recovery_dir: str | No
         log.warning("kafka.add_config holds %s: credentials belong in the environment "
                     "(DPSTREAM_KAFKA_SASL_PASSWORD=... sets sasl.password)",
                     ", ".join(secrets_in_file))
-    instance = bind_instance(config, statistics_spec(config), noise, recovery_dir,
+    instance = bind_instance(config, flow_kind(config.kind).binding(config), noise, recovery_dir,
                              ephemeral=ephemeral)
     metrics = FlowMetrics(config.name, exact_counts=config.metrics_exact_counts)
     if config.metrics_port:
@@ -188,19 +189,16 @@ def flow_from_environment(config_path: str | None = None, recovery_dir: str | No
     log.info("reprocessing an input topic is a new flow instance: its privacy spend adds to "
              "every earlier instance's over the same events, and its ledgers cannot see theirs")
     clients = kafka_clients(config, metrics)
-    partitions = wait_for_topics(clients, config.kafka.input_topic,
-                                 output_topics(config).values(),
-                                 config.kafka.startup_timeout_seconds)
-    log.info("reading %s (%d partitions) from %s; releases to %s, alerts to %s, dead letters "
-             "to %s (delivery is at least once: consumers de-duplicate on flow, key, step)",
-             config.kafka.input_topic, partitions, ",".join(config.kafka.brokers),
-             config.kafka.releases_topic, config.kafka.alerts_topic,
-             config.kafka.dead_letter_topic)
-    flow = build_counters_flow(config, noise, instance=instance.id, partitions=partitions,
-                               metrics=metrics)
+    partitions = input_partitions(config, clients)
+    log.info("reading %s from %s; %s (delivery is at least once: consumers de-duplicate, see "
+             "README)", ", ".join(f"{t} ({n} partitions)" for t, n in partitions.items()),
+             ",".join(config.kafka.brokers),
+             ", ".join(f"{role} to {topic}" for role, topic in output_topics(config).items()))
+    flow = build_flow(config, noise, instance=instance.id, partitions=partitions,
+                      metrics=metrics)
     if config.kafka.tail and config.heartbeat_seconds > 0:
-        Heartbeat(clients, config.kafka.input_topic, partitions,
-                  config.heartbeat_seconds).start()
+        for topic, count in partitions.items():
+            Heartbeat(clients, topic, count, config.heartbeat_seconds).start()
         log.info("heartbeat: a tick to each input partition every %g s (flow.heartbeat)",
                  config.heartbeat_seconds)
     interval = float(os.environ.get(PROGRESS_ENV, "30"))
@@ -216,7 +214,7 @@ def flow_from_environment(config_path: str | None = None, recovery_dir: str | No
 def run(config_path: str | None, *, workers: int = 1, recovery_dir: str | None = None,
         recovery_partitions: int = 1, ephemeral: bool = False,
         snapshot_interval: float = 5.0) -> int:
-    """Run the counters flow in this process until its input ends or a stop is requested."""
+    """Run the configured flow in this process until its input ends or a stop is requested."""
     os.environ.setdefault("RUST_BACKTRACE", "0")
     from bytewax.recovery import RecoveryConfig, init_db_dir
     from bytewax.run import cli_main

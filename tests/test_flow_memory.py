@@ -13,7 +13,7 @@ from support.messages import message, raw
 from dpstream.config import parse_config
 from dpstream.core.noise import NoiseKey
 from dpstream.metrics import FlowMetrics
-from dpstream.pipeline import build_counters_flow
+from dpstream.platform import build_flow
 
 ORIGIN = 1_790_000_000  # 2026-09-21, an arbitrary whole second
 KEY = NoiseKey.for_tests(3)
@@ -56,9 +56,8 @@ def events(steps, rates, partitions=2, seed=0):
 
 def run(cfg, items, partitions=2, workers=1, metrics=None):
     sink: list = []
-    flow = build_counters_flow(cfg, KEY, instance="t-1", partitions=partitions,
-                               source=TestingSource(items, 500),
-                               sink=TestingSink(sink), metrics=metrics)
+    flow = build_flow(cfg, KEY, instance="t-1", partitions=partitions,
+                      source=TestingSource(items, 500), sink=TestingSink(sink), metrics=metrics)
     if workers == 1:
         run_main(flow)
     else:
@@ -163,15 +162,14 @@ def test_resume_under_a_raised_budget_continues_without_statuses(tmp_path):
     whole = by_role(run(config(), items))["releases"]
     sink: list = []
     crashing = items[:60] + [TestingSource.ABORT()] + items[60:]  # a crash, not an EOF
-    flow = build_counters_flow(config(), KEY, instance="t-1", partitions=2,
-                               source=TestingSource(crashing, 10), sink=TestingSink(sink))
+    flow = build_flow(config(), KEY, instance="t-1", partitions=2,
+                      source=TestingSource(crashing, 10), sink=TestingSink(sink))
     run_main(flow, epoch_interval=timedelta(0), recovery_config=recovery)
     assert sink and len(sink) < len(whole)
     sink2: list = []
     raised = config(privacy={"budget": 2.0}, counter={"epsilon": 0.7})  # the same counter
-    flow2 = build_counters_flow(raised, KEY, instance="t-1",
-                                partitions=2, source=TestingSource(crashing, 10),
-                                sink=TestingSink(sink2))
+    flow2 = build_flow(raised, KEY, instance="t-1", partitions=2,
+                       source=TestingSource(crashing, 10), sink=TestingSink(sink2))
     run_main(flow2, epoch_interval=timedelta(0), recovery_config=recovery)
     out = by_role(sink + sink2)["releases"]
     assert all(r["schema"] == "dpstream.release/1" for r in out)

@@ -98,7 +98,7 @@ def test_an_unadmitted_key_is_forgotten_at_its_window_end_and_watched_again_late
     from support.recording import RecordingKey
 
     from dpstream.config import parse_config
-    from dpstream.pipeline import event_rules, statistics_spec
+    from dpstream.kinds.counters import event_rules, statistics_spec
     from dpstream.stream.events import PartitionClock
     from dpstream.stream.shard import ShardState
 

@@ -9,7 +9,7 @@ from support.messages import message, raw
 from dpstream.config import parse_config
 from dpstream.core.key_statistics import Release
 from dpstream.core.noise import NoiseKey
-from dpstream.pipeline import event_rules, statistics_spec
+from dpstream.kinds.counters import event_rules, statistics_spec
 from dpstream.stream.events import TIMESTAMP_CREATE_TIME, PartitionClock, ShardUpdate
 from dpstream.stream.shard import ShardState
 

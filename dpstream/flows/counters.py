@@ -23,7 +23,7 @@ from dpstream.errors import DpstreamError
 from dpstream.runner import flow_from_environment
 
 try:
-    flow = flow_from_environment()
+    flow = flow_from_environment(kind="counters")
 except DpstreamError as _exc:
     print(f"dpstream: error: {_exc}", file=sys.stderr)
     sys.exit(2)

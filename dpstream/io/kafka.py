@@ -56,8 +56,8 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient
 
 from dpstream.errors import ConfigError, DpstreamError
+from dpstream.messages import TICK, Encoded, RawMessage
 from dpstream.stream import stopping
-from dpstream.stream.events import TICK, RawMessage
 
 __all__ = [
     "Heartbeat",
@@ -77,7 +77,6 @@ ENV_PREFIX: Final = "DPSTREAM_KAFKA_"
 START_OFFSETS: Final = {"earliest": OFFSET_BEGINNING, "latest": OFFSET_END,
                         "committed": OFFSET_STORED}
 _SECRET_WORDS: Final = ("password", "secret", "token", "jaas", "ssl.key.pem")
-Encoded = tuple[str, bytes | None, bytes]  # topic role, key, value
 
 
 class OutputError(DpstreamError):
@@ -338,9 +337,11 @@ class _InputPartition(StatefulSourcePartition[RawMessage, int]):
     """One input partition, read from an explicit offset (no group rebalancing)."""
 
     def __init__(self, config: dict[str, Any], topic: str, partition: int, offset: int,
-                 batch_size: int, tail: bool, observe_lag: Observer) -> None:
+                 batch_size: int, tail: bool, observe_lag: Observer,
+                 first_partition: int = 0) -> None:
         self.topic, self.partition, self.batch_size, self.tail = topic, partition, \
             batch_size, tail
+        self.flow_partition = first_partition + partition
         self.observe_lag = observe_lag
         self.offset = offset
         config = dict(config)
@@ -358,14 +359,14 @@ class _InputPartition(StatefulSourcePartition[RawMessage, int]):
             return
         lag = stats.get("consumer_lag", -1)
         if isinstance(lag, int) and lag >= 0:
-            self.observe_lag(self.partition, lag)
+            self.observe_lag(self.flow_partition, lag)
 
     def next_batch(self) -> list[RawMessage]:
         if self._eof or stopping.stop_requested():
             raise StopIteration
         messages = self.consumer.consume(self.batch_size, 0.001)
         batch: list[RawMessage] = []
-        topic, partition = self.topic, self.partition
+        topic, partition, flow_partition = self.topic, self.partition, self.flow_partition
         for m in messages:
             error = m.error()
             if error is not None:
@@ -377,7 +378,7 @@ class _InputPartition(StatefulSourcePartition[RawMessage, int]):
                             "input %s[%d]: %s", topic, partition, error.str())
                 continue
             kind, ms = m.timestamp()
-            batch.append((partition, m.value(), m.offset(), topic, ms, kind))
+            batch.append((flow_partition, m.value(), m.offset(), topic, ms, kind))
         if batch:
             self.offset = batch[-1][2] + 1  # type: ignore[operator]
         self._idle = not batch
@@ -415,11 +416,14 @@ class KafkaInput(FixedPartitionedSource[RawMessage, int]):
         batch_size: most records per batch.
         tail: keep reading at the end (``False``: the input ends at the end of the topic).
         observe_lag: called with (partition, records not yet read) from librdkafka's statistics.
+        first_partition: the flow's input partition number of this topic's partition 0 (a
+            flow with several input topics numbers their partitions one after the other).
     """
 
     def __init__(self, clients: KafkaClients, topic: str, partitions: int, *,
                  group_id: str, start_offset: str = "earliest", batch_size: int = 10_000,
-                 tail: bool = True, observe_lag: Observer | None = None) -> None:
+                 tail: bool = True, observe_lag: Observer | None = None,
+                 first_partition: int = 0) -> None:
         if start_offset not in START_OFFSETS:
             raise ConfigError(f"kafka.start_offset must be one of {sorted(START_OFFSETS)}, "
                               f"got {start_offset!r}")
@@ -427,6 +431,7 @@ class KafkaInput(FixedPartitionedSource[RawMessage, int]):
         self.group_id, self.start_offset = group_id, start_offset
         self.batch_size, self.tail = batch_size, tail
         self.observe_lag = observe_lag or (lambda _p, _n: None)
+        self.first_partition = first_partition
 
     def list_parts(self) -> list[str]:
         """One Bytewax input partition per Kafka partition, named by its index."""
@@ -443,7 +448,7 @@ class KafkaInput(FixedPartitionedSource[RawMessage, int]):
                            "statistics.interval.ms": 5000})
         offset = START_OFFSETS[self.start_offset] if resume_state is None else resume_state
         return _InputPartition(config, self.topic, int(for_part), offset, self.batch_size,
-                               self.tail, self.observe_lag)
+                               self.tail, self.observe_lag, self.first_partition)
 
 
 # --- output ---------------------------------------------------------------------------------

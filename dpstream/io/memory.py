@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 
-from dpstream.stream.events import RawMessage
+from dpstream.messages import RawMessage
 
 __all__ = ["MemorySource"]
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import base64
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
 
@@ -28,6 +27,7 @@ import orjson
 
 from dpstream.core.key_statistics import Alert, BudgetExhausted, Release
 from dpstream.core.ledger import zcdp_to_approx_dp
+from dpstream.messages import DeadLetter
 
 __all__ = [
     "ALERT_SCHEMA",
@@ -36,6 +36,7 @@ __all__ = [
     "MAX_ORIGINAL_BYTES",
     "RELEASE_SCHEMA",
     "RecordEncoder",
+    "encode_dead_letter",
     "STATUS_SCHEMA",
     "identity",
 ]
@@ -47,16 +48,6 @@ DEAD_LETTER_SCHEMA: Final = "dpstream.dead_letter/1"
 MAX_ORIGINAL_BYTES: Final = 64 * 1024
 """The most of a bad record's bytes a dead letter carries (base64 makes it 4/3 larger)."""
 
-
-@dataclass(frozen=True)
-class DeadLetter:
-    """An input record that was not used, and why."""
-
-    reason: str
-    original: bytes
-    topic: str | None = None
-    partition: int | None = None
-    offset: int | None = None
 
 
 def _iso(moment: datetime) -> str:
@@ -106,15 +97,20 @@ class RecordEncoder:
 
     def encode_dead_letter(self, letter: DeadLetter) -> tuple[str, bytes | None, bytes]:
         """Encode a dead letter for the dead-letter topic."""
-        return "dead_letters", None, orjson.dumps({
-            "schema": DEAD_LETTER_SCHEMA, "flow": self.flow, "reason": letter.reason,
-            "source": {"topic": letter.topic, "partition": letter.partition,
-                       "offset": letter.offset},
-            "original_base64": base64.b64encode(letter.original[:MAX_ORIGINAL_BYTES]).decode(),
-            "original_size": len(letter.original),
-            "original_sha256": hashlib.sha256(letter.original).hexdigest(),
-            "original_truncated": len(letter.original) > MAX_ORIGINAL_BYTES,
-        })
+        return encode_dead_letter(self.flow, letter)
+
+
+def encode_dead_letter(flow: str, letter: DeadLetter) -> tuple[str, bytes | None, bytes]:
+    """Encode a dead letter of flow ``flow`` for the dead-letter topic (every flow kind)."""
+    return "dead_letters", None, orjson.dumps({
+        "schema": DEAD_LETTER_SCHEMA, "flow": flow, "reason": letter.reason,
+        "source": {"topic": letter.topic, "partition": letter.partition,
+                   "offset": letter.offset},
+        "original_base64": base64.b64encode(letter.original[:MAX_ORIGINAL_BYTES]).decode(),
+        "original_size": len(letter.original),
+        "original_sha256": hashlib.sha256(letter.original).hexdigest(),
+        "original_truncated": len(letter.original) > MAX_ORIGINAL_BYTES,
+    })
 
 
 def identity(body: Mapping[str, Any]) -> tuple[Any, ...]:

@@ -1,8 +1,11 @@
 """Thin Bytewax operators around :class:`PartitionClock` and :class:`ShardState`.
 
 Each operator is ``op(step_id, up, ...) -> Stream``; the logic lives in the
-bytewax-free classes, and the ``StatefulBatchLogic`` adapters only pass batches
-in, outputs out and snapshots to the recovery store. Bytewax builders receive
+bytewax-free classes (a flow kind's :class:`~dpstream.stream.clock.StepClock` and
+:class:`~dpstream.stream.barrier.StepBarrier`), and the ``StatefulBatchLogic`` adapters only
+pass batches in, outputs out and snapshots to the recovery store. Every flow kind uses the
+same two operators: :func:`assign_steps` (input partitions -> steps, dead letters) and
+:func:`stepped_shards` (steps -> what each shard publishes). Bytewax builders receive
 only the resume state, not the key, so partition and shard ids travel with the
 items and are kept in the snapshots.
 """
@@ -13,6 +16,7 @@ import logging
 import os
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from operator import itemgetter
@@ -24,12 +28,14 @@ from bytewax.operators import StatefulBatchLogic
 
 from dpstream.core.key_statistics import Output, StatisticsSpec
 from dpstream.core.noise import NoiseKey
-from dpstream.io.records import DeadLetter
+from dpstream.messages import DeadLetter
 from dpstream.stream import stopping
-from dpstream.stream.events import EventRules, PartitionClock, RawMessage, ShardUpdate, shard_of
+from dpstream.stream.barrier import StepBarrier
+from dpstream.stream.clock import ShardUpdate, StepClock
+from dpstream.stream.events import EventRules, PartitionClock, RawMessage, shard_of
 from dpstream.stream.shard import ShardState
 
-__all__ = ["FlowObserver", "StepAssignment", "assign_steps", "keyed_statistics"]
+__all__ = ["FlowObserver", "StepAssignment", "assign_steps", "keyed_statistics", "stepped_shards"]
 
 log = logging.getLogger("dpstream")
 STALL_REPORT_SECONDS = float(os.environ.get("DPSTREAM_STALL_REPORT_SECONDS", "60"))
@@ -74,7 +80,7 @@ class _Nobody:
 
 
 class _PartitionLogic(StatefulBatchLogic[list[RawMessage], Any, dict[str, Any]]):
-    def __init__(self, clock: PartitionClock, observer: FlowObserver) -> None:
+    def __init__(self, clock: StepClock, observer: FlowObserver) -> None:
         self.clock, self.observer = clock, observer
 
     def on_batch(self, values: list[list[RawMessage]]) -> tuple[list[Any], bool]:
@@ -123,19 +129,26 @@ def _group_by_partition(batch: list[RawMessage]) -> list[tuple[str, list[RawMess
 
 
 @operator
-def assign_steps(step_id: str, up: Stream[RawMessage], rules: EventRules,
+def assign_steps(step_id: str, up: Stream[RawMessage],
+                 rules: EventRules | Callable[[dict[str, Any] | None], StepClock],
                  observer: FlowObserver | None = None) -> StepAssignment:
-    """Parse raw messages per input partition and route step increments to shards."""
+    """Parse raw messages per input partition and route each step's buckets to shards.
+
+    ``rules`` are the counters' event rules, or any flow kind's clock factory (a snapshot or
+    None -> a :class:`~dpstream.stream.clock.StepClock`).
+    """
     grouped = op.flat_map_batch("group_by_partition", up, _group_by_partition)
     seen = observer or _Nobody()
+    make_clock = (rules if callable(rules)
+                  else lambda state: PartitionClock(rules, state))  # type: ignore[arg-type]
     parsed = op.stateful_batch(
-        "parse", grouped, lambda state: _PartitionLogic(PartitionClock(rules, state), seen))
+        "parse", grouped, lambda state: _PartitionLogic(make_clock(state), seen))
     flat = op.key_rm("unkey", parsed)
     branches = op.branch("split", flat, lambda item: isinstance(item, DeadLetter))
     return StepAssignment(branches.falses, branches.trues)  # type: ignore[arg-type]
 
 
-def waiting_for(shard: ShardState) -> tuple[list[int], int | None]:
+def waiting_for(shard: StepBarrier) -> tuple[list[int], int | None]:
     """The input partitions that hold a shard's next step open, and the step they hold."""
     if shard.next_step is None and not shard.pending:
         return [], None
@@ -150,22 +163,23 @@ def waiting_for(shard: ShardState) -> tuple[list[int], int | None]:
     return lagging, step
 
 
-class _ShardLogic(StatefulBatchLogic[ShardUpdate, Output, dict[str, Any]]):
-    def __init__(self, shard: ShardState, observer: FlowObserver, mechanism: str) -> None:
-        self.shard, self.observer, self.mechanism = shard, observer, mechanism
+class _ShardLogic(StatefulBatchLogic[ShardUpdate, Any, dict[str, Any]]):
+    def __init__(self, shard: StepBarrier, observer: FlowObserver,
+                 observe_outputs: Callable[[list[Any]], None]) -> None:
+        self.shard, self.observer, self.observe_outputs = shard, observer, observe_outputs
         self._next_report = time.monotonic() + STALL_REPORT_SECONDS
         self._pending = 0
 
-    def on_batch(self, values: list[ShardUpdate]) -> tuple[list[Output], bool]:
-        out: list[Output] = []
+    def on_batch(self, values: list[ShardUpdate]) -> tuple[list[Any], bool]:
+        out: list[Any] = []
         for update in values:
             out.extend(self.shard.update(update))
         self._observe(out)
         return out, StatefulBatchLogic.RETAIN
 
-    def _observe(self, out: list[Output]) -> None:
+    def _observe(self, out: list[Any]) -> None:
         shard = self.shard
-        self.observer.observe_outputs(out, self.mechanism)
+        self.observe_outputs(out)
         if shard.shard is None:
             return
         closed = None if shard.next_step is None else shard.next_step - 1
@@ -196,11 +210,11 @@ class _ShardLogic(StatefulBatchLogic[ShardUpdate, Output, dict[str, Any]]):
                 seconds=max(0.0, self._next_report - time.monotonic()))
         return None
 
-    def on_notify(self) -> tuple[list[Output], bool]:
+    def on_notify(self) -> tuple[list[Any], bool]:
         self._observe([])
         return [], StatefulBatchLogic.RETAIN
 
-    def on_eof(self) -> tuple[list[Output], bool]:
+    def on_eof(self) -> tuple[list[Any], bool]:
         if stopping.stop_requested():  # a stop, not the end of a bounded input
             return [], StatefulBatchLogic.RETAIN
         out = self.shard.end_of_input()
@@ -208,7 +222,27 @@ class _ShardLogic(StatefulBatchLogic[ShardUpdate, Output, dict[str, Any]]):
         return out, StatefulBatchLogic.RETAIN
 
     def snapshot(self) -> dict[str, Any]:
-        return self.shard.to_state()
+        return self.shard.to_state()  # type: ignore[attr-defined, no-any-return]
+
+
+@operator
+def stepped_shards(step_id: str, up: Stream[tuple[str, ShardUpdate]],
+                   build: Callable[[dict[str, Any] | None], StepBarrier],
+                   observer: FlowObserver | None = None,
+                   observe_outputs: Callable[[list[Any]], None] | None = None) -> Stream[Any]:
+    """Run a flow kind's shards: each closes its steps and publishes what they yield.
+
+    ``build`` makes a shard from its snapshot (or None); a shard must offer ``to_state()``.
+    """
+    return _run_shards(up, build, observer or _Nobody(), observe_outputs or (lambda _out: None))
+
+
+def _run_shards(up: Stream[tuple[str, ShardUpdate]],
+                build: Callable[[dict[str, Any] | None], StepBarrier], seen: FlowObserver,
+                published: Callable[[list[Any]], None]) -> Stream[Any]:
+    keyed = op.stateful_batch("shards", up,
+                              lambda state: _ShardLogic(build(state), seen, published))
+    return op.key_rm("unkey", keyed)
 
 
 @operator
@@ -229,10 +263,6 @@ def keyed_statistics(step_id: str, up: Stream[tuple[str, ShardUpdate]], spec: St
 
     seen = observer or _Nobody()
     mechanism = spec.counter.mechanism
-
-    def build(state: dict[str, Any] | None) -> _ShardLogic:
-        return _ShardLogic(shard_class(spec, partitions, declared_by_shard, noise, state), seen,
-                           mechanism)
-
-    keyed = op.stateful_batch("shards", up, build)
-    return op.key_rm("unkey", keyed)
+    return _run_shards(
+        up, lambda state: shard_class(spec, partitions, declared_by_shard, noise, state), seen,
+        lambda out: seen.observe_outputs(out, mechanism))

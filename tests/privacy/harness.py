@@ -27,7 +27,8 @@ from scipy import stats
 from dpstream.config import FlowConfig, parse_config
 from dpstream.core.noise import NoiseKey
 from dpstream.io.records import RecordEncoder
-from dpstream.pipeline import build_counters_flow, event_rules, statistics_spec
+from dpstream.kinds.counters import event_rules, statistics_spec
+from dpstream.platform import build_flow
 from dpstream.stream.events import TIMESTAMP_LOG_APPEND_TIME, PartitionClock, RawMessage, shard_of
 from dpstream.stream.shard import ShardState
 
@@ -186,9 +187,9 @@ def run_dataflow(config: FlowConfig, messages: Sequence[RawMessage], noise: Nois
     from bytewax.testing import TestingSink, TestingSource, cluster_main, run_main
 
     sink: list[tuple[str, bytes | None, bytes]] = []
-    flow = build_counters_flow(config, noise, instance=instance, partitions=partitions,
-                               source=TestingSource(list(messages), batch),
-                               sink=TestingSink(sink), metrics=metrics)
+    flow = build_flow(config, noise, instance=instance, partitions=partitions,
+                      source=TestingSource(list(messages), batch), sink=TestingSink(sink),
+                      metrics=metrics)
     if workers == 1:
         run_main(flow)
     else:

@@ -13,8 +13,8 @@ from support.recording import RecordingKey
 
 from dpstream.core.noise import NoiseKey
 from dpstream.errors import NoiseKeyError, RecoveryMismatchError
+from dpstream.kinds.counters import statistics_spec
 from dpstream.metrics import FlowMetrics
-from dpstream.pipeline import statistics_spec
 from dpstream.stream.shard import ShardState
 
 pytestmark = [pytest.mark.privacy]

@@ -1,0 +1,343 @@
+"""The counters flow kind: private per-key counts released at every step.
+
+Events ``{"key": ..., "ts": ...}`` -> the shared step clock -> one shard of keyed statistics
+per ``flow.shards`` (:class:`~dpstream.stream.shard.ShardState`: threshold monitor, initial
+count, binary tree or BLT counter per key) -> ``dpstream.release/1``, ``dpstream.alert/1``
+and ``dpstream.status/1`` records. Its configuration tables are ``[privacy]``,
+``[counter]``, ``[monitor]`` and ``[admission]`` (``deploy/counters.example.toml``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+import bytewax.operators as op
+from bytewax.dataflow import Stream
+
+from dpstream.config import FlowConfig, Section, build_spec, parse_common, positive
+from dpstream.core.blt_counter import BltCounterSpec
+from dpstream.core.key_statistics import StatisticsSpec
+from dpstream.core.ledger import PrivacyCharge, PrivacyLedger
+from dpstream.core.threshold_monitor import (
+    ThresholdMonitorSpec,
+    lazy_start_delta,
+    minimal_threshold,
+)
+from dpstream.core.tree_counter import TreeCounterSpec
+from dpstream.errors import ConfigError, InvalidParameterError
+from dpstream.io.records import RecordEncoder
+from dpstream.messages import Encoded
+from dpstream.platform import FlowParts
+from dpstream.stream.clock import ShardUpdate
+from dpstream.stream.events import EventRules
+from dpstream.stream.operators import keyed_statistics
+from dpstream.stream.shard import ShardState
+
+__all__ = ["AdmissionConfig", "CountersConfig", "KIND", "PrivacyConfig", "event_rules",
+           "statistics_spec"]
+
+TOPICS: Final = {"input_topic": "events", "releases_topic": "releases",
+                 "alerts_topic": "alerts", "dead_letter_topic": "dead-letters"}
+
+
+@dataclass(frozen=True)
+class PrivacyConfig:
+    """The per-key budget and the mechanisms that spend it."""
+
+    accounting: Literal["pure", "zcdp"]
+    budget: float
+    delta: float
+    counter: TreeCounterSpec | BltCounterSpec
+    monitor: ThresholdMonitorSpec | None
+
+    @property
+    def counter_charge(self) -> PrivacyCharge:
+        """What starting one key's counter costs."""
+        return self.counter.charge
+
+    def new_ledger(self) -> PrivacyLedger:
+        """A fresh per-key ledger with the configured budget."""
+        return PrivacyLedger(self.accounting, self.budget, self.delta)
+
+
+@dataclass(frozen=True)
+class AdmissionConfig:
+    """Which keys get statistics.
+
+    ``declared``: a fixed key universe listed in the configuration; every
+    declared key is released from step 0, pure DP. ``open``: keys come from the
+    data; a key is admitted when its threshold monitor fires, its count up to
+    then is released once with ``initial`` noise, and the counter runs from
+    there. The monitor's lazy start costs the ``delta`` reported.
+    """
+
+    mode: Literal["declared", "open"]
+    keys: tuple[str, ...] = ()
+    initial: PrivacyCharge | None = None
+    delta: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class CountersConfig(FlowConfig):
+    """The whole configuration of a counters flow."""
+
+    key_field: str
+    privacy: PrivacyConfig
+    admission: AdmissionConfig
+
+    def per_key_charges(self) -> list[PrivacyCharge]:
+        """Every charge one key's statistics may make, in order."""
+        charges = []
+        if self.privacy.monitor is not None:
+            charges.append(self.privacy.monitor.charge)
+        if self.admission.initial is not None:
+            charges.append(self.admission.initial)
+        charges.append(self.privacy.counter_charge)
+        return charges
+
+    def describe(self) -> str:
+        """A human summary of the privacy guarantee (no secrets)."""
+        ledger = self.privacy.new_ledger()
+        for charge in self.per_key_charges():
+            ledger.charge(charge)
+        unit = ledger.unit
+        lines = [
+            f"flow {self.name!r}: one step = {self.step_seconds:g} s "
+            f"from {self.origin.isoformat()}",
+            f"privacy unit: one event; accounting {self.privacy.accounting}; "
+            f"per-key budget {ledger.budget:g} {unit}, committed at most {ledger.spent:g} {unit}",
+            f"counter: {self.privacy.counter.mechanism} (horizon {self.privacy.counter.horizon})",
+        ]
+        if self.privacy.monitor is not None:
+            m = self.privacy.monitor
+            lines.append(f"monitor: AboveThreshold threshold={m.threshold} epsilon={m.epsilon:g}")
+        if self.admission.mode == "open":
+            lines.append(
+                f"admission: open key universe, admission delta <= {self.admission.delta:.3g}"
+            )
+        else:
+            lines.append(f"admission: {len(self.admission.keys)} declared keys")
+        if self.privacy.accounting == "zcdp":
+            lines.append(
+                f"as (epsilon, delta): ({ledger.epsilon_spent(self.privacy.delta):.4g}, "
+                f"{self.privacy.delta:g}) per key"
+            )
+        return "\n".join(lines)
+
+
+def _privacy_section(privacy: Section) -> tuple[str, float, float]:
+    accounting = privacy.get("accounting", "pure", str)
+    if accounting not in ("pure", "zcdp"):
+        raise ConfigError(f"privacy.accounting must be 'pure' or 'zcdp', got {accounting!r}")
+    budget = positive(privacy.get("budget", 1.0, float), "privacy.budget")
+    delta = privacy.get("delta", 1e-6, float)
+    if not 0 <= delta < 1:
+        raise ConfigError(f"privacy.delta must be in [0, 1), got {delta!r}")
+    privacy.finish()
+    return accounting, budget, delta
+
+
+def _counter_section(counter: Section, accounting: str,
+                     budget: float) -> TreeCounterSpec | BltCounterSpec:
+    horizon = counter.get("horizon", 2**20, int)
+    if accounting == "pure":
+        eps = positive(counter.get("epsilon", budget * 0.7, float), "counter.epsilon")
+        spec = build_spec(TreeCounterSpec, "[counter]", epsilon=eps, horizon=horizon)
+    else:
+        rho = positive(counter.get("rho", budget * 0.7, float), "counter.rho")
+        spec = build_spec(BltCounterSpec, "[counter]", rho=rho, horizon=horizon)
+    counter.finish()
+    return spec  # type: ignore[no-any-return]
+
+
+def _admission_section(admission: Section, accounting: str
+                       ) -> tuple[str, list[str], float | None]:
+    mode = admission.get("mode", "open", str)
+    if mode not in ("open", "declared"):
+        raise ConfigError(f"admission.mode must be 'open' or 'declared', got {mode!r}")
+    keys = admission.get("keys", [], list)
+    if mode == "declared" and (not keys or not all(isinstance(k, str) and k for k in keys)):
+        raise ConfigError("admission.mode = 'declared' needs admission.keys: a non-empty list of "
+                          f"non-empty strings, got {keys!r}")
+    if mode == "open" and keys:
+        raise ConfigError("admission.keys is only used with admission.mode = 'declared'")
+    if len(set(keys)) != len(keys):
+        raise ConfigError("admission.keys has duplicates")
+    initial_value = admission.get("initial_epsilon" if accounting == "pure" else "initial_rho",
+                                  None, float)
+    admission.used.update({"initial_epsilon", "initial_rho"})
+    wrong_initial = "initial_rho" if accounting == "pure" else "initial_epsilon"
+    if wrong_initial in admission.data:
+        raise ConfigError(f"admission.{wrong_initial} does not apply to accounting {accounting!r}")
+    admission.finish()
+    return mode, keys, initial_value
+
+
+def _monitor_section(monitor: Section, mode: str, accounting: str, budget: float,
+                     delta: float) -> ThresholdMonitorSpec | None:
+    monitor_enabled = monitor.get("enabled", mode == "open", bool)
+    spec = None
+    if monitor_enabled:
+        monitor_eps = positive(monitor.get("epsilon", budget * 0.1 if accounting == "pure"
+                                           else math.sqrt(2 * budget * 0.1), float),
+                               "monitor.epsilon")
+        monitor_horizon = monitor.get("horizon", 86_400, int)
+        threshold = monitor.get("threshold", None, int)
+        if threshold is None:
+            if mode != "open":
+                raise ConfigError("monitor.threshold is required when the monitor is enabled "
+                                  "with admission.mode = 'declared'")
+            if not (isinstance(monitor_horizon, int) and monitor_horizon >= 1):
+                raise ConfigError(f"monitor.horizon must be >= 1, got {monitor_horizon!r}")
+            # the smallest threshold that keeps the admission delta within privacy.delta
+            threshold = minimal_threshold(monitor_eps, monitor_horizon, delta) if delta > 0 else 0
+        spec = build_spec(ThresholdMonitorSpec, "[monitor]", epsilon=monitor_eps,
+                          threshold=threshold, horizon=monitor_horizon)
+    else:
+        for key in ("epsilon", "threshold", "horizon"):
+            monitor.get(key, None)
+    monitor.finish()
+    return spec
+
+
+def _admission(mode: str, keys: list[str], initial_value: float | None,
+               monitor: ThresholdMonitorSpec | None, accounting: str, budget: float,
+               delta: float) -> AdmissionConfig:
+    if mode == "declared":
+        if initial_value is not None:
+            raise ConfigError("admission.initial_* is only used with admission.mode = 'open'")
+        return AdmissionConfig(mode="declared", keys=tuple(keys))
+    if monitor is None:
+        raise ConfigError(
+            "admission.mode = 'open' needs the threshold monitor ([monitor] enabled = true): "
+            "keys from the data are only released after their monitor fires"
+        )
+    if initial_value is None:
+        initial_value = budget * 0.2
+    unit = "epsilon" if accounting == "pure" else "rho"
+    positive(initial_value, f"admission.initial_{unit}")
+    initial = PrivacyCharge(label="initial count", **{unit: initial_value})
+    try:
+        adm_delta = lazy_start_delta(monitor)
+    except InvalidParameterError as exc:
+        raise ConfigError(f"[monitor]: {exc}") from None
+    if adm_delta > delta:
+        need = minimal_threshold(monitor.epsilon, monitor.horizon, delta)
+        raise ConfigError(
+            f"monitor.threshold = {monitor.threshold} with monitor windows of "
+            f"monitor.horizon = {monitor.horizon} steps costs an admission delta of "
+            f"{adm_delta:.3g}, above privacy.delta = {delta:g}; raise "
+            f"monitor.threshold to at least {need}, or lower monitor.horizon, or raise "
+            "monitor.epsilon"
+        )
+    return AdmissionConfig(mode="open", initial=initial, delta=adm_delta)
+
+
+def parse_config(raw: dict[str, Any], source: str = "<dict>") -> CountersConfig:
+    """Validate a counters configuration (as read from TOML)."""
+    admission_raw = raw.get("admission", {})
+    declared = isinstance(admission_raw, dict) and admission_raw.get("mode") == "declared"
+    fields, tables = parse_common(
+        raw, source, kind_tables=frozenset({"privacy", "counter", "monitor", "admission"}),
+        topics=TOPICS,
+        origin_required=(
+            "with admission.mode = 'declared': declared keys are released from step 0, which "
+            "starts at the origin (set it near the deployment time, e.g. origin = "
+            "'2026-11-20T00:00:00Z')") if declared else None)
+    events = tables["events"]
+    key_field = events.get("key_field", "key", str)
+    events.finish()
+    accounting, budget, delta = _privacy_section(tables["privacy"])
+    counter = _counter_section(tables["counter"], accounting, budget)
+    mode, keys, initial_value = _admission_section(tables["admission"], accounting)
+    monitor = _monitor_section(tables["monitor"], mode, accounting, budget, delta)
+    admission = _admission(mode, keys, initial_value, monitor, accounting, budget, delta)
+    privacy = PrivacyConfig(accounting=accounting, budget=budget,  # type: ignore[arg-type]
+                            delta=delta, counter=counter, monitor=monitor)
+    config = CountersConfig(key_field=key_field, privacy=privacy, admission=admission,
+                            **fields)
+    _check_budget(config)
+    return config
+
+
+def _check_budget(config: CountersConfig) -> None:
+    ledger = config.privacy.new_ledger()
+    for charge in config.per_key_charges():
+        if not ledger.can_afford(charge):
+            costs = " + ".join(f"{c.label} {float(ledger.cost_of(c)):g}"
+                               for c in config.per_key_charges())
+            raise ConfigError(
+                f"privacy.budget = {config.privacy.budget:g} {ledger.unit} per key cannot pay "
+                f"for {costs} (delta {sum(c.delta for c in config.per_key_charges()):g}); "
+                "raise the budget or lower the mechanisms' parameters"
+            )
+        ledger.charge(charge)
+
+
+# -- wiring ----------------------------------------------------------------------------------
+
+
+def statistics_spec(config: CountersConfig, instance: str = "") -> StatisticsSpec:
+    """The per-key specification a flow configuration implies, for flow instance ``instance``."""
+    p = config.privacy
+    return StatisticsSpec(
+        flow=config.name, mode=config.admission.mode, accounting=p.accounting, budget=p.budget,
+        delta_budget=p.delta, counter=p.counter, monitor=p.monitor,
+        initial=config.admission.initial, admission_delta=config.admission.delta,
+        instance=instance,
+    )
+
+
+def event_rules(config: CountersConfig) -> EventRules:
+    """How the flow reads events."""
+    declared = frozenset(config.admission.keys) if config.admission.mode == "declared" else None
+    return EventRules(
+        key_field=config.key_field, time_field=config.time_field, origin=config.origin,
+        step_seconds=config.step_seconds, lateness_seconds=config.lateness_seconds,
+        shards=config.shards, declared_keys=declared, clock=config.clock,
+    )
+
+
+class CountersKind:
+    """The counters flow kind (see the module docstring)."""
+
+    name: Final = "counters"
+    inputs: Final = ("input_topic",)
+    outputs: Final = {"releases": "releases_topic", "alerts": "alerts_topic",
+                      "dead_letters": "dead_letter_topic"}
+    topics: Final = TOPICS
+
+    def parse_config(self, raw: dict[str, Any], source: str) -> CountersConfig:
+        """Validate a counters configuration."""
+        return parse_config(raw, source)
+
+    def binding(self, config: CountersConfig) -> StatisticsSpec:
+        """What a flow instance binds (the mechanisms' digest)."""
+        return statistics_spec(config)
+
+    def clock(self, config: CountersConfig, bases: dict[str, int]
+              ) -> EventRules:
+        """The counters' event rules (one input topic: no partition bases to map)."""
+        return event_rules(config)
+
+    def wire(self, parts: FlowParts, updates: Stream[tuple[str, ShardUpdate]]
+             ) -> Stream[Encoded]:
+        """Keyed statistics per shard, encoded as release, alert and status records."""
+        config: CountersConfig = parts.config
+        spec = statistics_spec(config, parts.instance)
+        if parts.metrics is not None:
+            ledger = config.privacy.new_ledger()
+            parts.metrics.set_budget(spec.counter.mechanism, ledger.unit, ledger.budget)
+        declared = config.admission.keys if config.admission.mode == "declared" else None
+        shard_class = parts.options.get("shard_class", ShardState)
+        outputs = keyed_statistics("statistics", updates, spec, parts.partitions,
+                                   config.shards, declared, parts.noise, parts.metrics,
+                                   shard_class)
+        encoder = RecordEncoder(config.name, config.origin, config.step_seconds,
+                                config.privacy.delta)
+        return op.map("encode", outputs, encoder.encode)
+
+
+KIND: Final = CountersKind()

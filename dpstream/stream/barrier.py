@@ -1,0 +1,125 @@
+"""The step barrier every flow kind's shard shares: close a step once all partitions passed it.
+
+A shard learns every input partition's frontier (the first step that partition has not
+closed) from the :class:`~dpstream.stream.clock.ShardUpdate` values it receives, collects
+each step's buckets, and closes step ``s`` once all ``partitions`` input partitions have moved
+past it. At the end of a bounded input (EOF) every partition closes its steps through its
+last record's step and says so (see :meth:`StepClock.end_of_input`); a partition that never
+had a record is then no longer waited for.
+
+**What a step holds is a function of the input alone.** A step's buckets are merged from
+every partition's updates and the step is closed only once every partition's frontier has
+passed it; a partition sends a step's bucket no later than the update that moves its
+frontier past that step, and Bytewax keeps one partition's updates in order. So the merged
+bucket of a step does not depend on batching, on how the partitions' updates interleave, on
+the number of workers or on restarts. No step is ever skipped while buckets for it may still
+arrive.
+
+A flow kind subclasses :class:`StepBarrier` with :meth:`~StepBarrier.merge` (add a bucket to
+a step's pending one) and :meth:`~StepBarrier.close` (what closing a step publishes).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dpstream.stream import stopping
+from dpstream.stream.clock import ShardUpdate
+
+__all__ = ["StepBarrier"]
+
+
+class StepBarrier:
+    """Frontiers of the input partitions, pending buckets per step, and closing in order.
+
+    Args:
+        partitions: how many input partitions must close a step before it is closed here.
+        first_step: the first step to close (None: the first step that has a bucket).
+    """
+
+    def __init__(self, partitions: int, first_step: int | None = None) -> None:
+        self.partitions = partitions
+        self.shard: int | None = None
+        self.frontiers: dict[int, int] = {}
+        self.ended_empty: set[int] = set()  # partitions that ended without any record
+        self.pending: dict[int, Any] = {}
+        self.next_step: int | None = first_step
+
+    # -- what a flow kind provides --
+    def merge(self, step: int, bucket: Any) -> None:
+        """Add one partition's ``bucket`` for ``step`` to the pending one."""
+        raise NotImplementedError
+
+    def close(self, step: int, bucket: Any) -> list[Any]:
+        """Close ``step`` with its merged bucket (None if no partition sent one)."""
+        raise NotImplementedError
+
+    def idle(self) -> bool:
+        """Whether steps without buckets may be skipped (nothing would be published)."""
+        return False
+
+    def bind(self, shard: int | None) -> None:
+        """Learn which shard this is (from the first update, or a snapshot)."""
+        self.shard = shard
+
+    # -- the barrier --
+    def barrier_state(self) -> dict[str, Any]:
+        """The barrier's part of a snapshot (the pending buckets as the kind stores them)."""
+        return {"shard": self.shard, "frontiers": dict(self.frontiers),
+                "ended_empty": sorted(self.ended_empty), "next_step": self.next_step}
+
+    def restore_barrier(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`barrier_state` (the kind restores ``pending``)."""
+        self.bind(state["shard"])
+        self.frontiers = dict(state["frontiers"])
+        self.ended_empty = set(state.get("ended_empty", ()))
+        self.next_step = state["next_step"]
+
+    def update(self, update: ShardUpdate) -> list[Any]:
+        """Take one partition's update and close every step that is now closed."""
+        if self.shard is None:
+            self.bind(update.shard)
+        if update.frontier is not None:
+            self.frontiers[update.partition] = max(
+                update.frontier, self.frontiers.get(update.partition, update.frontier))
+            self.ended_empty.discard(update.partition)
+        for step, bucket in update.increments.items():
+            self.merge(step, bucket)
+        if not self.frontiers or len(self.frontiers) + len(self.ended_empty) < self.partitions:
+            return []
+        return self._close_until(min(self.frontiers.values()))
+
+    def end_of_input(self) -> list[Any]:
+        """The whole bounded input ended: stop waiting for partitions that had no record.
+
+        Every partition that had records has sent its final frontier before this (see
+        :meth:`StepClock.end_of_input`), so the steps closed now are exactly those every
+        partition with data has closed.
+        """
+        self.ended_empty.update(p for p in range(self.partitions) if p not in self.frontiers)
+        if not self.frontiers:
+            return []
+        return self._close_until(min(self.frontiers.values()))
+
+    def _close_until(self, end: int) -> list[Any]:
+        """Close the steps before ``end``.
+
+        While :meth:`idle`, steps without buckets are skipped, but never beyond ``end`` nor
+        beyond the first step that has a bucket: those still to come for a step before
+        ``end`` would otherwise be lost.
+        """
+        if self.next_step is None:
+            if not self.pending:
+                return []
+            self.next_step = min(min(self.pending), end)
+        out: list[Any] = []
+        while self.next_step < end:
+            if stopping.stop_requested():  # a long run of steps must not delay a stop: the
+                break  # state stays consistent (closed through next_step - 1), the rest later
+            if self.idle():
+                self.next_step = min([s for s in self.pending if s >= self.next_step] + [end])
+                if self.next_step >= end:
+                    break
+            out.extend(self.close(self.next_step, self.pending.pop(self.next_step, None)))
+            self.next_step += 1
+        return out
