@@ -220,7 +220,8 @@ def parse_common(raw: dict[str, Any], source: str, *, kind_tables: frozenset[str
         )
     fields = _flow_section(Section(raw.get("flow", {}), "flow"), origin_required)
     events = Section(raw.get("events", {}), "events")
-    kind_sections = {table: Section(raw.get(table, {}), table) for table in kind_tables}
+    kind_sections = {table: Section(raw.get(table, {}), table) for table in kind_tables
+                     if not isinstance(raw.get(table), list)}  # arrays of tables: the kind's
     kind_sections["events"] = events  # the kind reads its event fields, then finishes it
     fields["time_field"] = events.get("time_field", "ts", str)
     fields["kafka"] = _kafka_section(Section(raw.get("kafka", {}), "kafka"), fields["name"],

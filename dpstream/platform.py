@@ -127,6 +127,8 @@ def build_flow(
     else:
         if partitions is None:
             raise ValueError("partitions must be given with an in-memory source")
+        if isinstance(partitions, int) and len(topics) > 1:
+            raise ValueError(f"give the partitions of each input topic ({', '.join(topics)})")
         counts = ([partitions] if isinstance(partitions, int)
                   else [partitions[topic] for topic in topics])
         raw = op.input("memory_in", flow, source)

@@ -17,6 +17,8 @@ def test_core_imports_without_edges():
         import dpstream.core.noise, dpstream.core.ledger, dpstream.core.tree_counter
         import dpstream.core.blt_counter, dpstream.core.threshold_monitor
         import dpstream.core.key_statistics
+        import dpstream.core.universe, dpstream.core.queries, dpstream.core.pmwg
+        import dpstream.core.schedulers, dpstream.core.blackboxes
         print('ok')
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -23,10 +23,39 @@ from __future__ import annotations
 
 from typing import Any
 
+from dpstream.core.noise import NoiseKey
+from dpstream.errors import InvalidParameterError, NoiseKeyError, RecoveryMismatchError
 from dpstream.stream import stopping
 from dpstream.stream.clock import ShardUpdate
 
-__all__ = ["StepBarrier"]
+__all__ = ["StepBarrier", "binding", "check_binding"]
+
+
+def binding(instance: str, mechanisms: str, noise: NoiseKey) -> dict[str, str]:
+    """What every shard snapshot records about the flow instance it belongs to."""
+    return {"instance": instance, "noise_fingerprint": noise.fingerprint(),
+            "mechanisms": mechanisms}
+
+
+def check_binding(state: dict[str, Any], instance: str, mechanisms: str,
+                  noise: NoiseKey) -> None:
+    """Refuse a snapshot of another flow instance, other mechanisms or another noise key.
+
+    A resume under another noise key would publish replayed outputs with fresh noise
+    (pitfall 13); under other mechanisms, outputs whose cost was never charged.
+    """
+    if state.get("instance") != instance:
+        raise RecoveryMismatchError(
+            "the recovery store belongs to another flow instance; refusing to resume")
+    if state.get("mechanisms") != mechanisms:
+        raise InvalidParameterError(
+            "the recovery store was made with other mechanism parameters; a flow "
+            "instance's mechanisms cannot change (start a new flow instance)")
+    if state.get("noise_fingerprint") != noise.fingerprint():
+        raise NoiseKeyError(
+            "the recovery store was made with another noise key (fingerprint "
+            f"{state.get('noise_fingerprint')}, now {noise.fingerprint()}); resuming would "
+            "publish replayed outputs with fresh noise")
 
 
 class StepBarrier:

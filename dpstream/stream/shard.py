@@ -21,8 +21,7 @@ from typing import Any
 
 from dpstream.core.key_statistics import KeyStatistics, Output, StatisticsSpec
 from dpstream.core.noise import NoiseKey
-from dpstream.errors import InvalidParameterError, NoiseKeyError, RecoveryMismatchError
-from dpstream.stream.barrier import StepBarrier
+from dpstream.stream.barrier import StepBarrier, binding, check_binding
 
 __all__ = ["ShardState"]
 
@@ -49,18 +48,7 @@ class ShardState(StepBarrier):
         self.keys: dict[str, KeyStatistics] = {}
         self.retired: set[str] = set()  # admitted keys that can never publish again: name only
         if state is not None:
-            if state.get("instance") != spec.instance:
-                raise RecoveryMismatchError(
-                    "the recovery store belongs to another flow instance; refusing to resume")
-            if state.get("mechanisms") != spec.mechanisms_digest:
-                raise InvalidParameterError(
-                    "the recovery store was made with other mechanism parameters; a flow "
-                    "instance's mechanisms cannot change (start a new flow instance)")
-            if state.get("noise_fingerprint") != noise.fingerprint():
-                raise NoiseKeyError(
-                    "the recovery store was made with another noise key (fingerprint "
-                    f"{state.get('noise_fingerprint')}, now {noise.fingerprint()}); resuming would "
-                    "publish replayed releases with fresh noise")
+            check_binding(state, spec.instance, spec.mechanisms_digest, noise)
             self.restore_barrier(state)
             self.pending = {s: dict(k) for s, k in state["pending"].items()}
             self.keys = {k: self._restore_key(k, s) for k, s in state["keys"].items()}
@@ -69,9 +57,7 @@ class ShardState(StepBarrier):
     def to_state(self) -> dict[str, Any]:
         """Plain-data snapshot (holds true counts: the recovery store is secret)."""
         return {
-            "instance": self.spec.instance,
-            "noise_fingerprint": self.noise.fingerprint(),
-            "mechanisms": self.spec.mechanisms_digest,
+            **binding(self.spec.instance, self.spec.mechanisms_digest, self.noise),
             **self.barrier_state(),
             "pending": {s: dict(k) for s, k in self.pending.items()},
             "keys": {k: stats.to_state() for k, stats in self.keys.items()},
