@@ -65,11 +65,14 @@ def spec_of(**kw) -> PmwgSpec:
     return PmwgSpec(**base)
 
 
-def precise(n=100, cells=4, alpha=0.3, threshold=None, cap=10, epsilon=1000.0) -> PmwgSpec:
-    """A practical spec whose noise is negligible (xi_n ~ 10^4 per fraction unit)."""
+def precise(
+    n=100, cells=4, alpha=0.3, threshold=None, cap=10, epsilon=1000.0, delta=0.0, **kw
+) -> PmwgSpec:
+    """A practical spec (beta = 0.05); by default its noise is negligible (xi_n ~ 10^4 per
+    fraction unit). ``kw`` goes to PmwgSpec (e.g. ``accounting``)."""
     return PmwgSpec(
         epsilon=epsilon,
-        delta=0.0,
+        delta=delta,
         alpha=alpha,
         beta=0.05,
         n=n,
@@ -77,6 +80,7 @@ def precise(n=100, cells=4, alpha=0.3, threshold=None, cap=10, epsilon=1000.0) -
         mode="practical",
         hard_query_cap=cap,
         threshold=threshold,
+        **kw,
     )
 
 
@@ -372,16 +376,8 @@ def test_practical_mode_refuses_the_round_it_cannot_pay_and_halts() -> None:
 
 def test_practical_mode_sizes_c_for_the_cap_and_charges_at_round_start() -> None:
     for accounting, delta in (("pure", 0.0), ("zcdp", 1e-6)):
-        spec = PmwgSpec(
-            epsilon=2.0,
-            delta=delta,
-            alpha=0.1,
-            beta=0.05,
-            n=1000,
-            universe_size=64,
-            accounting=accounting,
-            mode="practical",
-            hard_query_cap=50,
+        spec = precise(
+            n=1000, cells=64, alpha=0.1, cap=50, epsilon=2.0, delta=delta, accounting=accounting
         )
         per = spec.round_charge(1000)
         cost = exact(per.epsilon if accounting == "pure" else per.rho)
@@ -413,18 +409,13 @@ def _noisy_run(pm: Pmwg, steps: int, seed: int) -> list:
     return [pm.answer(*call) for call in _noisy_calls(pm.spec, steps, seed)]
 
 
-def test_halted_rounds_equal_hard_queries() -> None:
+def _often_halting_spec() -> PmwgSpec:
     # small xi: noise of the order of the threshold, so NSG halts often and on either f'
-    spec = PmwgSpec(
-        epsilon=5.0,
-        delta=0.0,
-        alpha=0.3,
-        beta=0.05,
-        n=1000,
-        universe_size=8,
-        mode="practical",
-        hard_query_cap=400,
-    )
+    return precise(n=1000, cells=8, alpha=0.3, cap=400, epsilon=5.0)
+
+
+def test_halted_rounds_equal_hard_queries() -> None:
+    spec = _often_halting_spec()
     pm = Pmwg(spec, NoiseKey.for_tests(8), COORDS)
     answers = _noisy_run(pm, 300, seed=1)
     kinds = [a.kind for a in answers]
@@ -435,16 +426,7 @@ def test_halted_rounds_equal_hard_queries() -> None:
 
 def test_asking_both_can_halt_two_rounds_for_one_hard_query() -> None:
     # Algorithm 1 read literally: f'_{2j} is sent after f'_{2j-1} halted (tests only)
-    spec = PmwgSpec(
-        epsilon=5.0,
-        delta=0.0,
-        alpha=0.3,
-        beta=0.05,
-        n=1000,
-        universe_size=8,
-        mode="practical",
-        hard_query_cap=400,
-    )
+    spec = _often_halting_spec()
     pm = Pmwg(spec, NoiseKey.for_tests(8), COORDS)
     pm._ask_both = True
     doubles = 0
@@ -517,19 +499,14 @@ def _stream(seed: int, steps: int, cells: int = 16, n: int = 500):
     return calls
 
 
+def _stream_spec(**kw) -> PmwgSpec:
+    """A practical spec over _stream's 16 cells from n = 500, with 60 hard queries."""
+    return precise(n=500, cells=16, alpha=0.2, cap=60, epsilon=20.0, **kw)
+
+
 @pytest.mark.parametrize("accounting", ["pure", "zcdp"])
 def test_state_round_trip_gives_identical_answers(accounting) -> None:
-    spec = PmwgSpec(
-        epsilon=20.0,
-        delta=0.0 if accounting == "pure" else 1e-6,
-        alpha=0.2,
-        beta=0.05,
-        n=500,
-        universe_size=16,
-        accounting=accounting,
-        mode="practical",
-        hard_query_cap=60,
-    )
+    spec = _stream_spec(delta=0.0 if accounting == "pure" else 1e-6, accounting=accounting)
     calls = _stream(3, 120)
     key = NoiseKey.for_tests(10)
     a = Pmwg(spec, key, COORDS)
@@ -545,8 +522,7 @@ def test_state_round_trip_gives_identical_answers(accounting) -> None:
     assert a.to_state() == b.to_state() and a.ledger == b.ledger
 
 
-_ROUND_TRIP_SPEC = PmwgSpec(epsilon=5.0, delta=0.0, alpha=0.3, beta=0.05, n=500,
-                            universe_size=16, mode="practical", hard_query_cap=30)
+_ROUND_TRIP_SPEC = precise(n=500, cells=16, alpha=0.3, cap=30, epsilon=5.0)
 
 
 @settings(max_examples=25, deadline=None)
@@ -575,16 +551,7 @@ def test_state_of_another_spec_is_refused() -> None:
 
 
 def test_replay_is_identical_and_coordinates_change_the_noise() -> None:
-    spec = PmwgSpec(
-        epsilon=20.0,
-        delta=0.0,
-        alpha=0.2,
-        beta=0.05,
-        n=500,
-        universe_size=16,
-        mode="practical",
-        hard_query_cap=60,
-    )
+    spec = _stream_spec()
     calls = _stream(4, 90)
     key = NoiseKey.for_tests(11)
     first = Pmwg(spec, key, COORDS)

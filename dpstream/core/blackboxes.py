@@ -524,7 +524,35 @@ def _check_query_class(queries: object, box: str) -> IntArray:
     return weights
 
 
-class MWEM:
+class _QueryClassBox:
+    """What MWEM and SmallDB share: a ``k x N`` query class and ``(1/3, 1/3, 0, g)``.
+
+    ``g = (ln N ln k)^(1/3)``; ``box`` names the black box in error messages.
+    """
+
+    __slots__ = ("name", "p", "p_prime", "p_double_prime", "g", "_weights")
+
+    def __init__(self, queries: npt.NDArray[Any], name: str, box: str) -> None:
+        self._weights = _check_query_class(queries, box)
+        k, size = self._weights.shape
+        self.name = name
+        self.p = 1.0 / 3.0
+        self.p_prime = 1.0 / 3.0
+        self.p_double_prime = 0.0
+        self.g = (math.log(size) * math.log(k)) ** (1.0 / 3.0)
+
+    @property
+    def universe_size(self) -> int:
+        """The number of cells ``N``."""
+        return int(self._weights.shape[1])
+
+    @property
+    def query_count(self) -> int:
+        """The number of queries ``k``."""
+        return int(self._weights.shape[0])
+
+
+class MWEM(_QueryClassBox):
     """Multiplicative weights with the exponential mechanism (Hardt, Ligett, McSherry 2012).
 
     ``(p, p', p'', g) = (1/3, 1/3, 0, (ln N ln k)^(1/3))``: our constants, not
@@ -542,9 +570,7 @@ class MWEM:
 
     """
 
-    __slots__ = (
-        "name", "p", "p_prime", "p_double_prime", "g", "_weights", "_rounds", "_max_rounds",
-    )
+    __slots__ = ("_rounds", "_max_rounds")
 
     def __init__(
         self,
@@ -552,25 +578,9 @@ class MWEM:
         rounds: int | None = None,
         max_rounds: int = DEFAULT_MAX_ROUNDS,
     ) -> None:
-        self._weights = _check_query_class(queries, "MWEM")
+        super().__init__(queries, "mwem", "MWEM")
         self._rounds = None if rounds is None else integer_at_least("rounds", rounds, 1)
         self._max_rounds = integer_at_least("max_rounds", max_rounds, 1)
-        k, size = self._weights.shape
-        self.name = "mwem"
-        self.p = 1.0 / 3.0
-        self.p_prime = 1.0 / 3.0
-        self.p_double_prime = 0.0
-        self.g = (math.log(size) * math.log(k)) ** (1.0 / 3.0)
-
-    @property
-    def universe_size(self) -> int:
-        """The number of cells ``N``."""
-        return int(self._weights.shape[1])
-
-    @property
-    def query_count(self) -> int:
-        """The number of queries ``k``."""
-        return int(self._weights.shape[0])
 
     @property
     def weights(self) -> IntArray:
@@ -693,7 +703,7 @@ def _as_counts(rows: IntArray, cells: int, size: int) -> IntArray:
     return np.diff(np.concatenate([first, rows, last], axis=1), axis=1) - 1
 
 
-class SmallDB:
+class SmallDB(_QueryClassBox):
     """The exponential mechanism over small databases (Blum, Ligett, Roth 2008).
 
     ``(p, p', p'', g) = (1/3, 1/3, 0, (ln N ln k)^(1/3))``, i.e. Corollary 10's
@@ -709,26 +719,10 @@ class SmallDB:
 
     """
 
-    __slots__ = ("name", "p", "p_prime", "p_double_prime", "g", "_weights")
+    __slots__ = ()
 
     def __init__(self, queries: npt.NDArray[Any]) -> None:
-        self._weights = _check_query_class(queries, "SmallDB")
-        k, size = self._weights.shape
-        self.name = "smalldb"
-        self.p = 1.0 / 3.0
-        self.p_prime = 1.0 / 3.0
-        self.p_double_prime = 0.0
-        self.g = (math.log(size) * math.log(k)) ** (1.0 / 3.0)
-
-    @property
-    def universe_size(self) -> int:
-        """The number of cells ``N``."""
-        return int(self._weights.shape[1])
-
-    @property
-    def query_count(self) -> int:
-        """The number of queries ``k``."""
-        return int(self._weights.shape[0])
+        super().__init__(queries, "smalldb", "SmallDB")
 
     def database_size(self, alpha: float) -> int:
         """Return ``m = max(ceil(ln k / alpha^2), floor(ln(2k) / (2 alpha^2)) + 1)``."""

@@ -120,7 +120,7 @@ import math
 import sys
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar, Final, Generic, Self, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -554,20 +554,30 @@ class BBImproverSpec:
 # --- the runners --------------------------------------------------------------------
 
 
-class _Runner:
-    """What both schedulers share: the ledger, the synopsis, the clock and the state."""
+_SpecT = TypeVar("_SpecT", bound=BBSchedulerSpec | BBImproverSpec)
+
+
+class _Runner(Generic[_SpecT]):
+    """What both schedulers share: the ledger, the synopsis, the clock and the state.
+
+    A subclass names its ``_kind`` and says which of the spec's values the black
+    box must match (:meth:`_bound`) and the parameters of its first run
+    (:meth:`_first_run`, checked up front by a
+    :class:`~dpstream.core.blackboxes.PrecheckedBlackBox`).
+    """
 
     _kind: ClassVar[str] = ""
 
     def __init__(
         self,
+        spec: _SpecT,
         black_box: BlackBox,
         noise: NoiseKey,
         coordinates: tuple[str | int, ...],
-        ledger: PrivacyLedger,
-        bound: dict[str, float],
     ) -> None:
-        _check_black_box(bound, black_box)
+        self.spec: _SpecT = spec
+        ledger = spec.new_ledger()
+        _check_black_box(self._bound(), black_box)
         self.black_box = black_box
         self._key = noise
         self._coordinates = check_coordinates(coordinates)
@@ -577,6 +587,16 @@ class _Runner:
         self._run_epsilon: float | None = None
         self._last_t: int | None = None
         self._synopsis: Synopsis | None = None
+        if isinstance(black_box, PrecheckedBlackBox):
+            black_box.check_run(*self._first_run())
+
+    def _bound(self) -> dict[str, float]:
+        """The spec's values the black box's attributes must equal."""
+        raise NotImplementedError
+
+    def _first_run(self) -> tuple[int, float, float, float]:
+        """The ``(n, epsilon, alpha, beta)`` of the first run."""
+        raise NotImplementedError
 
     # -- the run --
     def _advance(self, t: int) -> int:
@@ -644,12 +664,38 @@ class _Runner:
         """The last database size observed."""
         return self._last_t
 
-    def _spent(self, delta: float) -> tuple[float, float]:
+    def privacy_spent(self) -> tuple[float, float]:
+        """Return ``(epsilon, delta)`` spent so far (Theorem 4's conversion when ``delta > 0``)."""
+        delta = self.spec.delta
         if self._ledger.accounting == "pure":
             return self._ledger.spent, 0.0
         return self._ledger.epsilon_spent(delta), delta
 
     # -- state --
+    def to_state(self) -> dict[str, Any]:
+        """Return the state as JSON- and pickle-safe data (no key, no counts)."""
+        return self._state(self.spec.to_dict())
+
+    @classmethod
+    def from_state(
+        cls,
+        state: dict[str, Any],
+        spec: _SpecT,
+        black_box: BlackBox,
+        noise: NoiseKey,
+        coordinates: tuple[str | int, ...],
+    ) -> Self:
+        """Rebuild from :meth:`to_state` with the same spec, black box and key.
+
+        Raises:
+            InvalidParameterError: the state is malformed or was made with another spec
+                or black box.
+
+        """
+        runner = cls(spec, black_box, noise, coordinates)
+        runner._load(state, spec.to_dict())
+        return runner
+
     def _state(self, spec: dict[str, Any]) -> dict[str, Any]:
         return {
             "version": _STATE_VERSION,
@@ -708,7 +754,7 @@ class _Runner:
         self._last_t, self._synopsis = last_t, synopsis
 
 
-class BBScheduler(_Runner):
+class BBScheduler(_Runner[BBSchedulerSpec]):
     """Algorithm 4: rerun a ``(p, g)``-black box at geometrically spaced epochs.
 
     Args:
@@ -728,21 +774,12 @@ class BBScheduler(_Runner):
 
     _kind: ClassVar[str] = "bbscheduler"
 
-    def __init__(
-        self,
-        spec: BBSchedulerSpec,
-        black_box: BlackBox,
-        noise: NoiseKey,
-        coordinates: tuple[str | int, ...],
-    ) -> None:
-        self.spec = spec
-        super().__init__(
-            black_box, noise, coordinates, spec.new_ledger(), {"p": spec.p, "g": spec.g}
-        )
-        if isinstance(black_box, PrecheckedBlackBox):
-            black_box.check_run(
-                spec.n, spec.epoch_epsilon(0), spec.epoch_alpha(0), spec.epoch_beta(0)
-            )
+    def _bound(self) -> dict[str, float]:
+        return {"p": self.spec.p, "g": self.spec.g}
+
+    def _first_run(self) -> tuple[int, float, float, float]:
+        spec = self.spec
+        return spec.n, spec.epoch_epsilon(0), spec.epoch_alpha(0), spec.epoch_beta(0)
 
     @property
     def epoch(self) -> int:
@@ -803,34 +840,6 @@ class BBScheduler(_Runner):
         """Return the error Theorem 27 promises at ``t``: ``alpha_i + gamma/(1+gamma)``."""
         return self.spec.accuracy(t)
 
-    def privacy_spent(self) -> tuple[float, float]:
-        """Return ``(epsilon, delta)`` spent so far (Theorem 4's conversion when ``delta > 0``)."""
-        return self._spent(self.spec.delta)
-
-    def to_state(self) -> dict[str, Any]:
-        """Return the scheduler's state as JSON- and pickle-safe data (no key, no counts)."""
-        return self._state(self.spec.to_dict())
-
-    @classmethod
-    def from_state(
-        cls,
-        state: dict[str, Any],
-        spec: BBSchedulerSpec,
-        black_box: BlackBox,
-        noise: NoiseKey,
-        coordinates: tuple[str | int, ...],
-    ) -> BBScheduler:
-        """Rebuild a scheduler from :meth:`to_state` with the same spec, black box and key.
-
-        Raises:
-            InvalidParameterError: the state is malformed or was made with another spec
-                or black box.
-
-        """
-        scheduler = cls(spec, black_box, noise, coordinates)
-        scheduler._load(state, spec.to_dict())
-        return scheduler
-
     def __repr__(self) -> str:
         return (
             f"BBScheduler({self.black_box.name}, epoch={self._round}, gamma={self.spec.gamma:.4g}, "
@@ -838,7 +847,7 @@ class BBScheduler(_Runner):
         )
 
 
-class BBImprover(_Runner):
+class BBImprover(_Runner[BBImproverSpec]):
     """Algorithm 5: rerun a ``(p, p', p'', g)``-black box at every observed ``t >= n``.
 
     Args:
@@ -857,23 +866,16 @@ class BBImprover(_Runner):
 
     _kind: ClassVar[str] = "bbimprover"
 
-    def __init__(
-        self,
-        spec: BBImproverSpec,
-        black_box: BlackBox,
-        noise: NoiseKey,
-        coordinates: tuple[str | int, ...],
-    ) -> None:
-        self.spec = spec
-        bound = {
+    def _bound(self) -> dict[str, float]:
+        spec = self.spec
+        return {
             "p": spec.p, "p_prime": spec.p_prime, "p_double_prime": spec.p_double_prime,
             "g": spec.g,
         }
-        super().__init__(black_box, noise, coordinates, spec.new_ledger(), bound)
-        if isinstance(black_box, PrecheckedBlackBox):
-            black_box.check_run(
-                spec.n, spec.run_epsilon(spec.n), spec.accuracy(spec.n), spec.run_beta(spec.n)
-            )
+
+    def _first_run(self) -> tuple[int, float, float, float]:
+        spec = self.spec
+        return spec.n, spec.run_epsilon(spec.n), spec.accuracy(spec.n), spec.run_beta(spec.n)
 
     def observe(self, counts: npt.NDArray[np.int64], t: int) -> Synopsis | None:
         """Take the database at its new size ``t``; rerun the black box if ``t >= n`` is new.
@@ -913,34 +915,6 @@ class BBImprover(_Runner):
     def accuracy(self, t: int) -> float:
         """Return ``alpha_t``, the error the black box's run at ``t`` promises (Theorem 29)."""
         return self.spec.accuracy(t)
-
-    def privacy_spent(self) -> tuple[float, float]:
-        """Return ``(epsilon, delta)`` spent so far (Theorem 4's conversion)."""
-        return self._spent(self.spec.delta)
-
-    def to_state(self) -> dict[str, Any]:
-        """Return the improver's state as JSON- and pickle-safe data (no key, no counts)."""
-        return self._state(self.spec.to_dict())
-
-    @classmethod
-    def from_state(
-        cls,
-        state: dict[str, Any],
-        spec: BBImproverSpec,
-        black_box: BlackBox,
-        noise: NoiseKey,
-        coordinates: tuple[str | int, ...],
-    ) -> BBImprover:
-        """Rebuild an improver from :meth:`to_state` with the same spec, black box and key.
-
-        Raises:
-            InvalidParameterError: the state is malformed or was made with another spec
-                or black box.
-
-        """
-        improver = cls(spec, black_box, noise, coordinates)
-        improver._load(state, spec.to_dict())
-        return improver
 
     def __repr__(self) -> str:
         return f"BBImprover({self.black_box.name}, t={self._run_t}, {self._ledger!r})"
