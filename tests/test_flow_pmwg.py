@@ -245,3 +245,11 @@ def test_the_example_configuration_loads_and_reports_its_guarantees():
     cfg = load_config("deploy/pmwg.example.toml")
     text = cfg.describe()
     assert cfg.kind == "pmwg" and "histogram 'sessions'" in text and "xi_n" in text
+
+
+def test_check_config_says_which_mechanism_suits_the_universe():
+    from dpstream.kinds.pmwg import which_mechanism
+
+    assert "'histogram'" in which_mechanism(2**10, 10**6, 1.0, 0.05)  # sqrt(N) << alpha eps t
+    assert "'pmwg'" in which_mechanism(2**40, 10**6, 1.0, 0.05)
+    assert "which mechanism" in config().describe()

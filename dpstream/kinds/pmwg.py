@@ -147,6 +147,11 @@ class PmwgConfig(FlowConfig):
                          f"({' x '.join(str(d) for d in h.universe.shape)}), size counter "
                          f"{float(PrivacyLedger(self.accounting, 1e9).cost_of(h.size.charge)):g}"
                          f" {ledger.unit}")  # type: ignore[arg-type]
+            lines.append("  " + which_mechanism(h.universe.size, h.n,
+                                                h.pmwg.epsilon if h.pmwg is not None
+                                                else h.scheduler.epsilon,  # type: ignore
+
+                                                h.pmwg.alpha if h.pmwg else 0.05))
             if h.pmwg is not None:
                 lines.extend("  " + line for line in h.pmwg.guarantee().lines())
             elif h.scheduler is not None:
@@ -156,6 +161,25 @@ class PmwgConfig(FlowConfig):
                              f"{1 - h.scheduler.beta:g} (Theorem 27), first release at t = "
                              f"{h.n}")
         return "\n".join(lines)
+
+
+def which_mechanism(universe_size: int, n: int, epsilon: float, alpha: float) -> str:
+    """Which mechanism suits a histogram, by the regime of README "PMWG or a noisy histogram".
+
+    A noisy histogram answers every question, with an error that grows like the square root
+    of the cells a question covers: at most ``sqrt(N)`` noise standard deviations of
+    ``sqrt(2)/epsilon`` events over ``t``. When that is far below ``alpha`` at the starting
+    size (``sqrt(N) * sqrt(2) / epsilon << alpha * n``) it wins outright; otherwise PMWG, whose
+    error does not grow with ``N``, answers more questions for the same budget.
+    """
+    histogram_error = math.sqrt(universe_size) * math.sqrt(2.0) / (epsilon * n)
+    ratio = histogram_error / alpha
+    verdict = ("the noisy histogram ('histogram') answers everything within alpha"
+               if ratio < 0.25 else
+               "PMWG ('pmwg'): a noisy histogram's error would exceed alpha on large queries"
+               if ratio > 1 else "either: compare both with bench/pmwg_capacity.py")
+    return (f"which mechanism: sqrt(N) sqrt(2) / (epsilon n) = {histogram_error:.3g} against "
+            f"alpha = {alpha:g} -> {verdict}")
 
 
 def _histogram(section: Section, accounting: str, delta: float) -> HistogramConfig:
