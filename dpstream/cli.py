@@ -6,6 +6,7 @@ dpstream check-config flow.toml        # validate and print the privacy guarante
 dpstream keygen --out noise.key        # a fresh secret noise key in a new 0600 file
 dpstream topics --config flow.toml     # create the flow's four Kafka topics if missing
 dpstream broker                        # a throw-away local broker for trials (Ctrl-C stops it)
+dpstream query --config pmwg.toml --histogram NAME '{"kind": "count"}'  # ask a PMWG flow
 """
 
 from __future__ import annotations
@@ -166,6 +167,80 @@ def _broker(args: argparse.Namespace) -> int:
     return 0
 
 
+def _query(args: argparse.Namespace) -> int:
+    """Ask a running PMWG flow one question and print its answer.
+
+    Exit 0 when the flow answered (any kind but ``error``), 1 when it refused the query
+    (``kind = "error"``), on a timeout or any other failure (the message on stderr).
+    """
+    import json
+
+    from kafka import KafkaConsumer
+
+    from dpstream.config import load_config
+    from dpstream.io.kafka import KafkaClients
+    from dpstream.query_client import (
+        QUERY_SCHEMA,
+        QueryClient,
+        describe_answer,
+        kafka_python_settings,
+    )
+
+    def fail(message: str) -> int:
+        print(f"dpstream: error: {message}", file=sys.stderr)
+        return 1
+
+    try:
+        config = load_config(args.config)
+    except DpstreamError as exc:
+        return fail(str(exc))
+    if config.kind != "pmwg":
+        return fail(f"{config.source} configures a {config.kind!r} flow: `dpstream query` asks "
+                    "a PMWG flow (flow.kind = \"pmwg\") through its queries and answers topics")
+    names = [h.name for h in config.histograms]
+    histogram = args.histogram
+    if histogram is None:
+        if len(names) != 1:
+            return fail(f"--histogram is required: this flow has the histograms "
+                        f"{', '.join(names)}")
+        histogram = names[0]
+    elif histogram not in names:
+        return fail(f"{histogram!r} is not a histogram of flow {config.name!r} (its histograms: "
+                    f"{', '.join(names)}); the flow would dead-letter the question")
+    text = sys.stdin.read() if args.query == "-" else args.query
+    try:
+        query = json.loads(text)
+    except ValueError as exc:
+        return fail(f"the query is not valid JSON ({exc}); give a {QUERY_SCHEMA} object, e.g. "
+                    "'{\"kind\": \"count\", \"where\": [{\"attr\": \"country\", "
+                    "\"eq\": \"de\"}]}'")
+    if not isinstance(query, dict):
+        return fail(f"the query must be a JSON object ({QUERY_SCHEMA}), got "
+                    f"{type(query).__name__}")
+    query.setdefault("schema", QUERY_SCHEMA)
+    clients = KafkaClients(config.kafka.brokers, config.kafka.add_config)
+    settings = kafka_python_settings(clients.settings)
+    if "bootstrap_timeout_ms" in KafkaConsumer.DEFAULT_CONFIG:  # kafka-python >= 3
+        settings.setdefault("bootstrap_timeout_ms", 10_000)
+    if getattr(args, "log_level", "info") != "debug":  # kafka-python logs every refused
+        logging.getLogger("kafka").setLevel(logging.CRITICAL)  # connection: our error says it
+    try:
+        with QueryClient(clients.bootstrap, queries_topic=config.kafka.topic("queries_topic"),
+                         answers_topic=config.kafka.topic("answers_topic"), flow=config.name,
+                         **settings) as client:
+            query_id = client.submit(histogram, query, args.id)
+            answer = client.answer(query_id, args.timeout)
+    except (DpstreamError, ValueError) as exc:
+        return fail(str(exc))
+    if args.json:
+        print(json.dumps(answer, ensure_ascii=False))
+    elif answer.get("kind") != "error":
+        print(describe_answer(answer))
+    if answer.get("kind") == "error":
+        return fail(f"query {query_id} was refused by the flow: {answer.get('reason')}")
+    return 0
+
+
 def _version() -> str:
     """``dpstream <version> (bytewax <version>)``, without importing Bytewax."""
     from importlib.metadata import PackageNotFoundError, version
@@ -267,6 +342,20 @@ def main(argv: list[str] | None = None) -> int:
     broker.add_argument("--port", type=_port, default=None,
                         help="TCP port on 127.0.0.1 (default: a free one)")
     broker.set_defaults(func=_broker)
+
+    query = add_parser("query", help="ask a running PMWG flow one question and print its "
+                       "answer")
+    query.add_argument("--config", help="TOML configuration of the pmwg flow (default: "
+                       "$DPSTREAM_CONFIG)")
+    query.add_argument("--histogram", help="the histogram asked (default: the flow's only one)")
+    query.add_argument("query", help="the query as JSON (dpstream.query/1; \"schema\" may be "
+                       "left out), or - to read it from stdin")
+    query.add_argument("--id", help="the query's id (default: a fresh uuid4 hex)")
+    query.add_argument("--timeout", type=float, default=60.0,
+                       help="seconds to wait for the answer (default 60)")
+    query.add_argument("--json", action="store_true",
+                       help="print the answer record as JSON instead of a readable line")
+    query.set_defaults(func=_query)
 
     demo = add_parser("demo", help="run everything locally on a synthetic stream")
     demo.add_argument("--duration", type=float, default=30.0,
