@@ -50,9 +50,7 @@ from dpstream.core.queries import LinearQuery, QueryCompiler, QueryError
 from dpstream.core.schedulers import BBScheduler, BBSchedulerSpec
 from dpstream.core.tree_counter import TreeCounter, TreeCounterSpec
 from dpstream.core.universe import Universe, UniverseError
-from dpstream.errors import (
-    ConfigError,
-)
+from dpstream.errors import ConfigError, InvalidParameterError
 from dpstream.messages import DeadLetter, Encoded, RawMessage
 from dpstream.platform import FlowParts
 from dpstream.stream.barrier import StepBarrier, binding, check_binding
@@ -537,7 +535,11 @@ class _Histogram:
             return self._record(query_id, step, "waiting", None, None,
                                 f"the public database size t = {self.t} has not reached "
                                 f"n = {h.n}")
-        answers = [self.mechanism.answer(part, self.counts, self.t) for part in parts]
+        try:
+            answers = [self.mechanism.answer(part, self.counts, self.t) for part in parts]
+        except InvalidParameterError as exc:  # never a crash for a question (withholding the
+            return self._record(query_id, step, "error", None, None,  # parts is free)
+                                f"the question could not be answered: {exc}")
         if len(answers) == 1 and query.get("kind") != "marginal":
             a = answers[0]
             return self._record(query_id, step, a.kind, a.value, None, a.reason)
