@@ -124,8 +124,11 @@ def progress_line(registry: CollectorRegistry) -> str:
         parts.append(f"{t['dpstream_events_total']:.0f} events")
     if "dpstream_dead_letters_total" in t:
         parts.append(f"{t['dpstream_dead_letters_total']:.0f} dead letters")
-    parts.append(f"{t.get('dpstream_releases_total', 0):.0f} releases")
-    parts.append(f"{t.get('dpstream_alerts_total', 0):.0f} alerts")
+    if "dpstream_answers_total" in t:  # a pmwg flow
+        parts.append(f"{t['dpstream_answers_total']:.0f} answers")
+    else:
+        parts.append(f"{t.get('dpstream_releases_total', 0):.0f} releases")
+        parts.append(f"{t.get('dpstream_alerts_total', 0):.0f} alerts")
     if t.get("dpstream_refused_releases_total"):
         parts.append(f"{t['dpstream_refused_releases_total']:.0f} refused charges")
     if t.get("dpstream_output_pending_records"):
