@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 import zlib
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, Final
 
 import bytewax.operators as op
@@ -55,7 +55,7 @@ from dpstream.messages import DeadLetter, Encoded, RawMessage
 from dpstream.platform import FlowParts
 from dpstream.stream.barrier import StepBarrier, binding, check_binding
 from dpstream.stream.clock import ShardUpdate, StepClock, bad_time
-from dpstream.stream.events import shard_of
+from dpstream.stream.events import iso_seconds, shard_of
 from dpstream.stream.operators import stepped_shards
 
 __all__ = ["ANSWER_SCHEMA", "HistogramConfig", "KIND", "PmwgConfig"]
@@ -394,17 +394,12 @@ class PmwgClock(StepClock):
 
 
 def _seconds(value: Any) -> float | None:
+    """An event time: finite Unix seconds, or an ISO-8601 string (as the counters read it)."""
     if isinstance(value, bool):
         return None
     if isinstance(value, (int, float)):
         return float(value) if math.isfinite(value) else None
-    if isinstance(value, str):
-        try:
-            moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
-        except ValueError:
-            return None
-        return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
-    return None
+    return iso_seconds(value) if isinstance(value, str) else None
 
 
 def _query_envelope_problem(body: Any, names: dict[str, int]) -> str | None:

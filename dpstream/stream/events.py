@@ -54,7 +54,7 @@ def _bad_key(field: str) -> str:
     return f"field {field!r} missing or not a non-empty string"
 
 
-def _iso_seconds(text: str) -> float | None:
+def iso_seconds(text: str) -> float | None:
     """Unix seconds of an ISO-8601 time (naive times are UTC), or None."""
     try:
         moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
@@ -193,7 +193,7 @@ class PartitionClock(StepClock):
             key, ts = event.key, event.ts
             reason = None
             if type(ts) is str:  # the decoder gives a float or a str
-                ts = _iso_seconds(ts)
+                ts = iso_seconds(ts)
                 if ts is None:
                     reason = bad_time(rules.time_field)
             if not key:
