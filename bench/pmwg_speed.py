@@ -43,7 +43,7 @@ cells), batches of 10,000 events:
 
 Usage::
 
-    python bench/pmwg_speed.py            # full run (a few minutes)
+    python bench/pmwg_speed.py            # full run (about 40 s)
     python bench/pmwg_speed.py --quick    # smoke run (< 1 min), writes nothing
 
 Results go to ``bench/results/issue7-pmwg-speed.json``; tables to stdout.
@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy: 1-thread BLAS
+os.environ["OPENBLAS_NUM_THREADS"] = "1"  # before numpy: multi-threaded BLAS is erratic here
 
 import argparse  # noqa: E402
 import bisect  # noqa: E402
