@@ -10,6 +10,7 @@ and ``dpstream.status/1`` records. Its configuration tables are ``[privacy]``,
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -31,7 +32,7 @@ from dpstream.io.records import RecordEncoder
 from dpstream.messages import Encoded
 from dpstream.platform import FlowParts
 from dpstream.stream.clock import ShardUpdate
-from dpstream.stream.events import EventRules
+from dpstream.stream.events import EventRules, PartitionClock
 from dpstream.stream.operators import keyed_statistics
 from dpstream.stream.shard import ShardState
 
@@ -318,9 +319,10 @@ class CountersKind:
         return statistics_spec(config)
 
     def clock(self, config: CountersConfig, bases: dict[str, int]
-              ) -> EventRules:
-        """The counters' event rules (one input topic: no partition bases to map)."""
-        return event_rules(config)
+              ) -> Callable[[dict[str, Any] | None], PartitionClock]:
+        """The counters' clock factory (one input topic: no partition bases to map)."""
+        rules = event_rules(config)
+        return lambda state: PartitionClock(rules, state)
 
     def wire(self, parts: FlowParts, updates: Stream[tuple[str, ShardUpdate]]
              ) -> Stream[Encoded]:

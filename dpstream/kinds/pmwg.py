@@ -86,6 +86,12 @@ class HistogramConfig:
     """BBScheduler's parameters (with ``mechanism = "histogram"``)."""
 
     @property
+    def size_cost(self) -> float:
+        """What the size counter costs, in the ledger unit (epsilon, or rho under zCDP)."""
+        s = self.size
+        return float(s.epsilon if isinstance(s, TreeCounterSpec) else s.rho)
+
+    @property
     def charges(self) -> list[PrivacyCharge]:
         """What one event can cost in this histogram (size counter, then the mechanism)."""
         if self.scheduler is not None:
@@ -143,7 +149,7 @@ class PmwgConfig(FlowConfig):
         for h in self.histograms:
             lines.append(f"histogram {h.name!r}: {h.mechanism}, N = {h.universe.size} cells "
                          f"({' x '.join(str(d) for d in h.universe.shape)}), size counter "
-                         f"{float(PrivacyLedger(self.accounting, 1e9).cost_of(h.size.charge)):g}"
+                         f"{h.size_cost:g}"
                          f" {ledger.unit}")  # type: ignore[arg-type]
             lines.append("  " + which_mechanism(h.universe.size, h.n,
                                                 h.pmwg.epsilon if h.pmwg is not None
@@ -545,7 +551,7 @@ class _Histogram:
     def _record(self, query_id: str, step: int, kind: str, value: Any, kinds: Any,
                 reason: str | None) -> AnswerRecord:
         ledger = self.mechanism.ledger
-        size_cost = float(PrivacyLedger(ledger.accounting, 1e9).cost_of(self.config.size.charge))
+        size_cost = self.config.size_cost
         return AnswerRecord(self.config.name, self.config.mechanism, query_id, step, self.t,
                             kind, value, kinds, reason, size_cost + ledger.spent,
                             size_cost + ledger.budget, self.mechanism.hard_queries)

@@ -32,7 +32,7 @@ from dpstream.messages import DeadLetter
 from dpstream.stream import stopping
 from dpstream.stream.barrier import StepBarrier
 from dpstream.stream.clock import ShardUpdate, StepClock
-from dpstream.stream.events import EventRules, PartitionClock, RawMessage, shard_of
+from dpstream.stream.events import RawMessage, shard_of
 from dpstream.stream.shard import ShardState
 
 __all__ = ["FlowObserver", "StepAssignment", "assign_steps", "keyed_statistics", "stepped_shards"]
@@ -130,17 +130,15 @@ def _group_by_partition(batch: list[RawMessage]) -> list[tuple[str, list[RawMess
 
 @operator
 def assign_steps(step_id: str, up: Stream[RawMessage],
-                 rules: EventRules | Callable[[dict[str, Any] | None], StepClock],
+                 make_clock: Callable[[dict[str, Any] | None], StepClock],
                  observer: FlowObserver | None = None) -> StepAssignment:
     """Parse raw messages per input partition and route each step's buckets to shards.
 
-    ``rules`` are the counters' event rules, or any flow kind's clock factory (a snapshot or
-    None -> a :class:`~dpstream.stream.clock.StepClock`).
+    ``make_clock`` is the flow kind's clock factory (a snapshot or None -> a
+    :class:`~dpstream.stream.clock.StepClock`).
     """
     grouped = op.flat_map_batch("group_by_partition", up, _group_by_partition)
     seen = observer or _Nobody()
-    make_clock = (rules if callable(rules)
-                  else lambda state: PartitionClock(rules, state))  # type: ignore[arg-type]
     parsed = op.stateful_batch(
         "parse", grouped, lambda state: _PartitionLogic(make_clock(state), seen))
     flat = op.key_rm("unkey", parsed)

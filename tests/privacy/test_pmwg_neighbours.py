@@ -218,3 +218,33 @@ def test_the_real_dataflow_publishes_what_the_harness_drives():
     driven = run_core(cfg, items, noise)
     assert [{k: p[k] for k in ("id", "step", "t", "kind")} for p in published] == \
         [{k: d[k] for k in ("id", "step", "t", "kind")} for d in driven]
+
+
+@pytest.mark.parametrize("step", [0, 5])
+def test_the_answer_metrics_are_functions_of_the_published_answers(step):
+    """Neighbours may differ in the metrics only as their published answers differ."""
+    from collections import Counter
+
+    from prometheus_client import CollectorRegistry
+
+    from dpstream.metrics import FlowMetrics
+
+    cfg = config()
+    for items in (base_stream(), with_extra(base_stream(), step)):
+        metrics = FlowMetrics("n", CollectorRegistry(), exact_counts=False)
+        sink: list = []
+        flow = build_flow(cfg, NoiseKey.for_tests(11), instance="n-1",
+                          partitions={"events": 2, "queries": 1},
+                          source=TestingSource(items, 16), sink=TestingSink(sink),
+                          metrics=metrics)
+        run_main(flow)
+        published = [json.loads(v) for role, _k, v in sink if role == "answers"]
+        samples = [s for family in metrics.registry.collect() for s in family.samples]
+        kinds = Counter({s.labels["kind"]: int(s.value) for s in samples
+                         if s.name == "dpstream_answers_total"})
+        assert kinds == Counter(a["kind"] for a in published)
+        spent = [s.value for s in samples if s.name == "dpstream_histogram_privacy_spent"]
+        assert spent == [published[-1]["privacy"]["spent"]]
+        hard = [s.value for s in samples if s.name == "dpstream_hard_queries"]
+        assert hard == [published[-1]["hard_queries"]]
+        assert not [s for s in samples if s.name.startswith("dpstream_events")]
