@@ -81,7 +81,7 @@ from dpstream.core.key_statistics import Alert, BudgetExhausted, Output, Release
 
 __all__ = ["FlowMetrics"]
 
-OUTPUT_ROLES: Final = ("releases", "alerts", "answers", "dead_letters")
+OUTPUT_ROLES: Final = ("releases", "alerts", "answers", "models", "dead_letters")
 """The ``role`` label values of ``dpstream_output_delivered_total``."""
 KAFKA_CLIENTS: Final = ("consumer", "producer", "admin")
 """The ``client`` label values of ``dpstream_kafka_client_errors_total``."""
@@ -270,6 +270,39 @@ class FlowMetrics:
             self.hard_queries.labels(self.flow, a.histogram).set(a.hard_queries)
             self.histogram_spent.labels(self.flow, a.histogram, a.mechanism).set(a.spent)
             self.histogram_budget.labels(self.flow, a.histogram, a.mechanism).set(a.budget)
+
+    # -- released models (the erm flow) ------------------------------------------------------
+
+    def _model_series(self) -> None:
+        if hasattr(self, "models"):
+            return
+        r = self.registry
+        self.models = Counter(
+            "dpstream_models_released", "Private models released, by model stream and role "
+            "(base, update, window, multi-resolution, ...; 'exhausted' when a stream stops).",
+            ["flow", "stream", "role"], registry=r)
+        self.model_spent = Gauge(
+            "dpstream_model_privacy_spent",
+            "Largest privacy spend of any event in a model stream, in the ledger unit.",
+            ["flow", "stream"], registry=r)
+        self.model_budget = Gauge(
+            "dpstream_model_privacy_budget",
+            "Privacy one event may spend in a model stream (the theorems' bound).",
+            ["flow", "stream"], registry=r)
+        self.model_accuracy = Gauge(
+            "dpstream_model_holdout_accuracy",
+            "Accuracy of a stream's last released model on the public holdout.",
+            ["flow", "stream"], registry=r)
+
+    def observe_models(self, models: Iterable[Any]) -> None:
+        """Count released models; publish each stream's spend and holdout accuracy."""
+        self._model_series()
+        for m in models:
+            self.models.labels(self.flow, m.stream, m.role).inc()
+            self.model_spent.labels(self.flow, m.stream).set(m.spent)
+            self.model_budget.labels(self.flow, m.stream).set(m.budget)
+            if m.accuracy is not None:
+                self.model_accuracy.labels(self.flow, m.stream).set(m.accuracy)
 
     # -- operational series -----------------------------------------------------------------
 

@@ -141,6 +141,33 @@ def _report_progress(registry: CollectorRegistry, interval: float) -> None:
         log.info("progress: %s", progress_line(registry))
 
 
+def one_blas_thread() -> None:
+    """Let numpy's BLAS use one thread per Bytewax worker thread.
+
+    The ERM flow's solvers run inside the workers; with a BLAS thread pool per call on top
+    of the workers, the threads fight for the cores and L-BFGS slows down 100-fold on a busy
+    machine. Scale out with workers (``-w``) and processes instead. ``threadpoolctl`` (a
+    scikit-learn dependency) limits the pools already loaded; ``OPENBLAS_NUM_THREADS`` set
+    by the operator still wins for pools loaded later.
+    """
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=1, user_api="blas")
+
+
+def flow_module(kind: str) -> Dataflow:
+    """The flow of a ``dpstream.flows`` module: :func:`flow_from_environment` for ``kind``.
+
+    A configuration or start-up error prints one line (``dpstream: error: ...``) and exits 2,
+    as ``python -m bytewax.run`` would otherwise print a long traceback.
+    """
+    try:
+        return flow_from_environment(kind=kind)
+    except DpstreamError as exc:
+        print(f"dpstream: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 def flow_from_environment(config_path: str | None = None, recovery_dir: str | None = None,
                           ephemeral: bool | None = None, kind: str | None = None) -> Dataflow:
     """Build the flow of ``$DPSTREAM_CONFIG`` (of its ``flow.kind``) with the environment's key.
@@ -162,6 +189,7 @@ def flow_from_environment(config_path: str | None = None, recovery_dir: str | No
 
     setup_logging()
     stopping.install_stop_handlers()
+    one_blas_thread()
     config = load_config(config_path)
     if kind is not None and config.kind != kind:
         raise ConfigError(f"{config.source} configures a {config.kind!r} flow (flow.kind) but "

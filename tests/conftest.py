@@ -6,7 +6,13 @@ run (and fail) independently of them.
 
 from __future__ import annotations
 
-import re
+import os
+
+# one BLAS thread per process: the ERM solvers are 100x slower when BLAS threads oversubscribe
+# the 2 cores (set before numpy is first imported; flows do the same at start-up)
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import re  # noqa: E402
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING

@@ -174,7 +174,8 @@ def test_observe_delivery_counts_by_role_and_sets_pending():
 
 
 @pytest.mark.parametrize(("delivered", "retried", "message"), [
-    ({"status": 1}, 0, "role must be one of releases, alerts, answers, dead_letters, got 'status'"),
+    ({"status": 1}, 0,
+     "role must be one of releases, alerts, answers, models, dead_letters, got 'status'"),
     ({"releases": -1}, 0, r"delivered\['releases'\] must be >= 0, got -1"),
     ({}, -2, "retried must be >= 0, got -2"),
 ])

@@ -609,7 +609,7 @@ class _Runner(Generic[_SpecT]):
 
     def _run(
         self,
-        counts: npt.NDArray[np.int64],
+        counts: Any,
         t: int,
         round_: int,
         charge: PrivacyCharge,
@@ -696,6 +696,15 @@ class _Runner(Generic[_SpecT]):
         runner._load(state, spec.to_dict())
         return runner
 
+    def _synopsis_from_state(self, state: dict[str, Any]) -> Synopsis:
+        """Load a released synopsis; a runner whose black box releases another kind overrides it.
+
+        ``_run`` passes its database (``counts``, a histogram for this module's black boxes)
+        to the black box untouched, so a subclass may drive a black box over another kind of
+        database (:mod:`dpstream.core.ermg`).
+        """
+        return synopsis_from_state(state)
+
     def _state(self, spec: dict[str, Any]) -> dict[str, Any]:
         return {
             "version": _STATE_VERSION,
@@ -738,7 +747,7 @@ class _Runner(Generic[_SpecT]):
             run_t = None if state["run_t"] is None else int(state["run_t"])
             run_eps = None if state["run_epsilon"] is None else float(state["run_epsilon"])
             last_t = None if state["last_t"] is None else int(state["last_t"])
-            synopsis = None if state["synopsis"] is None else synopsis_from_state(
+            synopsis = None if state["synopsis"] is None else self._synopsis_from_state(
                 state["synopsis"]
             )
         except (KeyError, TypeError, ValueError) as exc:

@@ -17,13 +17,6 @@ metrics on ``metrics.port + N``. ``dpstream run --config FILE`` does the same in
 A configuration or start-up error prints one line (``dpstream: error: ...``) and exits 2.
 """
 
-import sys
+from dpstream.runner import flow_module
 
-from dpstream.errors import DpstreamError
-from dpstream.runner import flow_from_environment
-
-try:
-    flow = flow_from_environment(kind="counters")
-except DpstreamError as _exc:
-    print(f"dpstream: error: {_exc}", file=sys.stderr)
-    sys.exit(2)
+flow = flow_module("counters")

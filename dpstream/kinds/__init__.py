@@ -16,7 +16,8 @@ from dpstream.errors import ConfigError
 
 __all__ = ["KINDS", "flow_kind"]
 
-KINDS: Final = {"counters": "dpstream.kinds.counters", "pmwg": "dpstream.kinds.pmwg"}
+KINDS: Final = {"counters": "dpstream.kinds.counters", "pmwg": "dpstream.kinds.pmwg",
+         "erm": "dpstream.kinds.erm"}
 
 
 def flow_kind(name: str) -> Any:

@@ -53,7 +53,7 @@ from dpstream.core.universe import Universe, UniverseError
 from dpstream.errors import ConfigError, InvalidParameterError
 from dpstream.messages import DeadLetter, Encoded, RawMessage
 from dpstream.platform import FlowParts
-from dpstream.stream.barrier import StepBarrier, binding, check_binding
+from dpstream.stream.barrier import MechanismShard
 from dpstream.stream.clock import ShardUpdate, StepClock, bad_time
 from dpstream.stream.events import iso_seconds, shard_of
 from dpstream.stream.operators import stepped_shards
@@ -557,38 +557,21 @@ class _Histogram:
                             size_cost + ledger.budget, self.mechanism.hard_queries)
 
 
-class PmwgShard(StepBarrier):
+class PmwgShard(MechanismShard):
     """The histograms of one shard: add each step's events, then answer its questions."""
 
-    def __init__(self, config: PmwgConfig, noise: NoiseKey, instance: str, partitions: int,
-                 state: dict[str, Any] | None = None) -> None:
-        super().__init__(partitions, first_step=0)  # every step from the origin: when the
-        self.config, self.noise, self.instance = config, noise, instance  # data start is private
-        self.histograms: dict[str, _Histogram] = {}
-        self._states: dict[str, Any] = {}
-        if state is not None:
-            check_binding(state, instance, config.mechanisms_digest, noise)
-            self._states = state["histograms"]
-            self.restore_barrier(state)
-            self.pending = state["pending"]
+    members_key = "histograms"
+    mechanism = "pmwg"
 
-    def bind(self, shard: int | None) -> None:
-        """Learn the shard and build (or restore) the histograms it owns."""
-        self.shard = shard
-        if shard is None:
-            return
-        for h in self.config.histograms:
-            if shard_of(h.name, self.config.shards) == shard and h.name not in self.histograms:
-                coords = (self.instance, self.config.name, "pmwg", h.name)
-                self.histograms[h.name] = _Histogram(h, self.noise, coords,
-                                                     self._states.get(h.name))
+    def names(self) -> list[str]:
+        """The configured histograms."""
+        return [h.name for h in self.config.histograms]
 
-    def to_state(self) -> dict[str, Any]:
-        """Plain-data snapshot (holds true counts: the recovery store is secret)."""
-        return {**binding(self.instance, self.config.mechanisms_digest, self.noise),
-                **self.barrier_state(),
-                "pending": self.pending,
-                "histograms": {n: h.to_state() for n, h in self.histograms.items()}}
+    def build(self, name: str, coordinates: tuple[Any, ...],
+              state: dict[str, Any] | None) -> _Histogram:
+        """A histogram and its mechanism (new, or from its snapshot)."""
+        config = next(h for h in self.config.histograms if h.name == name)
+        return _Histogram(config, self.noise, coordinates, state)
 
     def merge(self, step: int, bucket: dict[str, Any]) -> None:
         """Add one partition's cells and questions for ``step``."""
@@ -602,12 +585,12 @@ class PmwgShard(StepBarrier):
     def close(self, step: int, bucket: dict[str, Any] | None) -> list[AnswerRecord]:
         """Add the step's events, then answer its questions in (partition, offset) order."""
         bucket = bucket or {"cells": {}, "queries": []}
-        for name in sorted(self.histograms):
-            self.histograms[name].add(bucket["cells"].get(name))
+        for name in sorted(self.members):
+            self.members[name].add(bucket["cells"].get(name))
         out = []
         for _, _, name, query_id, query in sorted(bucket["queries"],
                                                   key=lambda q: (q[0], q[1])):
-            out.append(self.histograms[name].answer(query_id, query, step))
+            out.append(self.members[name].answer(query_id, query, step))
         return out
 
 

@@ -27,8 +27,9 @@ from dpstream.core.noise import NoiseKey
 from dpstream.errors import InvalidParameterError, NoiseKeyError, RecoveryMismatchError
 from dpstream.stream import stopping
 from dpstream.stream.clock import ShardUpdate
+from dpstream.stream.events import shard_of
 
-__all__ = ["StepBarrier", "binding", "check_binding"]
+__all__ = ["MechanismShard", "StepBarrier", "binding", "check_binding"]
 
 
 def binding(instance: str, mechanisms: str, noise: NoiseKey) -> dict[str, str]:
@@ -152,3 +153,58 @@ class StepBarrier:
             out.extend(self.close(self.next_step, self.pending.pop(self.next_step, None)))
             self.next_step += 1
         return out
+
+
+class MechanismShard(StepBarrier):
+    """A shard of named mechanisms (histograms, model streams) spread over shards by name.
+
+    Each configured name lives on the shard ``shard_of(name, config.shards)`` and runs from
+    step 0 (the origin): the names and their start are public, so neither reveals an event.
+    A flow kind says which names it has (:meth:`names`) and how one is built or restored
+    (:meth:`build`); the binding check, the snapshot and the restore are here.
+
+    Attributes:
+        members_key: the snapshot's key for the members' states.
+        mechanism: the label of the members' noise coordinates
+            ``(instance, flow name, mechanism, member name)``.
+    """
+
+    members_key = "members"
+    mechanism = ""
+
+    def __init__(self, config: Any, noise: NoiseKey, instance: str, partitions: int,
+                 state: dict[str, Any] | None = None) -> None:
+        super().__init__(partitions, first_step=0)
+        self.config, self.noise, self.instance = config, noise, instance
+        self.members: dict[str, Any] = {}
+        self._states: dict[str, Any] = {}
+        if state is not None:
+            check_binding(state, instance, config.mechanisms_digest, noise)
+            self._states = state[self.members_key]
+            self.restore_barrier(state)
+            self.pending = state["pending"]
+
+    def names(self) -> list[str]:
+        """The configured names (every shard sees all; each builds only its own)."""
+        raise NotImplementedError
+
+    def build(self, name: str, coordinates: tuple[Any, ...],
+              state: dict[str, Any] | None) -> Any:
+        """A member, new (``state`` None) or restored; it must offer ``to_state()``."""
+        raise NotImplementedError
+
+    def bind(self, shard: int | None) -> None:
+        """Learn the shard and build (or restore) the members it owns."""
+        self.shard = shard
+        if shard is None:
+            return
+        for name in self.names():
+            if shard_of(name, self.config.shards) == shard and name not in self.members:
+                coordinates = (self.instance, self.config.name, self.mechanism, name)
+                self.members[name] = self.build(name, coordinates, self._states.get(name))
+
+    def to_state(self) -> dict[str, Any]:
+        """Plain-data snapshot (the members' true data: the recovery store is secret)."""
+        return {**binding(self.instance, self.config.mechanisms_digest, self.noise),
+                **self.barrier_state(), "pending": self.pending,
+                self.members_key: {n: m.to_state() for n, m in self.members.items()}}
