@@ -884,3 +884,18 @@ def test_erm_imports_without_scipy_and_the_edges():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "True"
+
+
+@pytest.mark.parametrize("classes, intercept", [(("a", "b"), True), ((0, 1, 2), True),
+                                                (("a", "b"), False)])
+def test_linear_model_scores_raw_clipped_rows_exactly_as_the_feature_map(classes, intercept):
+    spec = ErmSpec(classes=classes, dimension=5, clip_norm=2.5, regularization=0.1,
+                   intercept=intercept)
+    rng = np.random.default_rng(4)
+    x = rng.normal(scale=3.0, size=(200, 5))  # many rows above the clip norm
+    params = rng.normal(size=(spec.rows, spec.columns))
+    coef, bias = spec.linear_model(params)
+    norms = np.linalg.norm(x, axis=1)
+    clipped = x * np.minimum(1.0, 2.5 / norms)[:, None]
+    np.testing.assert_allclose(clipped @ coef.T + bias, spec.features(x) @ params.T,
+                               rtol=1e-12, atol=1e-12)

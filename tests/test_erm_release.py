@@ -608,3 +608,32 @@ def test_the_real_output_perturbation_runs_under_every_schedule(algorithm, extra
             assert np.all(np.isfinite(r.model.params)) and r.model.noise_std > 0
             assert r.model.cost * (1 if r.rate is None else 0) in (0, r.cost)
     assert released and s.max_block_spend() <= spec.budget()
+
+
+def test_updates_use_their_own_regularization_and_the_accounting_is_unchanged():
+    """Algorithm 3's λ (centred computations) is its own; costs stay the paper's fractions."""
+    erm = ErmSpec(classes=(0, 1), dimension=2, clip_norm=1.0, regularization=0.01)
+    asked = []
+
+    def train(spec, block, *, normalizer, center, level, rng):
+        asked.append((center is not None, float(spec.regularization)))
+        return erm_module.private_erm(spec, block, normalizer=normalizer, center=center,
+                                      level=level, rng=rng)
+
+    plain = ScheduleSpec(algorithm="continual", epsilon=1.0, block_size=8, base_blocks=2)
+    split = ScheduleSpec(algorithm="continual", epsilon=1.0, block_size=8, base_blocks=2,
+                         update_regularization=2.0)
+    spends = []
+    for spec in (plain, split):
+        schedule = ReleaseSchedule(spec, erm, NoiseKey.for_tests(1), ("t",), train=train)
+        rng = np.random.default_rng(0)
+        for step in range(9):
+            z = erm.features(rng.normal(size=(8, 2)))
+            schedule.add_block(step, Block(z, rng.integers(0, 2, size=8)))
+        spends.append([schedule.block_spend(s) for s in range(9)])
+    assert spends[0] == spends[1]  # the same fractions of epsilon
+    assert {lam for centred, lam in asked if centred} == {0.01, 2.0}
+    assert {lam for centred, lam in asked if not centred} == {0.01}
+    with pytest.raises(InvalidParameterError, match="update_regularization"):
+        ScheduleSpec(algorithm="continual", epsilon=1.0, block_size=8,
+                     update_regularization=-1.0)

@@ -123,7 +123,10 @@ def test_continual_release_publishes_usable_models_with_their_window_and_cost(tm
     assert clf.score(X, y) == pytest.approx(last["holdout"]["accuracy"])
     assert clf.predict_proba(X).shape == (400, 2)
     majority = max(np.mean(y == "yes"), np.mean(y == "no"))
-    assert last["holdout"]["accuracy"] > majority + 0.05  # it learned something
+    # one block of ~120 events at epsilon/2 is a noisy update; over the stream the models
+    # learned something (the median release beats the majority class by 10 points)
+    accuracies = [m["holdout"]["accuracy"] for m in out]
+    assert np.median(accuracies) > majority + 0.10
 
 
 def test_models_do_not_depend_on_batching_interleaving_or_workers():

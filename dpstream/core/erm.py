@@ -439,6 +439,19 @@ class ErmSpec:
         np.multiply(unit, factor[:, None], out=out[:, :d])
         return out
 
+    def linear_model(self, params: object) -> tuple[FloatArray, FloatArray]:
+        """Return ``(coef, intercept)`` for raw rows clipped to ``clip_norm``.
+
+        The inverse of :meth:`features` on the parameters: for every row ``x`` with
+        ``x_c = x·min(1, R/||x||)``, ``params @ features(x) = coef @ x_c + intercept`` (up to
+        float rounding). Post-processing of a released model: what a consumer scores with.
+        """
+        w = np.atleast_2d(np.asarray(params, dtype=np.float64))
+        d, scale = self.dimension, _FEATURE_SHRINK / float(self.clip_norm)
+        if self.intercept:
+            return w[:, :d] * (scale * _INV_SQRT2), w[:, d] * (_FEATURE_SHRINK * _INV_SQRT2)
+        return w * scale, np.zeros(w.shape[0])
+
     def block(self, x: object, labels: Sequence[object] | npt.NDArray[Any]) -> Block:
         """Return the :class:`Block` of events with features ``x`` and labels ``labels``."""
         z = self.features(x)

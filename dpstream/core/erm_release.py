@@ -180,6 +180,7 @@ schedule's spec and the model's spec (:meth:`ReleaseSchedule.from_state` checks 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping
@@ -251,6 +252,10 @@ def _default_train(
     )
 
 
+_CENTRED_LEVELS: Final = frozenset({"update", "update-sampled", "window", "window-sampled"})
+"""The noise levels of centred computations (Algorithm 3/7), which use the updates' λ."""
+
+
 def _is_power_of_two(value: int) -> bool:
     return value >= 1 and value & (value - 1) == 0
 
@@ -312,6 +317,13 @@ class ScheduleSpec:
         sampling: Algorithms 6, 8 and the sampled sliding window (pure only).
         accounting: ``"pure"`` (discrete Laplace, ε) or ``"zcdp"`` (discrete Gaussian, ρ);
             must equal the model's :attr:`~dpstream.core.erm.ErmSpec.accounting`.
+        update_regularization: the λ of the centred computations (Algorithm 3/7: the
+            updates of Algorithm 4/8 and the buckets of Algorithm 5), or ``None`` for the
+            model's λ. Algorithm 3 takes λ as its own input; Theorem 5 wants it small enough
+            (λ <= 1/(||w* − w_g||² b0)) for the update to fit the new block, while a large λ
+            keeps the update near its (better-trained) centre with less noise. The base
+            models (Algorithm 1) keep the model's λ. Each computation's sensitivity uses its
+            own λ, so the accounting is unchanged.
 
     Raises:
         InvalidParameterError: a parameter out of range, or sampling with zCDP or with the
@@ -326,6 +338,7 @@ class ScheduleSpec:
     window_blocks: int = 3
     sampling: bool = False
     accounting: Accounting = "pure"
+    update_regularization: float | None = None
 
     mechanism: ClassVar[str] = "erm-release"
 
@@ -364,6 +377,8 @@ class ScheduleSpec:
                 "subsampled zCDP mechanism has no rate-proportional rho to charge. Use "
                 "accounting 'pure' or sampling = false"
             )
+        if self.update_regularization is not None:
+            positive_finite("update_regularization", self.update_regularization)
         if self.sampling and self.algorithm == "independent":
             raise InvalidParameterError(
                 "the independent baseline has no sampled variant (each block is used once, "
@@ -409,6 +424,8 @@ class ScheduleSpec:
             "window_blocks": int(self.window_blocks),
             "sampling": bool(self.sampling),
             "accounting": str(self.accounting),
+            "update_regularization": (None if self.update_regularization is None
+                                      else float(self.update_regularization)),
         }
 
     def describe(self) -> str:
@@ -557,6 +574,8 @@ class ReleaseSchedule:
             )
         self.spec = spec
         self.erm = erm
+        self.update_erm = (erm if spec.update_regularization is None else
+                           dataclasses.replace(erm, regularization=spec.update_regularization))
         self._key = noise
         self._coordinates = check_coordinates(coordinates)
         self._train: TrainFn = _default_train if train is None else train
@@ -580,8 +599,13 @@ class ReleaseSchedule:
         self._trained: tuple[Computation, ...] = ()
 
     # -- noise levels and rates --
-    def _sensitivity(self, blocks: int) -> Fraction:
-        return Fraction(self.erm.sensitivity(float(blocks * self._b0)))
+    def _model_spec(self, centred: bool) -> ErmSpec:
+        """The λ of a computation: the updates' (centred, Algorithm 3/7) or the model's."""
+        return self.update_erm if centred else self.erm
+
+    def _sensitivity(self, blocks: int, centred: bool) -> Fraction:
+        erm = self._model_spec(centred)
+        return Fraction(erm.sensitivity(float(blocks * self._b0)))
 
     def _level(self, name: str, blocks: int, cost: Fraction) -> NoiseLevel:
         """The noise level whose cost at ``blocks`` blocks is ``cost`` (cached)."""
@@ -589,7 +613,8 @@ class ReleaseSchedule:
         level = self._levels.get(key)
         if level is None:
             level = NoiseLevel(
-                reference_sensitivity=self._sensitivity(blocks), reference_cost=cost
+                reference_sensitivity=self._sensitivity(blocks, name in _CENTRED_LEVELS),
+                reference_cost=cost,
             )
             self._levels[key] = level
         return level
@@ -618,7 +643,8 @@ class ReleaseSchedule:
     ) -> _Job:
         blocks = last - first + 1
         normalizer = float(blocks * self._b0)
-        cost = noise.cost_at(self.erm, self._sensitivity(blocks))
+        centred = bool(centre)
+        cost = noise.cost_at(self._model_spec(centred), self._sensitivity(blocks, centred))
         if rate == 1:
             return _Job(
                 Computation(step, role, level, first, last, centre, normalizer, None, cost),
@@ -842,7 +868,8 @@ class ReleaseSchedule:
                                            data.size, c.rate)
                 data = Block(np.asarray(data.z[mask]), np.asarray(data.y[mask]))
             centre = None if not c.centre else models[c.centre].params
-            model = self._train(self.erm, data, normalizer=c.normalizer, center=centre,
+            model = self._train(self._model_spec(centre is not None), data,
+                                normalizer=c.normalizer, center=centre,
                                 level=job.noise, rng=self._key.stream(*coordinates, "noise"))
             if model.cost != job.expected_cost:
                 raise InvalidParameterError(

@@ -56,7 +56,7 @@ from dpstream.stream.clock import ShardUpdate, StepClock, bad_time
 from dpstream.stream.events import iso_seconds, shard_of
 from dpstream.stream.operators import stepped_shards
 
-__all__ = ["KIND", "MODEL_SCHEMA", "ErmConfig", "ModelRecord", "linear_model"]
+__all__ = ["KIND", "MODEL_SCHEMA", "ErmConfig", "ModelRecord"]
 
 TOPICS: Final = {"input_topic": "events", "models_topic": "models",
                  "dead_letter_topic": "dead-letters"}
@@ -189,7 +189,8 @@ def _schedule_section(section: Section, privacy: dict[str, Any]) -> tuple[str, A
         ScheduleSpec, "[release]", algorithm=algorithm, epsilon=privacy["epsilon"],
         block_size=block_size, base_blocks=section.get("base_blocks", 8, int),
         window_blocks=section.get("window_blocks", 7, int),
-        sampling=section.get("sampling", False, bool), accounting=privacy["accounting"])
+        sampling=section.get("sampling", False, bool), accounting=privacy["accounting"],
+        update_regularization=section.get("update_regularization", None, float))
     section.finish()
     return algorithm, spec
 
@@ -578,20 +579,6 @@ class ErmShard(MechanismShard):
 # -- records out -----------------------------------------------------------------------------
 
 
-def linear_model(spec: ErmSpec, params: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Weights and intercept for *raw* features clipped to ``clip_norm``.
-
-    The model was fitted on ``z = [x_c / R, 1] / sqrt(2)`` (with an intercept; else
-    ``x_c / R``), so ``W z = (W_x / (R sqrt 2)) x_c + W_b / sqrt 2``: post-processing.
-    """
-    d, r = spec.dimension, float(spec.clip_norm)
-    params = np.atleast_2d(np.asarray(params, dtype=np.float64))
-    if spec.intercept:
-        scale = 1.0 / math.sqrt(2.0)
-        return params[:, :d] * (scale / r), params[:, d] * scale
-    return params / r, np.zeros(params.shape[0])
-
-
 class ModelEncoder:
     """Encodes models as ``dpstream.model/1`` records (keyed by model stream)."""
 
@@ -619,7 +606,7 @@ class ModelEncoder:
         if m.model is None:
             body["reason"] = m.reason
         else:
-            coef, intercept = linear_model(config.model, m.model.params)
+            coef, intercept = config.model.linear_model(m.model.params)
             body.update({
                 "coef": coef.tolist(), "intercept": intercept.tolist(),
                 "features": {"dimension": config.model.dimension,
