@@ -164,13 +164,16 @@ def test_bad_records_become_dead_letters_and_name_no_value():
             10_000, t),
         raw(1, b'{"features": [1, 2, 3, 4], "label": "yes", "s": "a"}', 10_001, t),
         raw(1, b"not json", 10_002, t),
+        raw(1, b'{"features": [1, 2, 3, 4], "label": "yes", "s": ["a"], "ts": %f}' % t,
+            10_003, t),  # an unhashable stream name once crashed the flow
     ]
     items.sort(key=lambda m: m[4])
     sink = run(config(), items)
     dead = [json.loads(v) for role, _k, v in sink if role == "dead_letters"]
     reasons = sorted(d["reason"] for d in dead)
-    assert len(dead) == 6
+    assert len(dead) == 7
     assert sum("must be a list of 4 numbers" in r for r in reasons) == 2
+    assert sum("configured model stream" in r for r in reasons) == 2
     assert any("configured classes" in r and "maybe" not in r for r in reasons)
     assert any("configured model stream" in r and "zz" not in r for r in reasons)
     assert any("ts" in r for r in reasons) and "invalid JSON" in reasons

@@ -400,7 +400,8 @@ class ErmClock(StepClock):
                 continue
             stream = 0
             if stream_field is not None:
-                found = stream_index.get(record.get(stream_field))  # type: ignore[arg-type]
+                value = record.get(stream_field)
+                found = stream_index.get(value) if type(value) is str else None
                 if found is None:
                     dead.append(dead_letter(
                         f"field {stream_field!r} must name a configured model stream",

@@ -415,7 +415,8 @@ def _query_envelope_problem(body: Any, names: dict[str, int]) -> str | None:
     qid = body.get("id")
     if not isinstance(qid, str) or not qid or len(qid) > MAX_QUERY_ID:
         return f"field 'id' missing or not a non-empty string of at most {MAX_QUERY_ID} characters"
-    if body.get("histogram") not in names:
+    histogram = body.get("histogram")
+    if not isinstance(histogram, str) or histogram not in names:  # a list is unhashable
         return f"field 'histogram' must name a configured histogram ({', '.join(names)})"
     if not isinstance(body.get("query"), dict):
         return "field 'query' missing or not a JSON object (dpstream.query/1)"
