@@ -253,6 +253,8 @@ def test_ermg_runs_in_the_flow():
     out = models(run(cfg, stream(steps=6, rate=100)))
     assert out and {m["stream"] for m in out} == {"default"}
     assert all(m["privacy"]["spent"] <= m["privacy"]["budget"] for m in out)
+    assert {(m["privacy"]["accounting"], m["privacy"]["delta"]) for m in out} == {
+        ("approx_dp", 1e-6)}
 
 
 def test_zcdp_multinomial_models_predict_every_class():

@@ -103,7 +103,9 @@ class ErmConfig(FlowConfig):
 
     @property
     def unit(self) -> str:
-        """The ledger unit."""
+        """The unit of the per-event bound."""
+        if self.algorithm == "ermg":
+            return f"epsilon (of (epsilon, {self.delta:g})-DP)"
         return "epsilon" if self.accounting == "pure" else "rho"
 
     @property
@@ -595,8 +597,10 @@ class ModelEncoder:
     def encode(self, m: ModelRecord) -> Encoded:
         """One model record on the models topic."""
         config = self.config
-        privacy = {"unit": "event", "accounting": config.accounting, "cost": m.cost,
-                   "spent": m.spent, "budget": m.budget}
+        privacy: dict[str, Any] = {"unit": "event", "accounting": config.accounting,
+                                   "cost": m.cost, "spent": m.spent, "budget": m.budget}
+        if config.algorithm == "ermg":  # BBImprover charges rho; spent and budget are the
+            privacy.update(accounting="approx_dp", delta=config.delta)  # epsilon of (eps, delta)
         body: dict[str, Any] = {
             "schema": MODEL_SCHEMA, "flow": config.name, "stream": m.stream,
             "algorithm": config.algorithm, "role": m.role, "level": m.level, "step": m.step,
