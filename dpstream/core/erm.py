@@ -532,6 +532,16 @@ class Block:
         """The number ``m`` of events."""
         return int(self.z.shape[0])
 
+    def to_state(self) -> dict[str, Any]:
+        """Return the rows as plain data (copies): for a schedule's snapshot."""
+        return {"z": np.array(self.z, dtype=np.float64), "y": np.array(self.y, dtype=np.int64)}
+
+    @staticmethod
+    def from_state(state: dict[str, Any], columns: int) -> Block:
+        """Rebuild from :meth:`to_state` (``columns`` fixes the shape of an empty block)."""
+        return Block(np.asarray(state["z"], dtype=np.float64).reshape(-1, columns),
+                     np.asarray(state["y"], dtype=np.int64).reshape(-1))
+
     @staticmethod
     def empty(columns: int) -> Block:
         """Return a block of no events with ``columns`` feature columns."""

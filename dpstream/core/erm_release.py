@@ -994,8 +994,7 @@ class ReleaseSchedule:
             "erm": self.erm.to_dict(),
             "t": self._t,
             "first_kept": self._first_kept,
-            "blocks": [{"z": np.array(b.z, dtype=np.float64), "y": np.array(b.y, dtype=np.int64)}
-                       for b in self._blocks],
+            "blocks": [b.to_state() for b in self._blocks],
             "first_live": self._first_live,
             "spend": [_frac(s) for s in self._spend],
             "max_spend": _frac(self._max_spend),
@@ -1040,9 +1039,7 @@ class ReleaseSchedule:
                 )
             t = int(state["t"])
             first_kept = int(state["first_kept"])
-            blocks = [Block(np.asarray(b["z"], dtype=np.float64).reshape(-1, erm.columns),
-                            np.asarray(b["y"], dtype=np.int64).reshape(-1))
-                      for b in state["blocks"]]
+            blocks = [Block.from_state(b, erm.columns) for b in state["blocks"]]
             first_live = int(state["first_live"])
             spend = [Fraction(s) for s in state["spend"]]
             max_spend = Fraction(state["max_spend"])

@@ -75,7 +75,6 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, ClassVar, Final
 
-import numpy as np
 import numpy.typing as npt
 
 from dpstream.core._checks import integer_at_least, is_integer, positive_finite
@@ -433,8 +432,7 @@ class Ermg:
             "kind": _STATE_KIND,
             "spec": self.spec.to_dict(),
             "erm": self.erm.to_dict(),
-            "blocks": [{"z": np.array(b.z, dtype=np.float64), "y": np.array(b.y, dtype=np.int64)}
-                       for b in self._blocks],
+            "blocks": [b.to_state() for b in self._blocks],
             "rho_total": _frac(self._rho_total),
             "rho_before": [_frac(r) for r in self._rho_before],
             "improver": self._improver.to_state(),
@@ -469,9 +467,7 @@ class Ermg:
                     f"the state was made with specs {state['spec']!r} and {state['erm']!r}, "
                     f"but these are {spec.to_dict()!r} and {erm.to_dict()!r}"
                 )
-            blocks = [Block(np.asarray(b["z"], dtype=np.float64).reshape(-1, erm.columns),
-                            np.asarray(b["y"], dtype=np.int64).reshape(-1))
-                      for b in state["blocks"]]
+            blocks = [Block.from_state(b, erm.columns) for b in state["blocks"]]
             rho_total = Fraction(state["rho_total"])
             rho_before = [Fraction(r) for r in state["rho_before"]]
             improver = _ErmImprover.from_state(state["improver"], ermg.improver_spec,

@@ -53,7 +53,7 @@ from dpstream.messages import DeadLetter, Encoded, RawMessage
 from dpstream.platform import FlowParts
 from dpstream.stream.barrier import MechanismShard
 from dpstream.stream.clock import ShardUpdate, StepClock, bad_time
-from dpstream.stream.events import iso_seconds, shard_of
+from dpstream.stream.events import event_seconds, shard_of
 from dpstream.stream.operators import stepped_shards
 
 __all__ = ["KIND", "MODEL_SCHEMA", "ErmConfig", "ModelRecord"]
@@ -396,7 +396,7 @@ class ErmClock(StepClock):
                     f"field {label_field!r} must be one of the configured classes", message))
                 continue
             ts = record.get(time_field)
-            ts = float(ts) if type(ts) is float or type(ts) is int else _seconds(ts)
+            ts = float(ts) if type(ts) is float or type(ts) is int else event_seconds(ts)
             if ts is None or not math.isfinite(ts):
                 dead.append(dead_letter(bad_time(time_field), message))
                 continue
@@ -447,15 +447,6 @@ class ErmClock(StepClock):
                 bucket = per_shard[self.shard_of[stream]].setdefault(step, {})
                 bucket[name] = [(self._z[pick], self._y[pick], self._order[pick])]
         return per_shard
-
-
-def _seconds(value: Any) -> float | None:
-    """An event time: finite Unix seconds, or an ISO-8601 string."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return float(value) if math.isfinite(value) else None
-    return iso_seconds(value) if isinstance(value, str) else None
 
 
 # -- steps: the shard ------------------------------------------------------------------------

@@ -55,7 +55,7 @@ from dpstream.messages import DeadLetter, Encoded, RawMessage
 from dpstream.platform import FlowParts
 from dpstream.stream.barrier import MechanismShard
 from dpstream.stream.clock import ShardUpdate, StepClock, bad_time
-from dpstream.stream.events import iso_seconds, shard_of
+from dpstream.stream.events import event_seconds, shard_of
 from dpstream.stream.operators import stepped_shards
 
 __all__ = ["ANSWER_SCHEMA", "HistogramConfig", "KIND", "PmwgConfig"]
@@ -324,7 +324,7 @@ class PmwgClock(StepClock):
             if not isinstance(record, dict):
                 dead.append(self.dead_letter("not a JSON object", message))
                 continue
-            ts = _seconds(record.get(time_field))
+            ts = event_seconds(record.get(time_field))
             if ts is None:
                 dead.append(self.dead_letter(bad_time(time_field), message))
                 continue
@@ -397,15 +397,6 @@ class PmwgClock(StepClock):
                 bucket["cells"][name] = dict(zip(values.tolist(), counts.tolist(),
                                                  strict=True))
         return per_shard
-
-
-def _seconds(value: Any) -> float | None:
-    """An event time: finite Unix seconds, or an ISO-8601 string (as the counters read it)."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return float(value) if math.isfinite(value) else None
-    return iso_seconds(value) if isinstance(value, str) else None
 
 
 def _query_envelope_problem(body: Any, names: dict[str, int]) -> str | None:

@@ -9,6 +9,7 @@ records is the shared clock's job (:mod:`dpstream.stream.clock`).
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections import Counter
 from dataclasses import dataclass
@@ -52,6 +53,15 @@ _bad_time = bad_time
 
 def _bad_key(field: str) -> str:
     return f"field {field!r} missing or not a non-empty string"
+
+
+def event_seconds(value: Any) -> float | None:
+    """An event time read from JSON: finite Unix seconds, or an ISO-8601 string; else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value) if math.isfinite(value) else None
+    return iso_seconds(value) if isinstance(value, str) else None
 
 
 def iso_seconds(text: str) -> float | None:
