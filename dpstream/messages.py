@@ -9,9 +9,11 @@ values, and the record encoders turn outputs into :data:`Encoded` triples for a 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Final
 
 __all__ = [
+    "step_window",
     "DeadLetter",
     "Encoded",
     "RawMessage",
@@ -47,3 +49,15 @@ class DeadLetter:
     topic: str | None = None
     partition: int | None = None
     offset: int | None = None
+
+
+def step_window(origin: datetime, step_seconds: float, first: int,
+                last: int | None = None) -> dict[str, str]:
+    """The event-time window ``[start, end)`` of steps ``first..last`` (ISO-8601, ``Z``)."""
+    start = origin + timedelta(seconds=first * step_seconds)
+    end = origin + timedelta(seconds=((first if last is None else last) + 1) * step_seconds)
+    return {"start": _iso(start), "end": _iso(end)}
+
+
+def _iso(moment: datetime) -> str:
+    return moment.isoformat().replace("+00:00", "Z")

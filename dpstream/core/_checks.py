@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from fractions import Fraction
+from typing import Any
 
 import numpy as np
 
@@ -38,3 +40,25 @@ def increment(value: object) -> int:
     if value < 0:
         raise InvalidParameterError("increment must be an integer >= 0, got a negative one")
     return int(value)
+
+
+def fraction_text(value: Fraction) -> str:
+    """An exact rational as ``"num/den"`` (what snapshots and records store)."""
+    return f"{value.numerator}/{value.denominator}"
+
+
+def check_state(state: dict[str, Any], kind: str, version: int,
+                made_with: dict[str, tuple[str, dict[str, Any]]]) -> None:
+    """Refuse a snapshot of another kind or version, or made with other specs.
+
+    ``made_with`` maps each spec's key in the state to a label for messages and the
+    ``to_dict()`` of the spec the state must have been made with.
+    """
+    if state["version"] != version or state["kind"] != kind:
+        raise InvalidParameterError(
+            f"not an {kind} state of version {version}: kind {state['kind']!r}, version "
+            f"{state['version']!r}")
+    for key, (label, spec) in made_with.items():
+        if state[key] != spec:
+            raise InvalidParameterError(
+                f"the state was made with {label} {state[key]!r}, but this one is {spec!r}")

@@ -150,7 +150,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from dpstream.core._checks import integer_at_least, positive_finite
+from dpstream.core._checks import fraction_text, integer_at_least, positive_finite
 from dpstream.core.ledger import Accounting, exact
 from dpstream.core.noise import (
     RandomIntegers,
@@ -232,10 +232,6 @@ def _grid_constants(p: int) -> tuple[Fraction, int, Fraction]:
     d1 = math.isqrt(p * a * a) // b + p
     d2 = s * ((1 << GRID_BITS) * _SLACK + 1)
     return c_g, d1, d2
-
-
-def _fraction_text(x: Fraction) -> str:
-    return f"{x.numerator}/{x.denominator}"
 
 
 def _parse_fraction(text: object, name: str) -> Fraction:
@@ -1012,11 +1008,11 @@ class PrivateModel:
         return {
             "version": _STATE_VERSION,
             "shape": [int(s) for s in self.params.shape],
-            "grid": _fraction_text(self.grid),
+            "grid": fraction_text(self.grid),
             "integers": [str(k) for k in self.integers],
             "noise_std": float(self.noise_std),
-            "cost": _fraction_text(self.cost),
-            "sensitivity": _fraction_text(self.sensitivity),
+            "cost": fraction_text(self.cost),
+            "sensitivity": fraction_text(self.sensitivity),
             "normalizer": float(self.normalizer),
             "size": int(self.size),
         }

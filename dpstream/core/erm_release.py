@@ -192,7 +192,13 @@ import numpy as np
 import numpy.typing as npt
 
 from dpstream.core import erm as _erm
-from dpstream.core._checks import integer_at_least, is_integer, positive_finite
+from dpstream.core._checks import (
+    check_state,
+    fraction_text,
+    integer_at_least,
+    is_integer,
+    positive_finite,
+)
 from dpstream.core.erm import Block, ErmSpec, NoiseLevel, PrivateModel
 from dpstream.core.ledger import exact
 from dpstream.core.noise import NoiseKey, RandomIntegers, check_coordinates
@@ -258,10 +264,6 @@ _CENTRED_LEVELS: Final = frozenset({"update", "update-sampled", "window", "windo
 
 def _is_power_of_two(value: int) -> bool:
     return value >= 1 and value & (value - 1) == 0
-
-
-def _frac(value: Fraction) -> str:
-    return f"{value.numerator}/{value.denominator}"
 
 
 def sampling_rate_at_most(unamplified: Fraction, target: Fraction) -> Fraction:
@@ -996,8 +998,8 @@ class ReleaseSchedule:
             "first_kept": self._first_kept,
             "blocks": [b.to_state() for b in self._blocks],
             "first_live": self._first_live,
-            "spend": [_frac(s) for s in self._spend],
-            "max_spend": _frac(self._max_spend),
+            "spend": [fraction_text(s) for s in self._spend],
+            "max_spend": fraction_text(self._max_spend),
             "models": [[[list(pair) for pair in key], model.to_state()]
                        for key, model in self._models.items()],
         }
@@ -1022,21 +1024,8 @@ class ReleaseSchedule:
         """
         schedule = cls(spec, erm, noise, coordinates, train=train)
         try:
-            if state["version"] != _STATE_VERSION or state["kind"] != _STATE_KIND:
-                raise InvalidParameterError(
-                    f"not an {_STATE_KIND} state of version {_STATE_VERSION}: kind "
-                    f"{state['kind']!r}, version {state['version']!r}"
-                )
-            if state["spec"] != spec.to_dict():
-                raise InvalidParameterError(
-                    f"the state was made with schedule {state['spec']!r}, but this one is "
-                    f"{spec.to_dict()!r}"
-                )
-            if state["erm"] != erm.to_dict():
-                raise InvalidParameterError(
-                    f"the state was made with model {state['erm']!r}, but this one is "
-                    f"{erm.to_dict()!r}"
-                )
+            check_state(state, _STATE_KIND, _STATE_VERSION, {
+                "spec": ("schedule", spec.to_dict()), "erm": ("model", erm.to_dict())})
             t = int(state["t"])
             first_kept = int(state["first_kept"])
             blocks = [Block.from_state(b, erm.columns) for b in state["blocks"]]

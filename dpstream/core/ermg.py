@@ -77,7 +77,13 @@ from typing import Any, ClassVar, Final
 
 import numpy.typing as npt
 
-from dpstream.core._checks import integer_at_least, is_integer, positive_finite
+from dpstream.core._checks import (
+    check_state,
+    fraction_text,
+    integer_at_least,
+    is_integer,
+    positive_finite,
+)
 from dpstream.core.blackboxes import RngFor
 from dpstream.core.erm import Block, ErmSpec, NoiseLevel, PrivateModel
 from dpstream.core.erm_release import Release, TrainFn, _default_train
@@ -91,10 +97,6 @@ __all__ = ["ErmSynopsis", "Ermg", "ErmgSpec", "OutputPerturbation"]
 _STATE_VERSION: Final = 1
 _STATE_KIND: Final = "ermg"
 _SYNOPSIS_KIND: Final = "erm-model"
-
-
-def _frac(value: Fraction) -> str:
-    return f"{value.numerator}/{value.denominator}"
 
 
 # --- the black box ------------------------------------------------------------------------
@@ -433,8 +435,8 @@ class Ermg:
             "spec": self.spec.to_dict(),
             "erm": self.erm.to_dict(),
             "blocks": [b.to_state() for b in self._blocks],
-            "rho_total": _frac(self._rho_total),
-            "rho_before": [_frac(r) for r in self._rho_before],
+            "rho_total": fraction_text(self._rho_total),
+            "rho_before": [fraction_text(r) for r in self._rho_before],
             "improver": self._improver.to_state(),
         }
 
@@ -457,16 +459,9 @@ class Ermg:
         """
         ermg = cls(spec, erm, noise, coordinates, train=train)
         try:
-            if state["version"] != _STATE_VERSION or state["kind"] != _STATE_KIND:
-                raise InvalidParameterError(
-                    f"not an {_STATE_KIND} state of version {_STATE_VERSION}: kind "
-                    f"{state['kind']!r}, version {state['version']!r}"
-                )
-            if state["spec"] != spec.to_dict() or state["erm"] != erm.to_dict():
-                raise InvalidParameterError(
-                    f"the state was made with specs {state['spec']!r} and {state['erm']!r}, "
-                    f"but these are {spec.to_dict()!r} and {erm.to_dict()!r}"
-                )
+            check_state(state, _STATE_KIND, _STATE_VERSION, {
+                "spec": ("specs of ERMG", spec.to_dict()),
+                "erm": ("specs of the model", erm.to_dict())})
             blocks = [Block.from_state(b, erm.columns) for b in state["blocks"]]
             rho_total = Fraction(state["rho_total"])
             rho_before = [Fraction(r) for r in state["rho_before"]]

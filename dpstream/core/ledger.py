@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Final, Literal
 
+from dpstream.core._checks import fraction_text
 from dpstream.errors import BudgetExhaustedError, InvalidParameterError
 
 __all__ = ["Accounting", "PrivacyCharge", "PrivacyLedger", "exact", "zcdp_to_approx_dp"]
@@ -191,10 +192,10 @@ class PrivacyLedger:
         """Return a JSON- and pickle-safe dict of the ledger."""
         return {
             "accounting": self.accounting,
-            "budget": _frac_to_str(self._budget),
-            "delta_budget": _frac_to_str(self._delta_budget),
-            "spent": _frac_to_str(self._spent),
-            "spent_delta": _frac_to_str(self._spent_delta),
+            "budget": fraction_text(self._budget),
+            "delta_budget": fraction_text(self._delta_budget),
+            "spent": fraction_text(self._spent),
+            "spent_delta": fraction_text(self._spent_delta),
             "releases": self.releases,
         }
 
@@ -230,5 +231,3 @@ def _cost(accounting: Accounting, epsilon: float, rho: float) -> Fraction:
     return exact(rho) + exact(epsilon) ** 2 / 2
 
 
-def _frac_to_str(value: Fraction) -> str:
-    return f"{value.numerator}/{value.denominator}"

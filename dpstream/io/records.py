@@ -20,14 +20,14 @@ from __future__ import annotations
 import base64
 import hashlib
 from collections.abc import Mapping
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, Final
 
 import orjson
 
 from dpstream.core.key_statistics import Alert, BudgetExhausted, Release
 from dpstream.core.ledger import zcdp_to_approx_dp
-from dpstream.messages import DeadLetter
+from dpstream.messages import DeadLetter, step_window
 
 __all__ = [
     "ALERT_SCHEMA",
@@ -50,10 +50,6 @@ MAX_ORIGINAL_BYTES: Final = 64 * 1024
 
 
 
-def _iso(moment: datetime) -> str:
-    return moment.isoformat().replace("+00:00", "Z")
-
-
 class RecordEncoder:
     """Turns core outputs into ``(topic_role, key_bytes, value_bytes)`` triples."""
 
@@ -64,8 +60,7 @@ class RecordEncoder:
 
     def window(self, step: int) -> dict[str, str]:
         """The event-time window [start, end) of a global step."""
-        start = self.origin + timedelta(seconds=step * self.step_seconds)
-        return {"start": _iso(start), "end": _iso(start + timedelta(seconds=self.step_seconds))}
+        return step_window(self.origin, self.step_seconds, step)
 
     def encode(self, item: Release | Alert | BudgetExhausted) -> tuple[str, bytes, bytes]:
         """Encode one output; the first element names the topic role."""

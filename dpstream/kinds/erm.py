@@ -32,8 +32,6 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
-from fractions import Fraction
 from pathlib import Path
 from typing import Any, Final
 
@@ -43,13 +41,14 @@ import orjson
 from bytewax.dataflow import Stream
 
 from dpstream.config import FlowConfig, Section, build_spec, parse_common, positive
+from dpstream.core._checks import fraction_text
 from dpstream.core.erm import Block, ErmSpec, PrivateModel, predict
 from dpstream.core.erm_release import ReleaseSchedule, ScheduleSpec
 from dpstream.core.key_statistics import parameter_digest
 from dpstream.core.noise import NoiseKey
 from dpstream.errors import BudgetExhaustedError, ConfigError
 from dpstream.estimator import MODEL_SCHEMA
-from dpstream.messages import DeadLetter, Encoded, RawMessage
+from dpstream.messages import DeadLetter, Encoded, RawMessage, step_window
 from dpstream.platform import FlowParts
 from dpstream.stream.barrier import MechanismShard
 from dpstream.stream.clock import ShardUpdate, StepClock, bad_time
@@ -580,10 +579,8 @@ class ModelEncoder:
         self.config = config
 
     def _window(self, first: int, last: int) -> dict[str, Any]:
-        step = self.config.step_seconds
-        start = self.config.origin + timedelta(seconds=first * step)
-        end = self.config.origin + timedelta(seconds=(last + 1) * step)
-        return {"first_step": first, "last_step": last, "start": _iso(start), "end": _iso(end)}
+        return {"first_step": first, "last_step": last,
+                **step_window(self.config.origin, self.config.step_seconds, first, last)}
 
     def encode(self, m: ModelRecord) -> Encoded:
         """One model record on the models topic."""
@@ -607,18 +604,12 @@ class ModelEncoder:
                 "coef": coef.tolist(), "intercept": intercept.tolist(),
                 "features": {"dimension": config.model.dimension,
                              "clip_norm": float(config.model.clip_norm)},
-                "noise": {"std": float(m.model.noise_std), "grid": _fraction(m.model.grid)},
+                "noise": {"std": float(m.model.noise_std), "grid": fraction_text(m.model.grid)},
                 "holdout": (None if m.accuracy is None else
                             {"accuracy": m.accuracy, "rows": config.holdout.rows})})  # type: ignore[union-attr]
         return "models", m.stream.encode(), orjson.dumps(body)
 
 
-def _fraction(value: Fraction) -> str:
-    return f"{value.numerator}/{value.denominator}"
-
-
-def _iso(moment: datetime) -> str:
-    return moment.isoformat().replace("+00:00", "Z")
 
 
 # -- the kind --------------------------------------------------------------------------------

@@ -31,7 +31,6 @@ from __future__ import annotations
 import math
 import zlib
 from dataclasses import dataclass
-from datetime import datetime, timedelta
 from typing import Any, Final
 
 import bytewax.operators as op
@@ -51,7 +50,7 @@ from dpstream.core.schedulers import BBScheduler, BBSchedulerSpec
 from dpstream.core.tree_counter import TreeCounter, TreeCounterSpec
 from dpstream.core.universe import Universe, UniverseError
 from dpstream.errors import ConfigError, InvalidParameterError
-from dpstream.messages import DeadLetter, Encoded, RawMessage
+from dpstream.messages import DeadLetter, Encoded, RawMessage, step_window
 from dpstream.platform import FlowParts
 from dpstream.stream.barrier import MechanismShard
 from dpstream.stream.clock import ShardUpdate, StepClock, bad_time
@@ -597,8 +596,6 @@ class AnswerEncoder:
 
     def encode(self, a: AnswerRecord) -> Encoded:
         """One answer record on the answers topic."""
-        start = self.config.origin + timedelta(seconds=a.step * self.config.step_seconds)
-        end = start + timedelta(seconds=self.config.step_seconds)
         privacy: dict[str, Any] = {"unit": "event", "accounting": self.config.accounting,
                                    "spent": a.spent, "budget": a.budget}
         if self.config.accounting == "zcdp":
@@ -607,7 +604,8 @@ class AnswerEncoder:
         body: dict[str, Any] = {
             "schema": ANSWER_SCHEMA, "flow": self.config.name, "histogram": a.histogram,
             "mechanism": a.mechanism, "id": a.query_id, "step": a.step,
-            "window": {"start": _iso(start), "end": _iso(end)}, "t": a.t, "kind": a.kind,
+            "window": step_window(self.config.origin, self.config.step_seconds, a.step),
+            "t": a.t, "kind": a.kind,
             "value": _clamp(a.value), "reason": a.reason, "hard_queries": a.hard_queries,
             "privacy": privacy}
         if a.kinds is not None:
@@ -622,8 +620,6 @@ def _clamp(value: Any) -> Any:
     return None if value is None else min(1.0, max(0.0, float(value)))
 
 
-def _iso(moment: datetime) -> str:
-    return moment.isoformat().replace("+00:00", "Z")
 
 
 # -- the kind --------------------------------------------------------------------------------
