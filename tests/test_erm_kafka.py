@@ -21,7 +21,6 @@ import random
 import re
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections import defaultdict
@@ -31,6 +30,8 @@ from typing import Any
 import numpy as np
 import pytest
 from kafka import KafkaConsumer, TopicPartition
+from support import cli_flows
+from support.cli_flows import finish, iso
 
 from dpstream.estimator import MODEL_SCHEMA, ReleasedClassifier
 from dpstream.io.topics import Record, ensure_topics, produce, read_all
@@ -96,10 +97,6 @@ base_blocks = 2
 """
 
 
-def iso(seconds: int) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
-
-
 def write_config(path: Path, bootstrap: str, topics: dict[str, str], *, name: str, tail: bool,
                  batch_size: int = 500) -> Path:
     path.write_text(CONFIG.format(name=name, origin=iso(ORIGIN), bootstrap=bootstrap,
@@ -118,25 +115,7 @@ def make_topics(bootstrap: str, stem: str) -> dict[str, str]:
 
 
 def start_flow(config: Path, *args: str) -> subprocess.Popen:
-    if "--recovery-dir" not in args:
-        args = (*args, "--ephemeral")
-    return subprocess.Popen([sys.executable, "-m", "dpstream.cli", "run", "--config",
-                             str(config), *args], env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
-
-
-def finish(proc: subprocess.Popen, timeout: float = 120) -> str:
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, _ = proc.communicate()
-        pytest.fail(f"the flow did not finish within {timeout} s:\n"
-                    f"{out.decode(errors='replace')[-3000:]}")
-    text = out.decode(errors="replace")
-    assert proc.returncode == 0, text[-3000:]
-    assert "Traceback" not in text and "panicked" not in text, text[-3000:]
-    return text
+    return cli_flows.start_flow(config, ENV, *args)
 
 
 # --- data -----------------------------------------------------------------------------------
