@@ -203,7 +203,7 @@ def test_released_values_are_integers_on_the_grid(monkeypatch: pytest.MonkeyPatc
 
 def test_noise_free_estimates_are_the_true_prefix_counts(monkeypatch: pytest.MonkeyPatch) -> None:
     """With the noise zeroed, post-processing recovers the prefix count (across epochs too)."""
-    monkeypatch.setattr(blt, "discrete_gaussian", lambda rng, sigma2: 0)
+    monkeypatch.setattr(blt, "gaussian_one", lambda *args: 0)
     horizon = min(available_horizons())
     counter = BltCounter(BltCounterSpec(rho=0.5, horizon=horizon), KEY, ("exact",))
     rng = np.random.default_rng(2)

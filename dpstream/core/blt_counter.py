@@ -37,9 +37,9 @@ integer rule (round half up)::
     B_j <- round(T_j B_j / 2^P) + x_t G
 
 The released integer is ``Yhat_t = Y_t + Z_t`` with ``Z_t ~ N_Z(0, sigma_G^2)``
-drawn exactly (CKS 2020, Algorithm 3) from the replay-safe stream at
-coordinates ``(*coordinates, "blt", epoch, t)``. Everything after that is
-post-processing and may use floating point.
+drawn exactly (CKS 2020, Algorithm 3) from the replay-safe stream of the
+counter's lane at ``(TAG_BLT, epoch, 0, t)`` (:mod:`dpstream.core.bulk_noise`).
+Everything after that is post-processing and may use floating point.
 
 **Sensitivity of the rounded map.** Rounding makes ``x -> Y`` slightly
 non-linear, so its sensitivity is bounded directly. Let ``x' = x + e_tau``.
@@ -96,12 +96,13 @@ import numpy.typing as npt
 
 from dpstream.core._checks import increment as checked_increment
 from dpstream.core._checks import integer_at_least, positive_finite
+from dpstream.core.bulk_noise import gaussian_one
 from dpstream.core.estimate import CounterEstimate
 from dpstream.core.ledger import PrivacyCharge, exact
 from dpstream.core.noise import (
+    TAG_BLT,
     Coordinate,
     NoiseKey,
-    discrete_gaussian,
     discrete_gaussian_variance,
 )
 from dpstream.errors import InvalidParameterError
@@ -535,7 +536,7 @@ class BltCounter:
         spec: the counter's specification.
         noise_key: the secret key the noise is derived from (never stored).
         coordinates: identifies this counter's noise (flow, key, ...); the step's
-            noise is drawn at ``(*coordinates, "blt", epoch, step_in_epoch)``, so
+            noise is drawn at its lane's ``(TAG_BLT, epoch, 0, step_in_epoch)``, so
             a replayed step reproduces its release exactly.
         state: a :meth:`to_state` snapshot to resume from.
 
@@ -546,7 +547,7 @@ class BltCounter:
     """
 
     __slots__ = (
-        "spec", "_key", "_coordinates", "_p", "_sigma2", "_epoch", "_s",
+        "spec", "_key", "_coordinates", "_lane", "_p", "_sigma2", "_epoch", "_s",
         "_grid_buffers", "_inverse_buffers", "_partial", "_base_value",
     )
 
@@ -566,6 +567,7 @@ class BltCounter:
         self.spec = spec
         self._key = noise_key
         self._coordinates = coordinates
+        self._lane = noise_key.lane(*coordinates)
         self._p = _parameters(spec.horizon)
         self._sigma2 = spec.sigma2_grid
         d = self._p.buffers
@@ -592,8 +594,8 @@ class BltCounter:
         """
         x = checked_increment(increment)
         y = _grid_step(self._p, self._grid_buffers, x)
-        rng = self._key.stream(*self._coordinates, "blt", self._epoch, self._s)
-        released = y + discrete_gaussian(rng, self._sigma2)
+        released = y + gaussian_one(self._key, self._lane, self._sigma2, TAG_BLT, self._epoch, 0,
+                                    self._s)
         # Post-processing of the integer release: C^{-1}, then the prefix sum.
         self._partial += _inverse_step(self._p, self._inverse_buffers, float(released) / _GRID)
         value = self._base_value + self._partial

@@ -40,9 +40,10 @@ admission is never announced (it would name the key); the configuration is
 validated so that it cannot be refused.
 
 **Noise coordinates** bind every draw to the flow instance, the key, the
-mechanism and a digest of the mechanism's parameters (pitfall 13):
-``(instance, key, "monitor", digest, window)``, ``(instance, key, "initial",
-digest, step)`` and ``(instance, key, "counter", digest, start_step)``.
+mechanism and a digest of the mechanism's parameters (pitfall 13): the lanes
+(:mod:`dpstream.core.bulk_noise`) of ``(instance, key, "monitor", digest, window)``,
+``(instance, key, "initial", digest, step)`` and ``(instance, key, "counter", digest,
+start_step)``.
 
 Every mechanism is paid for on the key's :class:`PrivacyLedger` before it
 produces anything; a refused charge of an admitted key becomes a
@@ -59,12 +60,12 @@ from fractions import Fraction
 from typing import Any, Literal
 
 from dpstream.core.blt_counter import BltCounter, BltCounterSpec
+from dpstream.core.bulk_noise import gaussian_one, laplace_one
 from dpstream.core.ledger import PrivacyCharge, PrivacyLedger, exact
 from dpstream.core.noise import (
+    TAG_INITIAL,
     NoiseKey,
-    discrete_gaussian,
     discrete_gaussian_variance,
-    discrete_laplace,
     discrete_laplace_variance,
     encode_coordinates,
 )
@@ -324,14 +325,14 @@ class KeyStatistics:
 
     def _initial_count(self, charge: PrivacyCharge, step: int) -> tuple[float, float]:
         """Release the count since the monitor started once: sensitivity 1."""
-        rng = self._noise.stream(*self._coords, "initial", self.spec.initial_digest, step)
+        lane = self._noise.lane(*self._coords, "initial", self.spec.initial_digest, step)
         if charge.epsilon:
             scale = 1 / exact(charge.epsilon)
-            return float(self.prefix + discrete_laplace(rng, scale)), discrete_laplace_variance(
-                scale)
+            noise = laplace_one(self._noise, lane, scale, TAG_INITIAL, 0, 0, 0)
+            return float(self.prefix + noise), discrete_laplace_variance(scale)
         sigma2 = Fraction(1) / (2 * exact(charge.rho))  # rho = 1/(2 sigma^2), CKS 2020
-        return float(self.prefix + discrete_gaussian(rng, sigma2)), discrete_gaussian_variance(
-            sigma2)
+        noise = gaussian_one(self._noise, lane, sigma2, TAG_INITIAL, 0, 0, 0)
+        return float(self.prefix + noise), discrete_gaussian_variance(sigma2)
 
     def _release(self, step: int, value: float, var: float) -> Release:
         self.ledger.record_release()

@@ -22,9 +22,9 @@ never reused after a halt (a halted monitor stays halted; a new monitor has
 new coordinates). These are the broken variants listed by Lyu, Su, Li 2017.
 
 Noise is exact (Canonne, Kamath, Steinke 2020) and replay-safe: ``rho`` comes
-from ``(*coordinates, "monitor", "threshold")`` and ``nu_t`` from
-``(*coordinates, "monitor", "query", t)``, so a replay after a crash makes the
-same decisions.
+from the monitor's lane ``noise_key.lane(*coordinates)`` at
+``(TAG_MONITOR_THRESHOLD, 0, 0, 0)`` and ``nu_t`` from ``(TAG_MONITOR_QUERY, 0, 0, t)``
+(:mod:`dpstream.core.bulk_noise`), so a replay after a crash makes the same decisions.
 
 **After halting** :meth:`ThresholdMonitor.step` keeps accepting steps and
 returns ``False`` without looking at the data or drawing noise; check
@@ -46,8 +46,14 @@ from typing import Any, Final
 
 from dpstream.core._checks import increment as checked_increment
 from dpstream.core._checks import integer_at_least, is_integer, positive_finite
+from dpstream.core.bulk_noise import laplace_one
 from dpstream.core.ledger import PrivacyCharge, exact
-from dpstream.core.noise import NoiseKey, check_coordinates, discrete_laplace
+from dpstream.core.noise import (
+    TAG_MONITOR_QUERY,
+    TAG_MONITOR_THRESHOLD,
+    NoiseKey,
+    check_coordinates,
+)
 from dpstream.errors import InvalidParameterError
 
 __all__ = [
@@ -129,7 +135,8 @@ class ThresholdMonitor:
 
     """
 
-    __slots__ = ("spec", "_key", "_coordinates", "_steps", "_count", "_fired_at", "_rho")
+    __slots__ = ("spec", "_key", "_coordinates", "_lane", "_steps", "_count", "_fired_at",
+                 "_rho")
 
     def __init__(
         self,
@@ -142,6 +149,7 @@ class ThresholdMonitor:
         self.spec = spec
         self._key = noise_key
         self._coordinates = check_coordinates(coordinates)
+        self._lane = noise_key.lane(*self._coordinates)
         self._steps = integer_at_least("first_step", first_step, 0)
         self._count = 0
         self._fired_at: int | None = None
@@ -223,8 +231,8 @@ class ThresholdMonitor:
 
     def _threshold_noise(self) -> int:
         if self._rho is None:  # Algorithm 1, line 1: once per monitor
-            rng = self._key.stream(*self._coordinates, "monitor", "threshold")
-            self._rho = discrete_laplace(rng, self.spec.threshold_scale)
+            self._rho = laplace_one(self._key, self._lane, self.spec.threshold_scale,
+                                    TAG_MONITOR_THRESHOLD, 0, 0, 0)
         return self._rho
 
     def step(self, increment: int) -> bool:
@@ -252,8 +260,7 @@ class ThresholdMonitor:
             return False  # expired
         rho = self._threshold_noise()
         # Algorithm 1, line 2: fresh query noise at every step
-        rng = self._key.stream(*self._coordinates, "monitor", "query", t)
-        nu = discrete_laplace(rng, self.spec.query_scale)
+        nu = laplace_one(self._key, self._lane, self.spec.query_scale, TAG_MONITOR_QUERY, 0, 0, t)
         if self._count + nu >= self.spec.threshold + rho:  # line 3
             self._fired_at = t
             return True

@@ -33,8 +33,10 @@ integer counts, so every noisy node value is an integer with an exactly
 discrete-Laplace error (no floating-point holes, Mironov 2012). The combined
 estimates are real numbers, but they are a fixed post-processing of those
 integers. The noise of a node is a pure function of the secret key and the
-node's coordinates ``(*coordinates, "tree", epoch, height, index)``, so a
-replay after a crash reproduces the very same releases.
+node's coordinates: the counter's lane ``noise_key.lane(*coordinates)`` at
+``(TAG_TREE, epoch, height, index)`` (:mod:`dpstream.core.bulk_noise`), so a
+replay after a crash reproduces the very same releases, and the columnar
+:mod:`dpstream.core.key_table` draws bit-identical noise in bulk.
 
 The state (:meth:`TreeCounter.to_state`) holds true partial counts: the
 recovery store that keeps it must be treated as secret.
@@ -50,12 +52,13 @@ from typing import Any, ClassVar, Final
 
 from dpstream.core._checks import increment as checked_increment
 from dpstream.core._checks import is_integer, positive_finite
+from dpstream.core.bulk_noise import laplace_one
 from dpstream.core.estimate import CounterEstimate
 from dpstream.core.ledger import PrivacyCharge, exact
 from dpstream.core.noise import (
+    TAG_TREE,
     NoiseKey,
     check_coordinates,
-    discrete_laplace,
     discrete_laplace_variance,
 )
 from dpstream.errors import InvalidParameterError
@@ -244,7 +247,8 @@ class TreeCounter:
         spec: the counter's parameters.
         noise_key: the secret key all node noise is derived from.
         coordinates: the release's coordinates, e.g. ``(flow, mechanism, key)``;
-            node noise is drawn at ``(*coordinates, "tree", epoch, height, index)``.
+            node noise is drawn at the lane of ``coordinates``, ``(TAG_TREE, epoch, height,
+            index)``.
         state: a dict from :meth:`to_state` to resume from, or ``None`` to start.
 
     Raises:
@@ -257,6 +261,7 @@ class TreeCounter:
         "spec",
         "_key",
         "_coordinates",
+        "_lane",
         "_steps",
         "_base_value",
         "_base_var",
@@ -274,6 +279,7 @@ class TreeCounter:
         self.spec = spec
         self._key = noise_key
         self._coordinates = check_coordinates(coordinates)
+        self._lane = noise_key.lane(*self._coordinates)
         self._epoch_cache: tuple[int, Fraction, float] | None = None
         # stack entries: [height, true_sum, estimate, variance]
         self._stack: list[list[Any]] = []
@@ -342,8 +348,7 @@ class TreeCounter:
         return cache[1], cache[2]
 
     def _noisy(self, true: int, epoch: int, height: int, index: int, scale: Fraction) -> int:
-        rng = self._key.stream(*self._coordinates, "tree", epoch, height, index)
-        return true + discrete_laplace(rng, scale)
+        return true + laplace_one(self._key, self._lane, scale, TAG_TREE, epoch, height, index)
 
     def step(self, increment: int) -> CounterEstimate:
         """Add the events of one time step and return the prefix-count estimate.

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dpstream.core.noise import NoiseKey
+from dpstream.core.noise import NOISE_SCHEME, NoiseKey
 from dpstream.errors import InvalidParameterError, NoiseKeyError, RecoveryMismatchError
 from dpstream.stream import stopping
 from dpstream.stream.clock import ShardUpdate
@@ -35,7 +35,7 @@ __all__ = ["MechanismShard", "StepBarrier", "binding", "check_binding"]
 def binding(instance: str, mechanisms: str, noise: NoiseKey) -> dict[str, str]:
     """What every shard snapshot records about the flow instance it belongs to."""
     return {"instance": instance, "noise_fingerprint": noise.fingerprint(),
-            "mechanisms": mechanisms}
+            "noise_scheme": NOISE_SCHEME, "mechanisms": mechanisms}
 
 
 def check_binding(state: dict[str, Any], instance: str, mechanisms: str,
@@ -52,6 +52,12 @@ def check_binding(state: dict[str, Any], instance: str, mechanisms: str,
         raise InvalidParameterError(
             "the recovery store was made with other mechanism parameters; a flow "
             "instance's mechanisms cannot change (start a new flow instance)")
+    if state.get("noise_scheme") != NOISE_SCHEME:
+        raise RecoveryMismatchError(
+            f"the recovery store was made with noise derivation {state.get('noise_scheme')!r} "
+            f"(an older dpstream), this one derives noise as {NOISE_SCHEME!r}: resuming would "
+            "publish replayed outputs with other noise. Finish the old flow instance with the "
+            "dpstream that made it, or start a new flow instance")
     if state.get("noise_fingerprint") != noise.fingerprint():
         raise NoiseKeyError(
             "the recovery store was made with another noise key (fingerprint "
