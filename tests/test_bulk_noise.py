@@ -216,3 +216,12 @@ def test_a_snapshot_of_another_noise_scheme_is_refused() -> None:
     old = {k: v for k, v in state.items() if k != "noise_scheme"}
     with pytest.raises(RecoveryMismatchError, match="noise derivation"):
         check_binding(old, "instance", "mechanisms", KEY)
+
+
+def test_bulk_lanes_equal_the_one_by_one_lanes() -> None:
+    names = ["a", "", "é\ud800", "x" * 300, 'q"\\']
+    assert KEY.lanes(("inst",), names, ("counter", "d1", 7)) == [
+        KEY.lane("inst", name, "counter", "d1", 7) for name in names]
+    assert KEY.lanes((), ["k"], ()) == [KEY.lane("k")]
+    with pytest.raises(InvalidParameterError):
+        KEY.lanes(("i",), [3], ())  # type: ignore[list-item]

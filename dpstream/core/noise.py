@@ -27,6 +27,7 @@ import os
 import secrets
 import stat
 import threading
+from collections.abc import Iterable
 from fractions import Fraction
 from typing import Final, Protocol
 
@@ -329,6 +330,26 @@ class NoiseKey:
         """
         return hashlib.blake2b(encode_coordinates(prefix), key=self._key,
                                digest_size=LANE_BYTES, person=_LANE_PERSON).digest()
+
+    def lanes(self, before: tuple[Coordinate, ...], names: Iterable[str],
+              after: tuple[Coordinate, ...]) -> list[bytes]:
+        """Return ``[self.lane(*before, name, *after) for name in names]``, faster.
+
+        The encoding is a concatenation, so the keyed hash of the common head is computed
+        once and copied for every name.
+        """
+        head = hashlib.blake2b(key=self._key, digest_size=LANE_BYTES, person=_LANE_PERSON)
+        head.update(encode_coordinates(before))
+        tail = encode_coordinates(after)[len(COORDINATES_VERSION):]
+        out = []
+        for name in check_coordinates(tuple(names)):
+            if not isinstance(name, str):
+                raise InvalidParameterError(f"a lane name must be a str, got {name!r}")
+            data = name.encode("utf-8", "surrogatepass")
+            h = head.copy()
+            h.update(_STR_TAG + len(data).to_bytes(4, "big") + data + tail)
+            out.append(h.digest())
+        return out
 
     def encrypt_blocks(self, data: bytes) -> bytes:
         """Encrypt ``data``, whole 16-byte blocks, with AES-256 (ECB) under a derived key.
