@@ -1,30 +1,43 @@
-"""Throughput of the counters flow against a non-private baseline, in the same run.
+"""Throughput of the counters flow against a non-private baseline, in the same run (issue 9).
 
-Two paths, each measured for the DP flow and for the baseline:
+The workload is the issue's: ``--keys`` keys, **one event per key per step**, ``--steps``
+one-second steps, spread over 3 input partitions. Two paths, each measured for the DP flow
+and for the baseline:
 
 * ``memory``: the real dataflow (parse -> steps -> shards -> encode) fed from prepared
   in-memory batches of raw JSON events (one input partition per batch, as Kafka delivers
-  them), one worker, output counted.
+  them), one worker; the sink takes the encoded batches (``sink_batches=True``) and counts
+  their records.
 * ``kafka``: the real dataflow reading a topic of the embedded Kafka-protocol broker to its
   end and writing every record to Kafka topics, one worker.
 
-The baseline is the same pipeline with every key's statistics replaced by plain, exact
-counts (no monitor, no noise, no ledger): what the flow would cost without privacy.
+The baseline is **the same pipeline**: the same clock, the same :class:`ShardState` and
+operators, the same bulk encoder and sink; only the shard's key table is a plain exact
+count (:class:`PlainTable`: no monitor, no noise, no ledger, every key released every step,
+std 0). So DP / baseline is the cost of privacy itself.
 
-Every run is its own child process (so peak memory is per run), DP and baseline runs are
-interleaved, and each is repeated; the medians are compared. Usage::
+Key universes (``--universes``): ``declared`` (the headline: every key is declared and
+released from step 0) and ``open`` (keys come from the data and are released once their
+threshold monitor fires; the bench's open configuration uses a low threshold, allowed by a
+large ``privacy.delta`` and monitor epsilon, so that keys with one event per step are admitted
+after about 6 steps: a benchmark setting, not a deployment one; give it ``--open-steps``
+steps, e.g. 8). The baseline releases every key at every step in both.
 
-    python bench/throughput.py                 # both paths, 5 repeats
-    python bench/throughput.py --paths memory --repeats 3
+Every run is its own child process (so peak memory is per run); DP and baseline runs are
+interleaved and repeated, and the medians are compared. Memory growth is the child's peak
+RSS during the run minus its RSS before (the prepared input excluded), in MiB and in bytes
+per key; the state is also measured as the pickled size of every shard's snapshot. Usage::
+
+    python bench/throughput.py --keys 100000,1000000 --steps 3 --repeats 3
+    python bench/throughput.py --paths kafka --keys 100000 --steps 3
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import random
+import pickle
 import resource
 import statistics
 import subprocess
@@ -33,53 +46,68 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 ORIGIN = 1_790_000_000
+ORIGIN_ISO = "2026-09-21T14:13:20Z"
 BATCH = 10_000
+PARTITIONS = 3
+SHARDS = 16
 INSTANCE = "bench"  # the flow instance id (first noise coordinate)
 
 
-def workload(events: int, keys: int, steps: int, partitions: int = 3,
-             seed: int = 0) -> list[list[tuple[int, bytes, int, str, int, int]]]:
-    """Batches of raw events: ``events`` spread evenly over ``steps`` one-second steps.
+def key_names(keys: int) -> list[str]:
+    """The bench's key names."""
+    return [f"item-{i:07d}" for i in range(keys)]
 
-    Each raw message carries a broker timestamp (LogAppendTime) equal to the event time,
-    truncated to the millisecond so that it stays in the event's step: every event is
-    counted at its own time, as a broker stamping it on arrival would.
+
+def workload(keys: int, steps: int, partitions: int = PARTITIONS
+             ) -> list[list[tuple[int, bytes, int, str, int, int]]]:
+    """Batches of raw events: every key has one event in every one-second step.
+
+    Key ``i`` goes to partition ``i % partitions``; within a step a partition's events are
+    spread evenly over the second. Each raw message carries a broker timestamp
+    (LogAppendTime) equal to the event time, truncated to the millisecond so that it stays in
+    the event's step: every event is counted at its own time.
     """
     from dpstream.stream.events import TIMESTAMP_LOG_APPEND_TIME
 
-    rng = random.Random(seed)
-    names = [f"item-{i:05d}" for i in range(keys)]
-    per_step = events // steps
-    per_partition = per_step // partitions
+    names = [name.encode() for name in key_names(keys)]
     offsets = [0] * partitions
     batches = []
     for step in range(steps):
         for p in range(partitions):
+            mine = names[p::partitions]
+            n = len(mine)
             rows = []
-            for j in range(per_partition):
-                ts = ORIGIN + step + j / per_partition
-                rows.append((p, b'{"key":"%s","ts":%.6f}' % (names[rng.randrange(keys)].encode(),
-                                                             ts), offsets[p], "events",
-                             math.floor(ts * 1000), TIMESTAMP_LOG_APPEND_TIME))
-                offsets[p] += 1
+            for j, name in enumerate(mine):
+                ts = ORIGIN + step + j / n
+                rows.append((p, b'{"key":"%s","ts":%.6f}' % (name, ts), offsets[p] + j,
+                             "events", int(ts * 1000), TIMESTAMP_LOG_APPEND_TIME))
+            offsets[p] += n
             batches += [rows[i:i + BATCH] for i in range(0, len(rows), BATCH)]
     return batches
 
 
-def config(bootstrap: str | None = None, topics: dict[str, str] | None = None) -> Any:
+def config(universe: str, keys: int, bootstrap: str | None = None,
+           topics: dict[str, str] | None = None) -> Any:
+    """The bench's counters configuration (pure accounting, the tree counter)."""
     from dpstream.config import parse_config
 
     raw: dict[str, Any] = {
-        "flow": {"name": "bench", "origin": "2026-09-21T14:13:20Z", "step": "1s", "shards": 16},
+        "flow": {"name": "bench", "origin": ORIGIN_ISO, "step": "1s", "shards": SHARDS},
         "privacy": {"accounting": "pure", "budget": 1.0, "delta": 1e-6},
         "counter": {"epsilon": 0.7, "horizon": 1 << 20},
-        "monitor": {"epsilon": 0.1, "horizon": 3600},
-        "admission": {"mode": "open", "initial_epsilon": 0.2},
         "metrics": {"port": 0},
     }
+    if universe == "declared":
+        raw["admission"] = {"mode": "declared", "keys": key_names(keys)}
+    else:  # a low threshold (a large delta and monitor epsilon): admitted after ~6 events
+        raw["privacy"].update(budget=10.0, delta=0.9)
+        raw["monitor"] = {"epsilon": 8.0, "horizon": 16, "threshold": 6}
+        raw["admission"] = {"mode": "open", "initial_epsilon": 0.3}
     if bootstrap:
         assert topics is not None
         # the embedded broker (Tansu) ignores LogAppendTime: trust the bench's own producer,
@@ -91,35 +119,94 @@ def config(bootstrap: str | None = None, topics: dict[str, str] | None = None) -
     return parse_config(raw)
 
 
-def baseline_shard_class() -> type:
-    """ShardState whose keys release exact counts: the non-private baseline."""
-    from dpstream.core.key_statistics import Release
+# -- the non-private baseline: the same shard with an exact-count table --------------------
+
+
+class PlainTable:
+    """A :class:`~dpstream.core.key_table.KeyTable` that releases exact counts.
+
+    Same interface and row order (new keys of a step sorted and appended; declared keys at
+    the first close), one int64 count per key, and every live key released at every step
+    (std 0, nothing spent): what the flow would cost without privacy. The names are a tuple:
+    the garbage collector stops tracking it, where a long list would be traversed by every
+    full collection.
+    """
+
+    def __init__(self, spec: Any, noise: Any, declared: list[str] | None = None,
+                 state: dict[str, Any] | None = None) -> None:
+        self._declared = None if declared is None else tuple(declared)
+        self._names: tuple[str, ...] = ()
+        self.keys: dict[str, int] = {}
+        self._counts = np.zeros(0, dtype=np.int64)
+        self.retired: set[str] = set()
+        if state is not None:
+            self._names = tuple(state["names"])
+            self.keys = {k: i for i, k in enumerate(self._names)}
+            self._counts = np.array(state["counts"], dtype=np.int64)
+
+    @staticmethod
+    def supports(spec: Any) -> bool:
+        """Every specification (nothing of it is used)."""
+        return True
+
+    @property
+    def live(self) -> int:
+        """The number of keys."""
+        return len(self._names)
+
+    def idle(self) -> bool:
+        """No key in an open universe."""
+        return not self._names and self._declared is None
+
+    def close(self, step: int, keys: list[str], increments: np.ndarray) -> Any:
+        """Add the increments, release every key's exact count."""
+        from itertools import repeat
+
+        from dpstream.core.key_table import ReleaseColumns, StepOutputs
+
+        index = self.keys
+        if self._declared is not None and not self._names:  # the first close: sorted already
+            self._add(sorted(self._declared))
+        rows = np.fromiter(map(index.get, keys, repeat(-1)), dtype=np.int64, count=len(keys))
+        missing = np.flatnonzero(rows < 0)
+        if missing.size:
+            self._add(sorted({keys[i] for i in missing.tolist()}))
+            rows = np.fromiter(map(index.get, keys), dtype=np.int64, count=len(keys))
+        self._counts[rows] += increments  # the keys of a bucket are distinct
+        out = StepOutputs(step)
+        if self._names:
+            out.releases.append(ReleaseColumns(
+                step=step, keys=self._names, values=self._counts.astype(np.float64), std=0.0,
+                mechanism="plain", spent=0.0, budget=0.0, unit="none", delta=0.0))
+        return out
+
+    def _add(self, new: list[str]) -> None:
+        start = len(self._names)
+        self.keys.update(zip(new, range(start, start + len(new)), strict=True))
+        self._names = self._names + tuple(new)  # earlier releases keep theirs
+        self._counts = np.concatenate([self._counts, np.zeros(len(new), dtype=np.int64)])
+
+    def to_state(self) -> dict[str, Any]:
+        """The names and counts."""
+        return {"names": list(self._names), "counts": self._counts.copy()}
+
+
+def shard_classes(kind: str, shards: list[Any]) -> type:
+    """The flow's ShardState (DP) or the baseline's; every shard built is kept in ``shards``."""
     from dpstream.stream.shard import ShardState
 
-    class PlainCount:
-        expired = False  # never forgotten (not admitted in time) ...
-        retired = False  # ... nor retired (budget exhausted): counted for ever
+    class Kept(ShardState):
+        if kind == "baseline":
+            table_class = PlainTable
 
-        def __init__(self, key: str, step: int) -> None:
-            self.key, self.next_step, self.total = key, step, 0
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            shards.append(self)
 
-        def step(self, increment: int) -> list[Release]:
-            step, self.next_step = self.next_step, self.next_step + 1
-            self.total += increment
-            return [Release(self.key, step, float(self.total), 0.0, "plain", 0.0, 0.0, "none",
-                            0.0)]
-
-        def to_state(self) -> dict[str, int]:
-            return {"next_step": self.next_step, "total": self.total}
-
-    class PlainShard(ShardState):
-        def _new_key(self, key: str, step: int) -> Any:
-            return PlainCount(key, step)
-
-    return PlainShard
+    return Kept
 
 
-def run_once(path: str, kind: str, events: int, keys: int, steps: int,
+def run_once(path: str, kind: str, universe: str, keys: int, steps: int,
              bootstrap: str | None, topics: dict[str, str] | None) -> dict[str, Any]:
     """One measured run in this process (called in a child)."""
     import gc
@@ -130,40 +217,135 @@ def run_once(path: str, kind: str, events: int, keys: int, steps: int,
     from dpstream.core.noise import NoiseKey
     from dpstream.io.memory import MemorySource
     from dpstream.platform import build_flow
-    from dpstream.stream.shard import ShardState
 
-    shard_class = baseline_shard_class() if kind == "baseline" else ShardState
-    cfg = config(bootstrap, topics)
-    counted = [0]
+    shards: list[Any] = []
+    shard_class = shard_classes(kind, shards)
+    cfg = config(universe, keys, bootstrap, topics)
+    counted = {"records": 0, "batches": 0}
 
     class Count(StatelessSinkPartition[Any]):
         def write_batch(self, items: list[Any]) -> None:
-            counted[0] += len(items)
+            for item in items:
+                if isinstance(item, list):
+                    counted["records"] += len(item)
+                    counted["batches"] += 1
+                else:
+                    counted["records"] += 1
 
     class CountSink(DynamicSink[Any]):
         def build(self, step_id: str, worker_index: int, worker_count: int) -> Count:
             return Count()
 
     if path == "memory":
-        batches = workload(events, keys, steps)
-        gc.freeze()  # the prepared input is the harness's, not the flow's, memory
-        flow = build_flow(cfg, NoiseKey.for_tests(0), instance=INSTANCE, partitions=3,
-                          source=MemorySource(batches), sink=CountSink(),
+        batches = workload(keys, steps)
+        flow = build_flow(cfg, NoiseKey.for_tests(0), instance=INSTANCE, partitions=PARTITIONS,
+                          source=MemorySource(batches), sink=CountSink(), sink_batches=True,
                           shard_class=shard_class)
     else:
         flow = build_flow(cfg, NoiseKey.for_tests(0), instance=INSTANCE,
                           shard_class=shard_class)
+    gc.collect()
+    gc.freeze()  # the prepared input and the configuration are the harness's, not the flow's
     rss_before = _proc_status_mib("VmRSS")
     _reset_peak_rss()
     started, cpu0 = time.perf_counter(), time.process_time()
     run_main(flow)
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu0
-    growth = _proc_status_mib("VmHWM") - rss_before
-    return {"path": path, "kind": kind, "events": events, "keys": keys, "steps": steps,
-            "seconds": wall, "cpu_seconds": cpu, "events_per_second": events / wall,
-            "outputs": counted[0] if path == "memory" else None,
+    peak = _proc_status_mib("VmHWM")
+    rss_after = _proc_status_mib("VmRSS")
+    state_bytes = sum(len(pickle.dumps(s.to_state(), protocol=5)) for s in shards)
+    live = sum(_live(s) for s in shards)
+    events = keys * steps
+    return {"path": path, "kind": kind, "universe": universe, "keys": keys, "steps": steps,
+            "events": events, "seconds": wall, "cpu_seconds": cpu,
+            "key_steps_per_second": events / wall,
+            "outputs": counted["records"] if path == "memory" else None,
+            "output_batches": counted["batches"] if path == "memory" else None,
+            "live_keys_at_end": live,
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "flow_memory_growth_mib": growth}
+            "flow_memory_growth_mib": peak - rss_before,
+            "flow_memory_growth_bytes_per_key": (peak - rss_before) * 2**20 / keys,
+            "retained_rss_growth_mib": rss_after - rss_before,
+            "snapshot_bytes": state_bytes, "snapshot_bytes_per_key": state_bytes / keys}
+
+
+def breakdown_once(kind: str, universe: str, keys: int, steps: int) -> dict[str, Any]:
+    """Where a key-step's time goes: the flow's stages driven without Bytewax (one process).
+
+    The same objects as the dataflow: each input batch through its partition's clock, each
+    shard update merged and closed by the shard, each closed step encoded in bulk.
+    """
+    import gc
+    from collections import defaultdict
+
+    from dpstream.core.noise import NoiseKey
+    from dpstream.io.records import RecordEncoder
+    from dpstream.kinds.counters import event_rules, statistics_spec
+    from dpstream.stream.clock import ShardUpdate
+    from dpstream.stream.events import PartitionClock, shard_of
+
+    cfg = config(universe, keys)
+    batches = workload(keys, steps)
+    spec = statistics_spec(cfg, INSTANCE)
+    declared: dict[int, tuple[str, ...]] | None = None
+    if cfg.admission.mode == "declared":  # as keyed_statistics spreads them
+        lists: dict[int, list[str]] = defaultdict(list)
+        for key in cfg.admission.keys:
+            lists[shard_of(key, cfg.shards)].append(key)
+        declared = {shard: tuple(keys) for shard, keys in lists.items()}
+    shard_class = shard_classes(kind, [])
+    clocks = {p: PartitionClock(event_rules(cfg)) for p in range(PARTITIONS)}
+    shards = {s: shard_class(spec, PARTITIONS, declared, NoiseKey.for_tests(0), None)
+              for s in range(cfg.shards)}
+    encoder = RecordEncoder(cfg.name, cfg.origin, cfg.step_seconds, cfg.privacy.delta)
+    seconds: dict[str, float] = defaultdict(float)
+    outputs = 0
+    gc.collect()
+    gc.freeze()
+
+    def closed(updates: list[ShardUpdate]) -> None:
+        nonlocal outputs
+        clock = time.perf_counter
+        for update in updates:
+            shard = shards[update.shard]
+            t0 = clock()
+            if shard.shard is None:
+                shard.bind(update.shard)
+            for step, bucket in update.increments.items():
+                shard.merge(step, bucket)
+            t1 = clock()
+            steps_out = shard.update_batches(ShardUpdate(update.shard, update.partition,
+                                                         update.frontier, {}))
+            t2 = clock()
+            for out in steps_out:
+                outputs += len(encoder.encode_step(out))
+            t3 = clock()
+            seconds["merge"] += t1 - t0
+            seconds["close"] += t2 - t1
+            seconds["encode"] += t3 - t2
+
+    for batch in batches:
+        p = batch[0][0]
+        t0 = time.perf_counter()
+        updates, _dead = clocks[p].process(p, batch)
+        seconds["clock"] += time.perf_counter() - t0
+        closed(updates)
+    for clock in clocks.values():
+        closed(clock.end_of_input())
+    for s in shards.values():
+        for out in s.end_of_input_batches():
+            outputs += len(encoder.encode_step(out))
+    key_steps = keys * steps
+    per = {stage: value / key_steps * 1e9 for stage, value in seconds.items()}
+    return {"kind": kind, "universe": universe, "keys": keys, "steps": steps,
+            "outputs": outputs, "ns_per_key_step": per,
+            "total_ns_per_key_step": sum(per.values())}
+
+
+def _live(shard: Any) -> int:
+    if shard.table is not None:
+        return int(shard.table.live)
+    return len(shard.keys)
 
 
 def _proc_status_mib(field: str) -> float:
@@ -184,36 +366,40 @@ def _reset_peak_rss() -> None:
 
 def child(args: argparse.Namespace) -> None:
     topics = json.loads(args.topics) if args.topics else None
-    result = run_once(args.one, args.kind, args.events, args.keys, args.steps, args.bootstrap,
-                      topics)
+    if args.one == "breakdown":
+        result = breakdown_once(args.kind, args.universe, int(args.keys), args.steps)
+    else:
+        result = run_once(args.one, args.kind, args.universe, int(args.keys), args.steps,
+                          args.bootstrap, topics)
     print(json.dumps(result))
 
 
-def spawn(path: str, kind: str, events: int, keys: int, steps: int,
-          bootstrap: str | None = None, topics: dict[str, str] | None = None) -> dict[str, Any]:
-    cmd = [sys.executable, __file__, "--one", path, "--kind", kind, "--events", str(events),
+def spawn(path: str, kind: str, universe: str, keys: int, steps: int,
+          bootstrap: str | None = None, topics: dict[str, str] | None = None
+          ) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--one", path, "--kind", kind, "--universe", universe,
            "--keys", str(keys), "--steps", str(steps)]
     if bootstrap:
         cmd += ["--bootstrap", bootstrap, "--topics", json.dumps(topics)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=False,
-                         env=dict(os.environ, PYTHONHASHSEED="0"))
+                         env=dict(os.environ, PYTHONHASHSEED="0", OPENBLAS_NUM_THREADS="1"))
     if out.returncode != 0:
         raise SystemExit(f"benchmark child failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
-def prepare_kafka(events: int, keys: int, steps: int) -> tuple[Any, dict[str, dict[str, str]]]:
-    """Start the broker, load the input topic once, make output topics for every run."""
+def prepare_kafka(keys: int, steps: int) -> Any:
+    """Start the broker and load the input topic once (every run reads it to its end)."""
     from confluent_kafka import Producer
 
     from dpstream.io.broker import EmbeddedBroker
     from dpstream.io.topics import ensure_topics
 
     broker = EmbeddedBroker().start()
-    ensure_topics(broker.bootstrap, {"events": 3})
+    ensure_topics(broker.bootstrap, {"events": PARTITIONS})
     producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 50,
                          "batch.num.messages": 10000, "queue.buffering.max.messages": 1000000})
-    for batch in workload(events, keys, steps):
+    for batch in workload(keys, steps):
         for p, value, _, _, stamp_ms, _ in batch:  # the record's timestamp is the event time
             while True:
                 try:
@@ -222,21 +408,133 @@ def prepare_kafka(events: int, keys: int, steps: int) -> tuple[Any, dict[str, di
                 except BufferError:
                     producer.poll(0.05)
         producer.poll(0)
-    producer.flush(60)
-    return broker, {}
+    producer.flush(120)
+    return broker
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians of the DP and baseline runs of one (path, universe, keys, steps)."""
+    dp = [r for r in runs if r["kind"] == "dp"]
+    base = [r for r in runs if r["kind"] == "baseline"]
+
+    def med(rows: list[dict[str, Any]], field: str) -> float:
+        return float(statistics.median(r[field] for r in rows))
+
+    return {
+        "path": runs[0]["path"], "universe": runs[0]["universe"], "keys": runs[0]["keys"],
+        "steps": runs[0]["steps"], "repeats": len(dp),
+        "dp_median_key_steps_per_second": med(dp, "key_steps_per_second"),
+        "baseline_median_key_steps_per_second": med(base, "key_steps_per_second"),
+        "dp_over_baseline_median_ratio": (med(dp, "key_steps_per_second")
+                                          / med(base, "key_steps_per_second")),
+        "dp_over_baseline_paired_ratios": [d["key_steps_per_second"] / b["key_steps_per_second"]
+                                           for d, b in zip(dp, base, strict=True)],
+        "dp_outputs": dp[0]["outputs"], "baseline_outputs": base[0]["outputs"],
+        "dp_live_keys_at_end": dp[0]["live_keys_at_end"],
+        "dp_flow_memory_growth_mib_median": med(dp, "flow_memory_growth_mib"),
+        "dp_flow_memory_growth_bytes_per_key_median": med(dp, "flow_memory_growth_bytes_per_key"),
+        "baseline_flow_memory_growth_mib_median": med(base, "flow_memory_growth_mib"),
+        "dp_retained_rss_growth_mib_median": med(dp, "retained_rss_growth_mib"),
+        "baseline_retained_rss_growth_mib_median": med(base, "retained_rss_growth_mib"),
+        "dp_snapshot_bytes_per_key": dp[0]["snapshot_bytes_per_key"],
+        "baseline_snapshot_bytes_per_key": base[0]["snapshot_bytes_per_key"],
+        "dp_peak_rss_mib_max": max(r["peak_rss_mib"] for r in dp),
+    }
+
+
+def markdown(summary: list[dict[str, Any]]) -> str:
+    """The issue's table, re-measured."""
+    lines = ["| path | universe | keys × steps | DP flow | non-private baseline | DP / baseline "
+             "| DP memory growth (peak) | retained after the run: DP / baseline | DP snapshot |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for s in summary:
+        lines.append(
+            f"| {s['path']} | {s['universe']} | {s['keys']:,} × {s['steps']} "
+            f"| {_rate(s['dp_median_key_steps_per_second'])} "
+            f"| {_rate(s['baseline_median_key_steps_per_second'])} "
+            f"| {s['dp_over_baseline_median_ratio']:.2f} "
+            f"| {s['dp_flow_memory_growth_mib_median']:.0f} MiB "
+            f"(≈{s['dp_flow_memory_growth_bytes_per_key_median']:.0f} B per key) "
+            f"| {_per_key(s['dp_retained_rss_growth_mib_median'], s['keys'])} / "
+            f"{_per_key(s['baseline_retained_rss_growth_mib_median'], s['keys'])} "
+            f"| {s['dp_snapshot_bytes_per_key']:.0f} B per key |")
+    return "\n".join(lines) + "\n"
+
+
+def breakdown_table(rows: list[dict[str, Any]]) -> str:
+    """Nanoseconds per key-step of each stage (no Bytewax)."""
+    if not rows:
+        return ""
+    lines = ["", "| universe | keys × steps | flow | clock (parse, route) | shard merge "
+             "| shard close (key table) | encode | total |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ns = r["ns_per_key_step"]
+        lines.append(f"| {r['universe']} | {r['keys']:,} × {r['steps']} | {r['kind']} "
+                     f"| {ns['clock']:.0f} ns | {ns['merge']:.0f} ns | {ns['close']:.0f} ns "
+                     f"| {ns['encode']:.0f} ns | {r['total_ns_per_key_step']:.0f} ns |")
+    return "\n".join(lines) + "\n"
+
+
+def _per_key(mib: float, keys: int) -> str:
+    return f"{mib:.0f} MiB (≈{mib * 2**20 / keys:.0f} B per key)"
+
+
+def _rate(x: float) -> str:
+    return f"{x / 1e6:.2f}M key-steps/s" if x >= 1e6 else f"{x / 1e3:.0f}k key-steps/s"
+
+
+def measure(path: str, universe: str, keys: int, steps: int, repeats: int
+            ) -> list[dict[str, Any]]:
+    """Interleaved DP and baseline children of one configuration."""
+    from dpstream.io.topics import ensure_topics
+
+    broker = None
+    if path == "kafka":
+        print(f"loading {keys * steps} events into the embedded broker ...", file=sys.stderr)
+        broker = prepare_kafka(keys, steps)
+    runs = []
+    try:
+        for repeat in range(repeats):
+            for kind in ("dp", "baseline") if repeat % 2 == 0 else ("baseline", "dp"):
+                topics = None
+                if broker is not None:
+                    tag = f"{universe}-{kind}{repeat}"
+                    topics = {"events": "events", "releases": f"releases-{tag}",
+                              "alerts": f"alerts-{tag}", "dead": f"dead-{tag}"}
+                    ensure_topics(broker.bootstrap, {topics["releases"]: 1,
+                                                     topics["alerts"]: 1, topics["dead"]: 1})
+                run = spawn(path, kind, universe, keys, steps,
+                            broker.bootstrap if broker else None, topics)
+                run["repeat"] = repeat
+                runs.append(run)
+                print(f"{path:6s} {universe:8s} {keys:>9,d} x {steps} {kind:8s} #{repeat}: "
+                      f"{run['key_steps_per_second'] / 1e6:.3f} M key-steps/s "
+                      f"({run['seconds']:.2f} s, flow memory +"
+                      f"{run['flow_memory_growth_mib']:.0f} MiB, {run['outputs']} outputs)",
+                      file=sys.stderr)
+    finally:
+        if broker is not None:
+            broker.stop()
+    return runs
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--paths", default="memory,kafka")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--events", type=int, default=4_000_000)
-    parser.add_argument("--kafka-events", type=int, default=2_000_000)
-    parser.add_argument("--keys", type=int, default=1000)
-    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--paths", default="memory",
+                        help="memory, kafka and/or breakdown (the stages without Bytewax)")
+    parser.add_argument("--universes", default="declared")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--keys", default="100000,1000000",
+                        help="comma-separated key counts (one event per key per step)")
+    parser.add_argument("--kafka-keys", default="100000")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--open-steps", type=int, default=8,
+                        help="steps of the open universe's runs (keys are admitted at ~6)")
+    parser.add_argument("--out", default="issue9-throughput")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--kind", help=argparse.SUPPRESS)
+    parser.add_argument("--universe", help=argparse.SUPPRESS)
     parser.add_argument("--bootstrap", help=argparse.SUPPRESS)
     parser.add_argument("--topics", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -244,57 +542,65 @@ def main() -> None:
         child(args)
         return
 
-    from dpstream.io.topics import ensure_topics
-
-    results: dict[str, Any] = {"runs": [], "summary": {}}
+    results: dict[str, Any] = {"command": sys.argv[1:], "runs": [], "summary": [],
+                               "breakdown": []}
     for path in args.paths.split(","):
-        events = args.events if path == "memory" else args.kafka_events
-        broker = None
-        if path == "kafka":
-            print(f"loading {events} events into the embedded broker ...", file=sys.stderr)
-            broker, _ = prepare_kafka(events, args.keys, args.steps)
-        try:
-            for repeat in range(args.repeats):
-                for kind in ("dp", "baseline") if repeat % 2 == 0 else ("baseline", "dp"):
-                    topics = None
-                    if broker is not None:
-                        tag = f"{kind}{repeat}"
-                        topics = {"events": "events", "releases": f"releases-{tag}",
-                                  "alerts": f"alerts-{tag}", "dead": f"dead-{tag}"}
-                        ensure_topics(broker.bootstrap, {topics["releases"]: 1,
-                                                         topics["alerts"]: 1, topics["dead"]: 1})
-                    run = spawn(path, kind, events, args.keys, args.steps,
-                                broker.bootstrap if broker else None, topics)
-                    run["repeat"] = repeat
-                    results["runs"].append(run)
-                    print(f"{path:6s} {kind:8s} #{repeat}: {run['events_per_second'] / 1e6:.3f} M "
-                          f"events/s ({run['seconds']:.2f} s, flow memory +"
-                          f"{run['flow_memory_growth_mib']:.0f} MiB)", file=sys.stderr)
-        finally:
-            if broker is not None:
-                broker.stop()
-        runs = [r for r in results["runs"] if r["path"] == path]
-        dp = [r["events_per_second"] for r in runs if r["kind"] == "dp"]
-        base = [r["events_per_second"] for r in runs if r["kind"] == "baseline"]
-        paired = [d / b for d, b in zip(dp, base, strict=True)]
-        results["summary"][path] = {
-            "events": events, "keys": args.keys, "steps": args.steps,
-            "dp_median_events_per_second": statistics.median(dp),
-            "baseline_median_events_per_second": statistics.median(base),
-            "dp_over_baseline_median_ratio": statistics.median(dp) / statistics.median(base),
-            "dp_over_baseline_paired_ratios": paired,
-            "dp_best_events_per_second": max(dp),
-            "dp_peak_rss_mib_max": max(r["peak_rss_mib"] for r in runs if r["kind"] == "dp"),
-            "baseline_peak_rss_mib_max": max(r["peak_rss_mib"] for r in runs
-                                             if r["kind"] == "baseline"),
-            "dp_flow_memory_growth_mib_median": statistics.median(
-                r["flow_memory_growth_mib"] for r in runs if r["kind"] == "dp"),
-            "baseline_flow_memory_growth_mib_median": statistics.median(
-                r["flow_memory_growth_mib"] for r in runs if r["kind"] == "baseline"),
-        }
+        sizes = args.kafka_keys if path == "kafka" else args.keys
+        for keys in (int(k) for k in sizes.split(",")):
+            for universe in args.universes.split(","):
+                steps = args.open_steps if universe == "open" else args.steps
+                if path == "breakdown":
+                    for kind in ("dp", "baseline"):
+                        row = spawn("breakdown", kind, universe, keys, steps)
+                        results["breakdown"].append(row)
+                        print(f"breakdown {universe} {keys:,} x {steps} {kind}: " + ", ".join(
+                            f"{k} {v:.0f}" for k, v in row["ns_per_key_step"].items())
+                            + f" ns per key-step (total {row['total_ns_per_key_step']:.0f})",
+                            file=sys.stderr)
+                    continue
+                runs = measure(path, universe, keys, steps, args.repeats)
+                results["runs"] += runs
+                results["summary"].append(summarize(runs))
+    results["machine"] = machine()
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "throughput.json").write_text(json.dumps(results, indent=2))
-    print(json.dumps(results["summary"], indent=2))
+    (RESULTS / f"{args.out}.json").write_text(json.dumps(results, indent=2))
+    text = (header(results) + markdown(results["summary"])
+            + breakdown_table(results["breakdown"]))
+    (RESULTS / f"{args.out}.md").write_text(text)
+    print(text)
+
+
+def machine() -> dict[str, Any]:
+    """Where the figures were measured."""
+    import platform
+    from datetime import UTC, datetime
+    from importlib.metadata import version
+
+    return {"when": datetime.now(UTC).isoformat(timespec="seconds"),
+            "cpus": os.cpu_count(), "python": platform.python_version(),
+            "bytewax": version("bytewax"), "numpy": version("numpy"),
+            "orjson": version("orjson"), "load_average": os.getloadavg()}
+
+
+def header(results: dict[str, Any]) -> str:
+    """What the tables below measure."""
+    m = results["machine"]
+    return (
+        "# Counters flow throughput: DP against the non-private baseline (issue 9)\n\n"
+        f"`python bench/throughput.py {' '.join(results['command'])}` on {m['when']}: "
+        f"{m['cpus']} vCPUs, Python {m['python']}, bytewax {m['bytewax']}, numpy {m['numpy']}, "
+        f"orjson {m['orjson']}; load average at the end {m['load_average'][0]:.2f}.\n\n"
+        "One event per key per step, 3 input partitions, 16 shards, one worker. Each figure "
+        "is the median of the repeats; DP and baseline children alternate. The baseline is "
+        "the same pipeline (clock, shard, operators, bulk encoder, sink) with an exact-count "
+        "table instead of the DP key table (no monitor, noise or ledger; every key released "
+        "every step). *Memory growth* is the child's peak RSS during the run minus its RSS "
+        "before it (transient buffers included: a step's pending buckets and encoded "
+        "records); *retained* is RSS after the run minus before (the keys' state, key strings "
+        "and index included); *snapshot* is the pickled size of every shard's snapshot per "
+        "key. In the "
+        "open universe DP releases only admitted keys (the monitor fires after about 6 "
+        "events), the baseline every key.\n\n")
 
 
 if __name__ == "__main__":

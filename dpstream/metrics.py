@@ -77,7 +77,7 @@ from typing import Any, Final
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from dpstream.core.key_statistics import Alert, BudgetExhausted, Output, Release
+from dpstream.core.key_statistics import Alert, BudgetExhausted, Release
 
 __all__ = ["FlowMetrics"]
 
@@ -207,8 +207,12 @@ class FlowMetrics:
         elif name.startswith("dead_letter:"):
             self.dead_letters.labels(self.flow, name.split(":", 1)[1]).inc(amount)
 
-    def observe_outputs(self, outputs: Iterable[Output], mechanism: str) -> None:
-        """Count releases, alerts and refusals and update the spend gauges."""
+    def observe_outputs(self, outputs: Iterable[Any], mechanism: str) -> None:
+        """Count releases, alerts and refusals and update the spend gauges.
+
+        ``outputs`` holds outputs, or whole closed steps (``StepOutputs``, counted through
+        ``count()`` and their release columns, without one object per release).
+        """
         releases = alerts = refused = 0
         for item in outputs:
             if isinstance(item, Release):
@@ -219,6 +223,14 @@ class FlowMetrics:
             elif isinstance(item, BudgetExhausted):
                 refused += 1
                 self._track(mechanism, item.unit, item.spent, item.budget)
+            else:  # a closed step's outputs
+                r, a, s = item.count()
+                releases, alerts, refused = releases + r, alerts + a, refused + s
+                for column in item.releases:
+                    if len(column.keys):
+                        self._track(column.mechanism, column.unit, column.spent, column.budget)
+                for status in item.statuses:
+                    self._track(mechanism, status.unit, status.spent, status.budget)
         if releases:
             self.releases.labels(self.flow, mechanism).inc(releases)
         if alerts:

@@ -4,8 +4,10 @@
 
     input topics (KafkaInput per topic, or an in-memory source)
       -> assign_steps      the kind's StepClock: records -> steps, dead letters
-      -> kind.wire         the kind's shards (StepBarrier) -> encoded outputs
-      -> merge with the encoded dead letters -> KafkaOutput (or an in-memory sink)
+      -> kind.wire         the kind's shards (StepBarrier) -> encoded outputs (records, or
+                           EncodedBatch lists of records: a closed step's, whole)
+      -> merge with the encoded dead letters -> KafkaOutput (or an in-memory sink, which
+                           gets one record per item unless ``sink_batches``)
 
 Input partitions are numbered across a kind's input topics in order (a second topic's
 partitions follow the first's), so one step barrier waits for every partition of every input.
@@ -28,9 +30,9 @@ from bytewax.outputs import Sink
 from dpstream.config import FlowConfig
 from dpstream.core.noise import NoiseKey
 from dpstream.io.kafka import KafkaClients, KafkaInput, KafkaOutput, wait_for_topics
-from dpstream.io.records import encode_dead_letter
+from dpstream.io.records import encode_dead_letter, flatten
 from dpstream.kinds import flow_kind
-from dpstream.messages import Encoded, RawMessage
+from dpstream.messages import RawMessage
 from dpstream.metrics import FlowMetrics
 from dpstream.stream.operators import assign_steps
 
@@ -84,8 +86,9 @@ def build_flow(
     instance: str,
     partitions: int | Mapping[str, int] | None = None,
     source: Source[RawMessage] | None = None,
-    sink: Sink[Encoded] | None = None,
+    sink: Sink[Any] | None = None,
     metrics: FlowMetrics | None = None,
+    sink_batches: bool = False,
     **options: Any,
 ) -> Dataflow:
     """Build the dataflow of ``config``'s flow kind.
@@ -100,6 +103,10 @@ def build_flow(
         source: in-memory input of :data:`~dpstream.messages.RawMessage`; Kafka if None.
         sink: in-memory output of ``(topic_role, key, value)``; Kafka if None.
         metrics: where to count; nothing is counted if None.
+        sink_batches: give the in-memory ``sink`` the kind's encoded items as they are
+            (a kind may emit a closed step's records as one
+            :class:`~dpstream.io.records.EncodedBatch`) instead of one triple per record
+            (``bench/``). The Kafka sink always takes both.
         options: passed to the kind's wiring (e.g. the counters' ``shard_class`` for
             ``bench/``'s non-private baseline).
     """
@@ -145,5 +152,7 @@ def build_flow(
         observe = metrics.observe_delivery if metrics is not None else None
         op.output("kafka_out", encoded, KafkaOutput(clients, output_topics(config), observe))
     else:
+        if not sink_batches:
+            encoded = op.flat_map("flatten", encoded, flatten)
         op.output("memory_out", encoded, sink)
     return flow

@@ -1,17 +1,25 @@
-"""The step clock: partitions' frontiers, closing steps, zero steps, end of input, snapshots."""
+"""The step clock and the shard: frontiers, closing steps, engines, snapshots, release.every."""
 
+import json
 import pickle
+import random
 
+import pytest
+from bytewax.testing import TestingSink, TestingSource, run_main
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.messages import message, raw
 
 from dpstream.config import parse_config
 from dpstream.core.key_statistics import Release
+from dpstream.core.key_table import StepOutputs
 from dpstream.core.noise import NoiseKey
+from dpstream.errors import ConfigError
+from dpstream.io.records import RecordEncoder
 from dpstream.kinds.counters import event_rules, statistics_spec
+from dpstream.platform import build_flow
 from dpstream.stream.events import TIMESTAMP_CREATE_TIME, PartitionClock, ShardUpdate
-from dpstream.stream.shard import ShardState
+from dpstream.stream.shard import ReferenceShardState, ShardState
 
 KEY = NoiseKey.for_tests(5)
 ORIGIN = 1_790_000_000
@@ -140,3 +148,194 @@ def test_iso_times_without_a_zone_are_utc_on_every_machine():
             for i, t in enumerate(["2026-09-21T14:13:21.5", "2026-09-21T14:13:22.5Z"])]
     updates, dead = clock.process(0, msgs)
     assert dead == [] and updates[0].increments == {1: {"a": 1}, 2: {"a": 1}}
+
+
+# -- the engines: columnar table and per-key reference --------------------------------------
+
+OPEN = parse_config({"flow": {"origin": "2026-09-21T14:13:20Z", "step": "1s", "shards": 1},
+                     "privacy": {"delta": 0.5, "budget": 2.0},
+                     "monitor": {"horizon": 6, "threshold": 14, "epsilon": 1.0},
+                     "counter": {"horizon": 4, "epsilon": 0.7},
+                     "admission": {"mode": "open", "initial_epsilon": 0.2},
+                     "metrics": {"port": 0}})
+ZCDP = parse_config({"flow": {"origin": "2026-09-21T14:13:20Z", "step": "1s", "shards": 1},
+                     "privacy": {"accounting": "zcdp"}, "counter": {"horizon": 16},
+                     "admission": {"mode": "declared", "keys": ["a", "b"]},
+                     "metrics": {"port": 0}})
+
+
+def updates_of(config, seed, steps=14, partitions=2):
+    """A random stream of shard updates: hot, warm and rare keys over two partitions."""
+    rng = random.Random(seed)
+    clocks = [PartitionClock(event_rules(config)) for _ in range(partitions)]
+    keys = ["a", "b"] if config.admission.mode == "declared" else \
+        ["hot", "warm", "rare", "x\"y", "é"]
+    rate = {"hot": 9, "warm": 3, "rare": 1, "a": 4, "b": 1}
+    out, offsets = [], [0] * partitions
+    for step in range(steps):
+        for p in range(partitions):
+            batch = []
+            for key in keys:
+                for _ in range(rng.randint(0, rate.get(key, 2))):
+                    batch.append(message(p, key, ORIGIN + step + rng.random() * 0.9, offsets[p]))
+                    offsets[p] += 1
+            batch.sort(key=lambda m: m[4])
+            if batch:
+                updates, _ = clocks[p].process(p, batch)
+                out.extend(updates)
+    ends = [u for c in clocks if c.watermark is not None for u in c.end_of_input()]
+    return out + ends
+
+
+def canonical(outputs):
+    return sorted(repr(o) for o in outputs)
+
+
+def drive(make, updates, cut=None):
+    s = make(None)
+    out = []
+    for i, u in enumerate(updates):
+        if i == cut:
+            s = make(pickle.loads(pickle.dumps(s.to_state())))
+        out.extend(s.update(u))
+    return out + list(s.end_of_input())
+
+
+@pytest.mark.parametrize("config", [CONFIG, OPEN], ids=["declared", "open"])
+@pytest.mark.parametrize("seed", range(4))
+def test_the_table_publishes_exactly_what_the_reference_engine_publishes(config, seed):
+    spec = statistics_spec(config, "i")
+    declared = {0: list(config.admission.keys)} if config.admission.mode == "declared" else None
+    updates = updates_of(config, seed)
+    reference = drive(lambda st: ReferenceShardState(spec, 2, declared, KEY, st), updates)
+    table = drive(lambda st: ShardState(spec, 2, declared, KEY, st), updates,
+                  cut=len(updates) // 2)
+    assert ShardState(spec, 2, declared, KEY).table_class.supports(spec)
+    assert canonical(table) == canonical(reference)
+    assert any(isinstance(o, Release) for o in reference)
+
+
+def test_update_batches_keeps_each_closed_step_whole():
+    spec = statistics_spec(OPEN, "i")
+    updates = updates_of(OPEN, 7)
+    flat, whole = ShardState(spec, 2, None, KEY), ShardState(spec, 2, None, KEY)
+    expected = [o for u in updates for o in flat.update(u)] + list(flat.end_of_input())
+    batches = [b for u in updates for b in whole.update_batches(u)] + \
+        whole.end_of_input_batches()
+    assert all(isinstance(b, StepOutputs) and any(b.count()) for b in batches)
+    assert [b.step for b in batches] == sorted(b.step for b in batches)
+    assert [o for b in batches for o in b] == expected
+    assert whole.update(updates[0]) == []  # back to the flat path: nothing left to close
+
+
+def test_a_reference_snapshot_resumes_with_the_reference_engine():
+    """Snapshots made before the table (no "engine") keep their per-key engine."""
+    spec = statistics_spec(OPEN, "i")
+    updates = updates_of(OPEN, 3)
+    cut = len(updates) // 2
+    old = ReferenceShardState(spec, 2, None, KEY)
+    head = [o for u in updates[:cut] for o in old.update(u)]
+    state = pickle.loads(pickle.dumps(old.to_state()))
+    assert "engine" not in state
+    resumed = ShardState(spec, 2, None, KEY, state)
+    assert resumed.engine == "reference"
+    tail = [o for u in updates[cut:] for o in resumed.update(u)] + list(resumed.end_of_input())
+    again = pickle.loads(pickle.dumps(resumed.to_state()))
+    assert again["engine"] == "reference" and ShardState(spec, 2, None, KEY, again).engine == \
+        "reference"
+    whole = drive(lambda st: ReferenceShardState(spec, 2, None, KEY, st), updates)
+    assert canonical(head + tail) == canonical(whole)
+
+
+def test_zcdp_uses_the_reference_engine_with_step_outputs_that_encode_the_same():
+    spec = statistics_spec(ZCDP, "i")
+    s = ShardState(spec, 2, {0: ["a", "b"]}, KEY)
+    assert s.engine == "reference" and s.table is None
+    encoder = RecordEncoder("z", ZCDP.origin, 1.0, 1e-6)
+    batches = [b for u in updates_of(ZCDP, 1) for b in s.update_batches(u)]
+    assert batches and all(isinstance(b, StepOutputs) for b in batches)
+    for b in batches:
+        assert all(c.periodic for c in b.releases)
+        assert encoder.encode_step(b) == [encoder.encode(o) for o in b]
+    reference = drive(lambda st: ReferenceShardState(spec, 2, {0: ["a", "b"]}, KEY, st),
+                      updates_of(ZCDP, 1))
+    assert canonical(o for b in batches for o in b) == canonical(reference)
+
+
+def test_a_shard_snapshot_holds_the_engine_and_plain_data():
+    spec = statistics_spec(OPEN, "i")
+    s = ShardState(spec, 2, None, KEY)
+    for u in updates_of(OPEN, 2)[:10]:
+        s.update(u)
+    state = s.to_state()
+    assert state["engine"] == "table" and "keys" not in state
+    assert pickle.loads(pickle.dumps(state))["table"] is not None
+    with pytest.raises(Exception, match="another noise key"):
+        ShardState(spec, 2, None, NoiseKey.for_tests(6), state)
+
+
+# -- release.every ---------------------------------------------------------------------------
+
+def counters_config(mode="open", **extra):
+    raw = {"flow": {"name": "e", "origin": "2026-09-21T14:13:20Z", "step": "1s", "shards": 2},
+           "privacy": {"delta": 0.5, "budget": 2.0}, "counter": {"epsilon": 0.7},
+           "metrics": {"port": 0}}
+    if mode == "open":
+        raw["monitor"] = {"horizon": 8, "threshold": 16, "epsilon": 1.0}
+        raw["admission"] = {"initial_epsilon": 0.2}
+    else:
+        raw["admission"] = {"mode": "declared", "keys": ["hot", "warm", "cold"]}
+    for table, values in extra.items():
+        raw.setdefault(table, {}).update(values)
+    return parse_config(raw)
+
+
+@pytest.mark.parametrize("every, message", [
+    (0, "release.every must be an integer >= 1"), (-2, "release.every must be an integer >= 1"),
+    (1.5, "release.every must be an integer >= 1"), (True, "release.every must be an integer"),
+    ("2", r"release.every must be an integer >= 1 \(publish the periodic releases of every "
+          r"k-th step\), got '2'")])
+def test_release_every_must_be_a_positive_integer(every, message):
+    with pytest.raises(ConfigError, match=message):
+        counters_config(release={"every": every})
+
+
+def test_release_every_defaults_to_one_and_rejects_unknown_settings():
+    assert counters_config().release_every == 1
+    assert counters_config(release={"every": 7}).release_every == 7
+    with pytest.raises(ConfigError, match=r"unknown setting\(s\) in \[release\]: only_changed"):
+        counters_config(release={"only_changed": True})
+    assert "every 7 steps" in counters_config(release={"every": 7}).describe()
+
+
+def run_flow(config, items):
+    sink: list = []
+    run_main(build_flow(config, KEY, instance="e-1", partitions=2,
+                        source=TestingSource(items, 50), sink=TestingSink(sink)))
+    return sink
+
+
+@pytest.mark.parametrize("mode", ["open", "declared"])
+def test_release_every_k_publishes_the_k1_releases_of_every_kth_step_byte_for_byte(mode):
+    rng = random.Random(5)
+    items, offsets = [], [0, 0]
+    rates = {"hot": 12, "warm": 4, "cold": 1}
+    for step in range(20):
+        batch = [(key, ORIGIN + step + rng.random() * 0.9) for key, r in rates.items()
+                 for _ in range(rng.randint(0, r))]
+        for key, ts in sorted(batch, key=lambda e: e[1]):
+            p = rng.randrange(2)
+            items.append(message(p, key, ts, offsets[p]))
+            offsets[p] += 1
+    every = run_flow(counters_config(mode), items)
+    third = run_flow(counters_config(mode, release={"every": 3}), items)
+    bodies = [(role, json.loads(value)) for role, _, value in every]
+    admitted_at = {(b["key"], b["step"]) for role, b in bodies if role == "alerts"}
+    assert (mode == "open") == bool(admitted_at)
+    kept = [(role, key, value) for (role, key, value), (_, b) in zip(every, bodies, strict=True)
+            if b.get("schema") != "dpstream.release/1" or (b["step"] + 1) % 3 == 0
+            or (b["key"], b["step"]) in admitted_at]
+    assert sorted(third) == sorted(kept)
+    assert len(third) < len(every)
+    steps = {json.loads(v)["step"] for r, _, v in third if r == "releases"}
+    assert {s for s in steps if (s + 1) % 3} <= {s for _, s in admitted_at}

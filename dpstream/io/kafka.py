@@ -56,6 +56,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient
 
 from dpstream.errors import ConfigError, DpstreamError
+from dpstream.io.records import EncodedBatch
 from dpstream.messages import TICK, Encoded, RawMessage
 from dpstream.stream import stopping
 
@@ -466,23 +467,31 @@ def _permanent(error: KafkaError) -> bool:
                             KafkaError.CLUSTER_AUTHORIZATION_FAILED}
 
 
-class _OutputPartition(StatelessSinkPartition[Encoded]):
+class _OutputPartition(StatelessSinkPartition[Encoded | EncodedBatch]):
     def __init__(self, config: dict[str, Any], topics: Mapping[str, str],
                  observe: DeliveryObserver) -> None:
         self.producer = Producer(config)
         self.topics, self.observe = dict(topics), observe
         self.waiting = RateLimitedLog(log, 10.0)
 
-    def write_batch(self, items: list[Encoded]) -> None:
-        """Send ``items`` and return only once the broker acknowledged every one of them."""
-        pending = list(items)
+    def write_batch(self, items: list[Encoded | EncodedBatch]) -> None:
+        """Send ``items`` and return only once the broker acknowledged every one of them.
+
+        An item is a record ``(role, key, value)`` or an :class:`EncodedBatch` of them (a
+        closed step's records), sent in order.
+        """
+        pending: list[Encoded] = []
+        for item in items:
+            if isinstance(item, EncodedBatch):
+                pending.extend(item)
+            else:
+                pending.append(item)
         delivered: dict[str, int] = {}
         retried = 0
         started = time.monotonic()
         while pending:
             failed: list[tuple[Encoded, KafkaError]] = []
-            for item in pending:
-                self._produce(item, delivered, failed)
+            self._produce(pending, delivered, failed)
             while len(self.producer) > 0:
                 self.producer.flush(1.0)
                 if len(self.producer) > 0:
@@ -504,22 +513,42 @@ class _OutputPartition(StatelessSinkPartition[Encoded]):
                 self._waiting(len(pending), started)
         self.observe(0, delivered, retried)
 
-    def _produce(self, item: Encoded, delivered: dict[str, int],
+    def _produce(self, items: list[Encoded], delivered: dict[str, int],
                  failed: list[tuple[Encoded, KafkaError]]) -> None:
+        """Hand ``items`` to the producer; delivery reports count them or list the failures.
+
+        One delivery callback per role (not one closure per record): a failed record is
+        rebuilt from the reported message, which holds the same key and value.
+        """
+        def reporter(role: str) -> Callable[[KafkaError | None, Any], None]:
+            def report(error: KafkaError | None, message: Any) -> None:
+                if error is None:
+                    delivered[role] = delivered.get(role, 0) + 1
+                else:
+                    failed.append(((role, message.key(), message.value()), error))
+            return report
+
+        reports = {role: reporter(role) for role in self.topics}
+        produce, topics = self.producer.produce, self.topics
+        for item in items:
+            role, key, value = item
+            try:
+                produce(topics[role], value, key, on_delivery=reports[role])
+            except BufferError:  # the local queue is full: let deliveries drain it
+                self._produce_blocked(item, reports[role], failed)
+            except KafkaException as exc:
+                failed.append((item, exc.args[0]))
+
+    def _produce_blocked(self, item: Encoded, report: Callable[[KafkaError | None, Any], None],
+                         failed: list[tuple[Encoded, KafkaError]]) -> None:
         role, key, value = item
-
-        def report(error: KafkaError | None, _message: Any) -> None:
-            if error is None:
-                delivered[role] = delivered.get(role, 0) + 1
-            else:
-                failed.append((item, error))
-
         while True:
+            self.producer.poll(0.1)
             try:
                 self.producer.produce(self.topics[role], value, key, on_delivery=report)
                 return
-            except BufferError:  # the local queue is full: let deliveries drain it
-                self.producer.poll(0.1)
+            except BufferError:
+                continue
             except KafkaException as exc:
                 failed.append((item, exc.args[0]))
                 return
@@ -540,8 +569,10 @@ class _OutputPartition(StatelessSinkPartition[Encoded]):
         self.producer.flush(5.0)
 
 
-class KafkaOutput(DynamicSink[Encoded]):
+class KafkaOutput(DynamicSink[Encoded | EncodedBatch]):
     """Write ``(role, key, value)`` records to the topic of their role, delivery-checked.
+
+    Items are records, or :class:`~dpstream.io.records.EncodedBatch` lists of them.
 
     Args:
         clients: the flow's Kafka settings.

@@ -4,7 +4,18 @@ Events ``{"key": ..., "ts": ...}`` -> the shared step clock -> one shard of keye
 per ``flow.shards`` (:class:`~dpstream.stream.shard.ShardState`: threshold monitor, initial
 count, binary tree or BLT counter per key) -> ``dpstream.release/1``, ``dpstream.alert/1``
 and ``dpstream.status/1`` records. Its configuration tables are ``[privacy]``,
-``[counter]``, ``[monitor]`` and ``[admission]`` (``deploy/counters.example.toml``).
+``[counter]``, ``[monitor]``, ``[admission]`` and ``[release]``
+(``deploy/counters.example.toml``).
+
+``release.every = k`` (default 1) publishes the counters' periodic releases only at the steps
+``s`` with ``(s + 1) % k == 0``; initial counts (an open key's release at its admission),
+alerts and budget statuses are published at every step. Every key still steps, draws its
+noise and pays its ledger at every step exactly as with ``k = 1``: leaving releases out is
+post-processing of private outputs, so it costs no privacy and the releases that are
+published are byte for byte those of ``k = 1``. There is no ``only_changed`` option: every
+release carries fresh noise, so its value differs from the last one anyway, and publishing
+only when the *true* count changed would reveal, by the release's presence, whether the key
+had an event in that step (that is not post-processing: it would leak).
 """
 
 from __future__ import annotations
@@ -28,7 +39,7 @@ from dpstream.core.threshold_monitor import (
 )
 from dpstream.core.tree_counter import TreeCounterSpec
 from dpstream.errors import ConfigError, InvalidParameterError
-from dpstream.io.records import RecordEncoder
+from dpstream.io.records import EncodedBatch, RecordEncoder
 from dpstream.messages import Encoded
 from dpstream.platform import FlowParts
 from dpstream.stream.clock import ShardUpdate
@@ -87,6 +98,8 @@ class CountersConfig(FlowConfig):
     key_field: str
     privacy: PrivacyConfig
     admission: AdmissionConfig
+    release_every: int = 1
+    """``release.every``: publish the periodic releases of every k-th step only (free)."""
 
     def per_key_charges(self) -> list[PrivacyCharge]:
         """Every charge one key's statistics may make, in order."""
@@ -120,6 +133,9 @@ class CountersConfig(FlowConfig):
             )
         else:
             lines.append(f"admission: {len(self.admission.keys)} declared keys")
+        if self.release_every > 1:
+            lines.append(f"releases: published every {self.release_every} steps "
+                         "(post-processing, no privacy cost)")
         if self.privacy.accounting == "zcdp":
             lines.append(
                 f"as (epsilon, delta): ({ledger.epsilon_spent(self.privacy.delta):.4g}, "
@@ -174,6 +190,15 @@ def _admission_section(admission: Section, accounting: str
         raise ConfigError(f"admission.{wrong_initial} does not apply to accounting {accounting!r}")
     admission.finish()
     return mode, keys, initial_value
+
+
+def _release_section(release: Section) -> int:
+    every = release.get("every", 1)
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise ConfigError(f"release.every must be an integer >= 1 (publish the periodic "
+                          f"releases of every k-th step), got {every!r}")
+    release.finish()
+    return every
 
 
 def _monitor_section(monitor: Section, mode: str, accounting: str, budget: float,
@@ -241,7 +266,8 @@ def parse_config(raw: dict[str, Any], source: str = "<dict>") -> CountersConfig:
     admission_raw = raw.get("admission", {})
     declared = isinstance(admission_raw, dict) and admission_raw.get("mode") == "declared"
     fields, tables = parse_common(
-        raw, source, kind_tables=frozenset({"privacy", "counter", "monitor", "admission"}),
+        raw, source,
+        kind_tables=frozenset({"privacy", "counter", "monitor", "admission", "release"}),
         topics=TOPICS,
         origin_required=(
             "with admission.mode = 'declared': declared keys are released from step 0, which "
@@ -255,10 +281,11 @@ def parse_config(raw: dict[str, Any], source: str = "<dict>") -> CountersConfig:
     mode, keys, initial_value = _admission_section(tables["admission"], accounting)
     monitor = _monitor_section(tables["monitor"], mode, accounting, budget, delta)
     admission = _admission(mode, keys, initial_value, monitor, accounting, budget, delta)
+    release_every = _release_section(tables["release"])
     privacy = PrivacyConfig(accounting=accounting, budget=budget,  # type: ignore[arg-type]
                             delta=delta, counter=counter, monitor=monitor)
     config = CountersConfig(key_field=key_field, privacy=privacy, admission=admission,
-                            **fields)
+                            release_every=release_every, **fields)
     _check_budget(config)
     return config
 
@@ -325,8 +352,11 @@ class CountersKind:
         return lambda state: PartitionClock(rules, state)
 
     def wire(self, parts: FlowParts, updates: Stream[tuple[str, ShardUpdate]]
-             ) -> Stream[Encoded]:
-        """Keyed statistics per shard, encoded as release, alert and status records."""
+             ) -> Stream[Encoded | EncodedBatch]:
+        """Keyed statistics per shard, encoded as release, alert and status records.
+
+        One :class:`~dpstream.io.records.EncodedBatch` per closed step of a shard.
+        """
         config: CountersConfig = parts.config
         spec = statistics_spec(config, parts.instance)
         if parts.metrics is not None:
@@ -336,10 +366,10 @@ class CountersKind:
         shard_class = parts.options.get("shard_class", ShardState)
         outputs = keyed_statistics("statistics", updates, spec, parts.partitions,
                                    config.shards, declared, parts.noise, parts.metrics,
-                                   shard_class)
+                                   shard_class, config.release_every)
         encoder = RecordEncoder(config.name, config.origin, config.step_seconds,
                                 config.privacy.delta)
-        return op.map("encode", outputs, encoder.encode)
+        return op.map("encode", outputs, encoder.encode_item)
 
 
 KIND: Final = CountersKind()

@@ -16,7 +16,7 @@ import logging
 import os
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from operator import itemgetter
@@ -26,7 +26,8 @@ import bytewax.operators as op
 from bytewax.dataflow import Stream, operator
 from bytewax.operators import StatefulBatchLogic
 
-from dpstream.core.key_statistics import Output, StatisticsSpec
+from dpstream.core.key_statistics import StatisticsSpec
+from dpstream.core.key_table import StepOutputs
 from dpstream.core.noise import NoiseKey
 from dpstream.messages import DeadLetter
 from dpstream.stream import stopping
@@ -58,8 +59,8 @@ class FlowObserver(Protocol):
     def observe_shard(self, shard: int, closed_step: int | None, pending_steps: int) -> None:
         """A shard's last closed step and how many steps it holds open."""
 
-    def observe_outputs(self, outputs: list[Output], mechanism: str) -> None:
-        """What a shard published."""
+    def observe_outputs(self, outputs: Sequence[Any], mechanism: str) -> None:
+        """What a shard published: outputs, or whole closed steps (``StepOutputs``)."""
 
 
 class _Nobody:
@@ -75,7 +76,7 @@ class _Nobody:
     def observe_shard(self, shard: int, closed_step: int | None, pending_steps: int) -> None:
         return None
 
-    def observe_outputs(self, outputs: list[Output], mechanism: str) -> None:
+    def observe_outputs(self, outputs: Sequence[Any], mechanism: str) -> None:
         return None
 
 
@@ -162,16 +163,24 @@ def waiting_for(shard: StepBarrier) -> tuple[list[int], int | None]:
 
 
 class _ShardLogic(StatefulBatchLogic[ShardUpdate, Any, dict[str, Any]]):
+    """Pass a shard's outputs on, and its snapshots to the recovery store.
+
+    A shard that keeps closed steps whole (the counters' :class:`ShardState`, with
+    ``update_batches``) passes one item per closed step, not one per output.
+    """
+
     def __init__(self, shard: StepBarrier, observer: FlowObserver,
                  observe_outputs: Callable[[list[Any]], None]) -> None:
         self.shard, self.observer, self.observe_outputs = shard, observer, observe_outputs
         self._next_report = time.monotonic() + STALL_REPORT_SECONDS
         self._pending = 0
+        self._update = getattr(shard, "update_batches", shard.update)
+        self._end_of_input = getattr(shard, "end_of_input_batches", shard.end_of_input)
 
     def on_batch(self, values: list[ShardUpdate]) -> tuple[list[Any], bool]:
         out: list[Any] = []
         for update in values:
-            out.extend(self.shard.update(update))
+            out.extend(self._update(update))
         self._observe(out)
         return out, StatefulBatchLogic.RETAIN
 
@@ -215,7 +224,7 @@ class _ShardLogic(StatefulBatchLogic[ShardUpdate, Any, dict[str, Any]]):
     def on_eof(self) -> tuple[list[Any], bool]:
         if stopping.stop_requested():  # a stop, not the end of a bounded input
             return [], StatefulBatchLogic.RETAIN
-        out = self.shard.end_of_input()
+        out = self._end_of_input()
         self._observe(out)
         return out, StatefulBatchLogic.RETAIN
 
@@ -247,20 +256,27 @@ def _run_shards(up: Stream[tuple[str, ShardUpdate]],
 def keyed_statistics(step_id: str, up: Stream[tuple[str, ShardUpdate]], spec: StatisticsSpec,
                      partitions: int, shards: int, declared_keys: tuple[str, ...] | None,
                      noise: NoiseKey, observer: FlowObserver | None = None,
-                     shard_class: type[ShardState] = ShardState) -> Stream[Output]:
-    """Run every key's monitor and counter, shard by shard; emit releases, alerts, statuses.
+                     shard_class: type[ShardState] = ShardState,
+                     release_every: int = 1) -> Stream[StepOutputs]:
+    """Run every key's monitor and counter, shard by shard; emit each closed step's outputs.
 
-    ``shard_class`` exists for the non-private baseline of ``bench/``; keep the default.
+    One :class:`~dpstream.core.key_table.StepOutputs` per closed step of a shard (releases,
+    alerts, statuses; a step that publishes nothing emits nothing). ``release_every``: see
+    :class:`ShardState`. ``shard_class`` exists for the non-private baseline of ``bench/``;
+    keep the default.
     """
-    declared_by_shard: dict[int, list[str]] | None = None
+    declared_by_shard: dict[int, tuple[str, ...]] | None = None
     if declared_keys is not None:
-        declared_by_shard = defaultdict(list)
+        lists: dict[int, list[str]] = defaultdict(list)
         for key in declared_keys:
-            declared_by_shard[shard_of(key, shards)].append(key)
-        declared_by_shard = dict(declared_by_shard)
+            lists[shard_of(key, shards)].append(key)
+        # tuples: the garbage collector stops tracking them (a long list of keys would be
+        # traversed by every full collection)
+        declared_by_shard = {shard: tuple(keys) for shard, keys in lists.items()}
 
     seen = observer or _Nobody()
     mechanism = spec.counter.mechanism
     return _run_shards(
-        up, lambda state: shard_class(spec, partitions, declared_by_shard, noise, state), seen,
+        up, lambda state: shard_class(spec, partitions, declared_by_shard, noise, state,
+                                      release_every=release_every), seen,
         lambda out: seen.observe_outputs(out, mechanism))

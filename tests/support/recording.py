@@ -32,6 +32,9 @@ class RecordingKey:
         self._prefixes[lane] = prefix
         return lane
 
+    def lanes(self, before, names, after):
+        return [self.lane(*before, name, *after) for name in names]
+
     def encrypt_blocks(self, data: bytes) -> bytes:
         for start in range(0, len(data), 16):
             self._record_block(data[start:start + 16])

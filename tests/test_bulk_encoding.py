@@ -1,0 +1,241 @@
+"""Bulk release encoding: a closed step's records, byte for byte as one encode() per output."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import numpy as np
+import orjson
+import pytest
+from bytewax.testing import TestingSink, TestingSource, run_main
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from support.messages import message
+
+from dpstream.config import parse_config
+from dpstream.core.key_statistics import Alert, BudgetExhausted
+from dpstream.core.key_table import ReleaseColumns, StepOutputs
+from dpstream.core.noise import NoiseKey
+from dpstream.io.kafka import _OutputPartition
+from dpstream.io.records import EncodedBatch, RecordEncoder, flatten
+from dpstream.platform import build_flow
+
+ORIGIN = datetime(2026, 9, 21, 14, 13, 20, tzinfo=UTC)
+AWKWARD_VALUES = [0.0, -0.0, 1e16, 1e-7, 123456.789, 1e300, -5e-324, 2.0**53 + 1, 0.1]
+
+keys = st.text(st.characters(exclude_categories=("Cs",)), max_size=12) | st.sampled_from(
+    ['a"b', "c\\d", "\\", '"', "é", "キー", "😀", "\x00", "\n\t", "%s", "%", "\u2028", ""])
+values = st.floats(allow_nan=False, allow_infinity=False) | st.sampled_from(AWKWARD_VALUES)
+plain = st.floats(min_value=0, max_value=1e9, allow_nan=False)
+
+
+@st.composite
+def columns(draw, step):
+    names = draw(st.lists(keys, max_size=8, unique=True))
+    return ReleaseColumns(
+        step=step, keys=names, values=np.array([draw(values) for _ in names], dtype=np.float64),
+        std=draw(plain | st.sampled_from([0.0, 1e16, 1e-7])),
+        mechanism=draw(st.sampled_from(["tree-laplace", "blt-gaussian", "x%sy", 'q"'])),
+        spent=draw(plain), budget=draw(plain), unit=draw(st.sampled_from(["epsilon", "rho"])),
+        delta=draw(st.sampled_from([0.0, 1e-6, 2.5e-7])), periodic=draw(st.booleans()))
+
+
+@st.composite
+def step_outputs(draw):
+    step = draw(st.integers(0, 10**9))
+    statuses = [BudgetExhausted(k, step, "tree counter", "refused", 1.0, 0.5, "epsilon")
+                for k in draw(st.lists(keys, max_size=2))]
+    alerts = [Alert(k, step, 100, 0.1) for k in draw(st.lists(keys, max_size=2))]
+    return StepOutputs(step=step, statuses=statuses, alerts=alerts,
+                       releases=draw(st.lists(columns(step), max_size=3)))
+
+
+flows = st.sampled_from(["bench", "100%", "a\"b\\c", "\x00dpstream-key\x00", "ü"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(step_outputs(), flows, st.sampled_from([1.0, 60.0, 0.25]),
+       st.sampled_from([0.0, 1e-6]))
+def test_encode_step_is_byte_identical_to_encoding_each_output(outputs, flow, seconds, delta):
+    encoder = RecordEncoder(flow, ORIGIN, seconds, delta)
+    batch = encoder.encode_step(outputs)
+    assert isinstance(batch, EncodedBatch)
+    assert batch == [encoder.encode(o) for o in outputs]
+    assert all(type(v) is bytes and type(k) is bytes for _, k, v in batch)
+
+
+def test_the_values_are_formatted_as_orjson_formats_python_floats():
+    encoder = RecordEncoder("f", ORIGIN, 1.0)
+    column = ReleaseColumns(3, [str(v) for v in AWKWARD_VALUES], np.array(AWKWARD_VALUES), 1.5,
+                            "tree-laplace", 1.0, 1.0, "epsilon", 1e-6)
+    out = StepOutputs(3, [], [], [column])
+    bodies = [orjson.loads(v) for _, _, v in encoder.encode_step(out)]
+    assert [b["value"] for b in bodies] == AWKWARD_VALUES
+    assert [str(b["value"]) for b in bodies] == [b["key"] for b in bodies]
+    assert encoder.encode_step(out) == [encoder.encode(o) for o in out]
+
+
+def test_a_key_that_cannot_be_encoded_fails_as_encode_does():
+    encoder = RecordEncoder("f", ORIGIN, 1.0)
+    out = StepOutputs(0, [], [], [ReleaseColumns(0, ["ok", "\ud800"], np.array([1.0, 2.0]),
+                                                 1.0, "tree-laplace", 1.0, 1.0, "epsilon", 0.0)])
+    with pytest.raises(UnicodeEncodeError):
+        encoder.encode(out[1])
+    with pytest.raises(UnicodeEncodeError):
+        encoder.encode_step(out)
+
+
+def test_empty_steps_and_columns_encode_to_nothing():
+    encoder = RecordEncoder("f", ORIGIN, 1.0)
+    empty = ReleaseColumns(0, [], np.zeros(0), 1.0, "tree-laplace", 1.0, 1.0, "epsilon", 0.0)
+    assert encoder.encode_step(StepOutputs(0, [], [], [empty])) == []
+    assert encoder.encode_step(StepOutputs(0)) == []
+
+
+def test_encode_item_takes_outputs_and_steps_and_flatten_undoes_batches():
+    encoder = RecordEncoder("f", ORIGIN, 1.0)
+    alert = Alert("k", 2, 10, 0.1)
+    out = StepOutputs(2, [], [alert], [])
+    assert encoder.encode_item(alert) == encoder.encode(alert)
+    assert encoder.encode_item(out) == [encoder.encode(alert)]
+    triple = ("dead_letters", None, b"{}")
+    assert flatten(triple) == [triple]
+    assert flatten(encoder.encode_item(out)) == [encoder.encode(alert)]
+
+
+class FakeProducer:
+    """Records what is produced; ``outcomes`` says which deliveries fail (in order)."""
+
+    def __init__(self, outcomes=(), full_every=0):
+        self.sent, self.outcomes, self.full_every, self.calls = [], list(outcomes), full_every, 0
+
+    def produce(self, topic, value, key, on_delivery):
+        self.calls += 1
+        if self.full_every and self.calls % self.full_every == 0:
+            raise BufferError("queue full")
+        self.sent.append((topic, key, value))
+        error = self.outcomes.pop(0) if self.outcomes else None
+        on_delivery(error, FakeMessage(key, value))
+
+    def poll(self, timeout):
+        return 0
+
+    def __len__(self):
+        return 0
+
+    def flush(self, timeout):
+        return 0
+
+
+class FakeMessage:
+    def __init__(self, key, value):
+        self._key, self._value = key, value
+
+    def key(self):
+        return self._key
+
+    def value(self):
+        return self._value
+
+
+def sink_with(producer):
+    observed = []
+    sink = _OutputPartition({}, {"releases": "r", "alerts": "a", "dead_letters": "d"},
+                            lambda pending, delivered, retried: observed.append(
+                                (pending, delivered, retried)))
+    sink.producer = producer
+    return sink, observed
+
+
+def test_the_kafka_sink_sends_batches_and_single_records_in_order():
+    producer = FakeProducer(full_every=3)  # a full local queue is waited out, never skipped
+    sink, observed = sink_with(producer)
+    batch = EncodedBatch([("releases", b"k1", b"1"), ("alerts", b"k2", b"2")])
+    sink.write_batch([("dead_letters", None, b"0"), batch, ("releases", b"k3", b"3")])
+    assert producer.sent == [("d", None, b"0"), ("r", b"k1", b"1"), ("a", b"k2", b"2"),
+                             ("r", b"k3", b"3")]
+    assert observed == [(0, {"dead_letters": 1, "releases": 2, "alerts": 1}, 0)]
+
+
+def test_the_kafka_sink_resends_what_failed_and_stops_on_a_permanent_refusal():
+    from confluent_kafka import KafkaError
+
+    from dpstream.io.kafka import OutputError
+
+    timeout = KafkaError(KafkaError._MSG_TIMED_OUT)
+    producer = FakeProducer([None, timeout, None, None])
+    sink, observed = sink_with(producer)
+    sink.write_batch([EncodedBatch([("releases", b"k1", b"1"), ("alerts", b"k2", b"2"),
+                                    ("releases", b"k3", b"3")])])
+    assert producer.sent == [("r", b"k1", b"1"), ("a", b"k2", b"2"), ("r", b"k3", b"3"),
+                             ("a", b"k2", b"2")]
+    assert observed[-1] == (0, {"releases": 2, "alerts": 1}, 1)
+    too_large = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)
+    sink, _ = sink_with(FakeProducer([None, too_large]))
+    with pytest.raises(OutputError, match="refused a releases record for good"):
+        sink.write_batch([EncodedBatch([("alerts", b"k", b"1"), ("releases", b"x", b"22")])])
+
+
+def test_an_in_memory_sink_gets_records_unless_it_asks_for_batches():
+    config = parse_config({"flow": {"name": "t", "origin": "2026-09-21T14:13:20Z", "step": "1s",
+                                    "shards": 2},
+                           "admission": {"mode": "declared", "keys": ["a", "b", "c"]},
+                           "metrics": {"port": 0}})
+    origin = 1_790_000_000
+    items = [message(0, k, origin + t + 0.5, i) for i, (t, k) in
+             enumerate((t, k) for t in range(5) for k in "abc")]
+    items.append((0, b"{broken", len(items), "events", (origin + 5) * 1000, 2))
+    runs = []
+    for batches in (False, True):
+        sink: list = []
+        run_main(build_flow(config, NoiseKey.for_tests(1), instance="t-1", partitions=1,
+                            source=TestingSource(items, 4), sink=TestingSink(sink),
+                            sink_batches=batches))
+        runs.append(sink)
+    records, batched = runs
+    assert all(type(item) is tuple for item in records)
+    assert any(isinstance(item, EncodedBatch) for item in batched)
+    assert sorted(records, key=repr) == sorted(
+        [t for item in batched for t in flatten(item)], key=repr)
+    roles = [role for role, _, _ in records]
+    # steps 0..5 (the bad record's broker time is in step 5): every declared key each step
+    assert roles.count("releases") == 3 * 6 and roles.count("dead_letters") == 1
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(keys, max_size=6), st.integers(0, 10**6), flows,
+       st.sampled_from([(100, 0.1), (7, 2.5)]), st.booleans())
+def test_alerts_are_encoded_in_bulk_byte_for_byte(names, step, flow, monitor, mixed):
+    encoder = RecordEncoder(flow, ORIGIN, 1.0)
+    alerts = [Alert(k, step, *monitor) for k in names]
+    if mixed and alerts:  # alerts that do not share their fields: one by one
+        alerts.append(Alert("other", step + 1, *monitor))
+    out = StepOutputs(step, [], alerts, [])
+    assert encoder.encode_step(out) == [encoder.encode(a) for a in alerts]
+
+
+def test_metrics_count_closed_steps_without_materializing_them():
+    from prometheus_client import CollectorRegistry
+
+    from dpstream.metrics import FlowMetrics
+
+    def samples(metrics):
+        return sorted((s.name, tuple(sorted(s.labels.items())), s.value)
+                      for m in metrics.registry.collect() for s in m.samples
+                      if s.name.startswith("dpstream_") and not s.name.endswith("_created"))
+
+    columns = [ReleaseColumns(4, ["a", "b"], np.array([1.0, 2.0]), 1.0, "tree-laplace", 0.7,
+                              1.0, "epsilon", 0.0),
+               ReleaseColumns(4, ["c"], np.array([3.0]), 1.0, "tree-laplace", 0.9, 1.0,
+                              "epsilon", 0.0, periodic=False),
+               ReleaseColumns(4, [], np.zeros(0), 1.0, "tree-laplace", 5.0, 1.0, "epsilon", 0.0)]
+    out = StepOutputs(4, [BudgetExhausted("z", 4, "tree counter", "no", 1.0, 1.0, "epsilon")],
+                      [Alert("c", 4, 10, 0.1)], columns)
+    whole, each = (FlowMetrics("m", CollectorRegistry(), clock=lambda: 0.0) for _ in range(2))
+    for m in (whole, each):
+        m.set_budget("tree-laplace", "epsilon", 1.0)
+    whole.observe_outputs([out], "tree-laplace")
+    each.observe_outputs(list(out), "tree-laplace")
+    assert samples(whole) == samples(each)
+    assert ("dpstream_releases_total", (("flow", "m"), ("mechanism", "tree-laplace")), 3.0) in \
+        samples(whole)

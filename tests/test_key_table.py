@@ -1,0 +1,409 @@
+"""The columnar key table against the per-key reference engine: the same outputs, bit for bit."""
+
+import dataclasses
+import pickle
+import random
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dpstream.core.blt_counter import BltCounterSpec
+from dpstream.core.key_statistics import (
+    Alert,
+    BudgetExhausted,
+    KeyStatistics,
+    Release,
+    StatisticsSpec,
+)
+from dpstream.core.key_table import KeyTable, ReleaseColumns, StepOutputs
+from dpstream.core.ledger import PrivacyCharge
+from dpstream.core.noise import NoiseKey
+from dpstream.core.threshold_monitor import ThresholdMonitorSpec
+from dpstream.core.tree_counter import TreeCounterSpec
+from dpstream.errors import InvalidParameterError
+
+KEY = NoiseKey.for_tests(9)
+
+
+class Reference:
+    """The per-key engine (KeyStatistics per key), driven exactly as ShardState.close drives it."""
+
+    def __init__(self, spec, noise, declared=None, state=None):
+        self.spec, self.noise, self.declared = spec, noise, declared
+        self.keys, self.retired = {}, set()
+        if state is not None:
+            self.keys = {k: KeyStatistics(spec, k, 0, noise, s) for k, s in state["keys"].items()}
+            self.retired = set(state["retired"])
+
+    def idle(self):
+        return not self.keys and self.declared is None
+
+    def to_state(self):
+        return {"keys": {k: s.to_state() for k, s in self.keys.items()},
+                "retired": sorted(self.retired)}
+
+    def close(self, step, bucket):
+        if self.declared is not None and len(self.keys) + len(self.retired) < len(self.declared):
+            for key in self.declared:
+                if key not in self.keys and key not in self.retired:
+                    self.keys[key] = KeyStatistics(self.spec, key, step, self.noise)
+        for key in bucket:
+            if key not in self.keys and key not in self.retired:
+                self.keys[key] = KeyStatistics(self.spec, key, step, self.noise)
+        out = []
+        for key in sorted(self.keys):
+            stats = self.keys[key]
+            out.extend(stats.step(bucket.get(key, 0)))
+            if stats.expired:
+                del self.keys[key]
+            elif stats.retired:
+                del self.keys[key]
+                self.retired.add(key)
+        return out
+
+
+def canonical(outputs):
+    """Every field, floats by their bits (so -0.0 and 0.0 differ), sorted by (type, key, step)."""
+    rows = []
+    for o in outputs:
+        fields = tuple(v.hex() if isinstance(v, float) else v for v in dataclasses.astuple(o))
+        rows.append((type(o).__name__, o.key, o.step, fields))
+    return sorted(rows)
+
+
+def make_spec(mode="open", monitor=True, threshold=3, window=4, monitor_eps=1.0,
+              declared_horizon=None, counter_eps=1.0, horizon=4, initial=0.5, budget=10.0,
+              instance="inst"):
+    if mode == "open":
+        mon = ThresholdMonitorSpec(monitor_eps, threshold, window)
+    else:
+        mon = ThresholdMonitorSpec(monitor_eps, threshold, declared_horizon) if monitor else None
+    init = None
+    if mode == "open" and initial is not None:
+        init = PrivacyCharge(epsilon=initial, label="initial count")
+    return StatisticsSpec(flow="f", mode=mode, accounting="pure", budget=budget,
+                          delta_budget=1e-6, counter=TreeCounterSpec(counter_eps, horizon),
+                          monitor=mon, initial=init, admission_delta=1e-9, instance=instance)
+
+
+def roundtrip(state):
+    return pickle.loads(pickle.dumps(state))
+
+
+def run_both(spec, stream, declared=None, restore_at=(), respec=None, check_steps=True):
+    """Drive the reference and the table over ``stream`` (one dict of increments per step).
+
+    At each step of ``restore_at`` both are snapshotted, pickled and restored, under
+    ``respec`` (e.g. another budget) if given. Steps are skipped while both are idle and the
+    step has no events, as the step barrier does. Returns both output lists.
+    """
+    ref, table = Reference(spec, KEY, declared), KeyTable(spec, KEY, declared)
+    ref_all, table_all = [], []
+    for step, bucket in enumerate(stream):
+        if step in restore_at:
+            spec = respec or spec
+            ref = Reference(spec, KEY, declared, roundtrip(ref.to_state()))
+            table = KeyTable(spec, KEY, declared, roundtrip(table.to_state()))
+        assert ref.idle() == table.idle()
+        if table.idle() and not bucket:
+            continue
+        keys = list(bucket)
+        increments = np.array([bucket[k] for k in keys], dtype=np.int64)
+        expected = ref.close(step, bucket)
+        got = table.close(step, keys, increments)
+        assert isinstance(got, StepOutputs) and got.step == step
+        listed = list(got)
+        assert len(got) == len(listed)
+        releases, alerts, statuses = got.count()
+        assert (releases, alerts, statuses) == (
+            sum(isinstance(o, Release) for o in listed), sum(isinstance(o, Alert) for o in listed),
+            sum(isinstance(o, BudgetExhausted) for o in listed))
+        if check_steps:
+            assert canonical(listed) == canonical(expected), f"step {step}"
+        ref_all += expected
+        table_all += listed
+        assert table.live == len(ref.keys)
+        assert table.retired == ref.retired
+        check_invariants(table)
+    return ref_all, table_all
+
+
+def check_invariants(table):
+    """The table's internal bookkeeping (white box): watched rows, groups, index."""
+    flags = table._flags
+    assert np.array_equal(table._watched, np.flatnonzero(flags & 32))
+    assert len(table._mlanes) == len(table._rho) == len(table._watched)
+    assert table._index == {k: i for i, k in enumerate(table._names)}
+    assert len(table._prefix) == len(flags) == table.live
+    grouped = np.concatenate([g.rows for g in table._groups] + [np.zeros(0, dtype=np.int64)])
+    assert len(set(grouped.tolist())) == len(grouped)
+    for group in table._groups:
+        assert group.keys == [table._names[i] for i in group.rows.tolist()]
+        assert ((flags[group.rows] & 12) == 4).all()  # counter paid, not exhausted
+
+
+def random_stream(rng, steps, pool, density=0.5, high=4, undeclared=()):
+    stream = []
+    for _ in range(steps):
+        bucket = {k: rng.randint(0, high) for k in pool if rng.random() < density}
+        for k in undeclared:
+            if rng.random() < 0.05:
+                bucket[k] = rng.randint(1, high)
+        if rng.random() < 0.15:
+            bucket = {}
+        stream.append(bucket)
+    return stream
+
+
+# --- seeded scenarios ---------------------------------------------------------------------------
+
+
+def test_declared_without_monitor_over_several_epochs_with_a_restore():
+    rng = random.Random(1)
+    pool = [f"k{i:02d}" for i in range(25)]
+    spec = make_spec("declared", monitor=False, horizon=2)
+    ref, got = run_both(spec, random_stream(rng, 40, pool), declared=pool, restore_at=(13, 29))
+    assert canonical(ref) == canonical(got)
+    assert len(got) == 25 * 40  # every declared key releases at every step
+
+
+def test_declared_with_a_monitor_alerts_and_its_horizon():
+    rng = random.Random(2)
+    pool = [f"k{i}" for i in range(20)]
+    for horizon in (None, 6):
+        spec = make_spec("declared", monitor=True, threshold=4, declared_horizon=horizon,
+                         horizon=8)
+        ref, got = run_both(spec, random_stream(rng, 20, pool), declared=pool, restore_at=(5,))
+        assert canonical(ref) == canonical(got)
+        assert any(isinstance(o, Alert) for o in got)
+
+
+def test_open_universe_admission_expiry_and_epochs():
+    rng = random.Random(3)
+    pool = [f"key-{i}" for i in range(40)]
+    spec = make_spec("open", threshold=4, window=3, horizon=2)
+    ref, got = run_both(spec, random_stream(rng, 45, pool, density=0.3), restore_at=(7, 20))
+    assert canonical(ref) == canonical(got)
+    kinds = {type(o) for o in got}
+    assert {Alert, Release} <= kinds
+    # horizon 2: counter epochs end after 2, 6, 14, 30 steps; some counters pass several
+    assert any(isinstance(o, Release) and o.step > 30 for o in got)
+
+
+def test_open_universe_without_an_initial_count():
+    rng = random.Random(4)
+    pool = [f"k{i}" for i in range(15)]
+    spec = make_spec("open", threshold=2, window=5, initial=None)
+    ref, got = run_both(spec, random_stream(rng, 25, pool), restore_at=(11,))
+    assert canonical(ref) == canonical(got)
+
+
+def test_idle_open_shard_skips_empty_steps():
+    spec = make_spec("open", threshold=1000, window=2)
+    stream = [{}, {}, {"a": 1}, {}, {}, {}, {"b": 2}, {}]
+    ref, got = run_both(spec, stream)
+    assert ref == got == []  # never admitted: nothing published about a key
+
+
+@pytest.mark.parametrize("budget", [1.0, 0.6, 0.4, 0.2])
+def test_charges_refused_at_admission_or_start(budget):
+    """Monitor 1.0 / initial 0.5 / counter 1.0 under small budgets: refusals and statuses."""
+    rng = random.Random(5)
+    pool = [f"k{i}" for i in range(12)]
+    for mode in ("open", "declared"):
+        spec = make_spec(mode, threshold=2, window=4, monitor_eps=0.2, initial=0.3,
+                         counter_eps=0.3, budget=budget)
+        ref, got = run_both(spec, random_stream(rng, 16, pool),
+                            declared=pool if mode == "declared" else None)
+        assert canonical(ref) == canonical(got)
+
+
+def test_budget_lowered_on_restore_exhausts_and_retires_admitted_keys():
+    rng = random.Random(6)
+    pool = [f"k{i}" for i in range(30)]
+    spec = make_spec("open", threshold=3, window=4, monitor_eps=0.3, initial=0.2,
+                     counter_eps=0.5, budget=2.0)
+    for lowered in (0.9, 0.4, 0.25):  # below: admitted; initial + counter; the monitor
+        respec = dataclasses.replace(spec, budget=lowered)
+        stream = random_stream(rng, 30, pool)
+        ref, got = run_both(spec, stream, restore_at=(12,), respec=respec)
+        assert canonical(ref) == canonical(got)
+        if lowered == 0.9:
+            statuses = [o for o in got if isinstance(o, BudgetExhausted)]
+            assert statuses and {s.label for s in statuses} == {"budget change"}
+            assert all(s.step == 12 for s in statuses)
+
+
+def test_declared_budget_lowered_then_retired_keys_never_restart():
+    pool = [f"d{i}" for i in range(6)]
+    spec = make_spec("declared", monitor=False, counter_eps=1.0, budget=2.0)
+    table = KeyTable(spec, KEY, pool)
+    table.close(0, pool, np.ones(6, dtype=np.int64))
+    state = roundtrip(table.to_state())
+    lowered = dataclasses.replace(spec, budget=0.5)
+    table = KeyTable(lowered, KEY, pool, state)
+    again = KeyTable(lowered, KEY, pool, roundtrip(table.to_state()))  # pending kept
+    for t in (table, again):
+        out = t.close(1, pool, np.ones(6, dtype=np.int64))
+        assert out.count() == (0, 0, 6)
+        assert [s.key for s in out.statuses] == pool
+        assert t.retired == set(pool) and t.live == 0 and not t.idle()
+        assert len(t.close(2, pool, np.ones(6, dtype=np.int64))) == 0  # never restarted
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_property_same_outputs_as_the_reference(data):
+    mode = data.draw(st.sampled_from(["open", "declared"]))
+    monitor = data.draw(st.booleans())
+    spec = make_spec(
+        mode, monitor=monitor,
+        threshold=data.draw(st.integers(1, 5)),
+        window=data.draw(st.integers(1, 5)),
+        monitor_eps=data.draw(st.sampled_from([0.25, 1.0, 3.0])),
+        declared_horizon=data.draw(st.sampled_from([None, 3, 7])),
+        counter_eps=data.draw(st.sampled_from([0.5, 1.0, 2.5])),
+        horizon=data.draw(st.sampled_from([2, 4, 8])),
+        initial=data.draw(st.sampled_from([None, 0.5, 1.0])),
+        budget=data.draw(st.sampled_from([0.4, 1.0, 3.0, 10.0])),
+    )
+    names = [f"k{i}" for i in range(data.draw(st.integers(1, 8)))]
+    steps = data.draw(st.integers(1, 22))
+    stream = data.draw(st.lists(
+        st.dictionaries(st.sampled_from(names + ["x", "y"]), st.integers(0, 6), max_size=6),
+        min_size=steps, max_size=steps))
+    declared = names if mode == "declared" else None
+    restore_at = data.draw(st.lists(st.integers(0, steps), max_size=2))
+    respec = dataclasses.replace(spec, budget=data.draw(st.sampled_from([0.3, 1.0, 3.0, 10.0])))
+    ref, got = run_both(spec, stream, declared=declared, restore_at=set(restore_at),
+                        respec=respec)
+    assert canonical(ref) == canonical(got)
+
+
+def test_the_reference_driver_is_the_shard_engine():
+    """The test's Reference drives KeyStatistics as the shard's per-key engine does."""
+    try:
+        from dpstream.stream.shard import ReferenceShardState as Engine
+    except ImportError:
+        from dpstream.stream.shard import ShardState as Engine
+    rng = random.Random(7)
+    pool = [f"k{i}" for i in range(10)]
+    for mode in ("open", "declared"):
+        spec = make_spec(mode, threshold=2, window=3, horizon=4)
+        declared = pool if mode == "declared" else None
+        engine = Engine(spec, 1, None if declared is None else {0: declared}, KEY)
+        engine.bind(0)
+        ref = Reference(spec, KEY, declared)
+        for step, bucket in enumerate(random_stream(rng, 15, pool)):
+            if ref.idle() and not bucket:
+                continue
+            assert canonical(engine.close(step, dict(bucket))) == canonical(
+                ref.close(step, bucket))
+
+
+def test_many_keys_and_epochs_in_bulk():
+    rng = random.Random(8)
+    pool = [f"user-{i:04d}" for i in range(400)]
+    spec = make_spec("open", threshold=3, window=5, horizon=2, monitor_eps=0.5)
+    ref, got = run_both(spec, random_stream(rng, 36, pool, density=0.4), restore_at=(17,),
+                        check_steps=False)
+    assert canonical(ref) == canonical(got)
+    assert sum(isinstance(o, Release) for o in got) > 1000
+
+
+# --- the table's own contract -------------------------------------------------------------------
+
+
+def test_rows_are_sorted_new_keys_appended_and_compacted_in_order():
+    spec = make_spec("open", threshold=1000, window=2)
+    table = KeyTable(spec, KEY)
+    table.close(0, ["c", "a"], np.array([1, 1]))
+    table.close(1, ["b"], np.array([1]))  # window end: all three forgotten
+    assert table.live == 0 and table.idle()
+    table.close(2, ["z", "b", "m"], np.array([1, 2, 3]))
+    state = table.to_state()
+    assert state["keys"] == ["b", "m", "z"]
+    assert state["prefix"].tolist() == [2, 3, 1]
+    assert "m" in table.keys and "a" not in table.keys and len(table.keys) == table.live == 3
+
+
+def test_the_state_is_plain_data_without_lanes_or_noise():
+    rng = random.Random(10)
+    pool = [f"k{i}" for i in range(20)]
+    spec = make_spec("open", threshold=2, window=6)
+    table = KeyTable(spec, KEY)
+    for step, bucket in enumerate(random_stream(rng, 4, pool, density=0.9)):
+        table.close(step, list(bucket), np.array(list(bucket.values()), dtype=np.int64))
+    state = table.to_state()
+    assert state["groups"] and state["keys"]
+    blob = pickle.dumps(state)
+    for k in state["keys"]:
+        for lane in (KEY.lane(spec.instance, k, "monitor", spec.monitor_digest, 0),
+                     KEY.lane(spec.instance, k, "counter", spec.counter_digest, 0),
+                     KEY.lane(spec.instance, k, "counter", spec.counter_digest, 1)):
+            assert lane not in blob
+            assert lane[:8] not in blob
+
+    def plain(value):
+        if isinstance(value, dict):
+            return all(isinstance(k, str) and plain(v) for k, v in value.items())
+        if isinstance(value, list):
+            return all(plain(v) for v in value)
+        return value is None or isinstance(value, (int, float, str, np.ndarray))
+
+    assert plain(state)
+
+
+def test_step_outputs_is_a_sequence_statuses_alerts_then_releases():
+    release = ReleaseColumns(3, ["a", "b"], np.array([1.5, -2.0]), 0.5, "tree-laplace",
+                             1.0, 2.0, "epsilon", 1e-9)
+    alert = Alert("c", 3, 5, 1.0)
+    status = BudgetExhausted("d", 3, "x", "y", 1.0, 1.0, "epsilon")
+    out = StepOutputs(3, [status], [alert], [release, ReleaseColumns(
+        3, ["e"], np.array([7.0]), 1.0, "tree-laplace", 1.0, 2.0, "epsilon", 0.0, False)])
+    assert len(out) == 5 and out.count() == (3, 1, 1)
+    items = list(out)
+    assert items[0] is status and items[1] is alert
+    assert items[2] == Release("a", 3, 1.5, 0.5, "tree-laplace", 1.0, 2.0, "epsilon", 1e-9)
+    assert [out[i] for i in range(5)] == items and out[-1] == items[-1] and out[1:3] == items[1:3]
+    assert out[4].key == "e" and out[4].value == 7.0
+    with pytest.raises(IndexError):
+        out[5]
+    assert StepOutputs(0).count() == (0, 0, 0) and list(StepOutputs(0)) == []
+
+
+def test_supports_pure_tree_specs_only():
+    spec = make_spec("declared", monitor=False)
+    assert KeyTable.supports(spec) and KeyTable.supports(make_spec("open"))
+    zcdp = dataclasses.replace(spec, accounting="zcdp")
+    blt = dataclasses.replace(spec, counter=BltCounterSpec(rho=0.5, horizon=2**10))
+    assert not KeyTable.supports(zcdp) and not KeyTable.supports(blt)
+    with pytest.raises(InvalidParameterError):
+        KeyTable(blt, KEY)
+
+
+def test_a_state_of_other_mechanisms_or_kind_is_refused():
+    spec = make_spec("declared", monitor=False)
+    table = KeyTable(spec, KEY, ["a"])
+    table.close(0, [], np.zeros(0, dtype=np.int64))
+    state = table.to_state()
+    other = dataclasses.replace(spec, counter=TreeCounterSpec(0.7, 4))
+    with pytest.raises(InvalidParameterError, match="other mechanism parameters"):
+        KeyTable(other, KEY, ["a"], state)
+    with pytest.raises(InvalidParameterError, match="not a key table state"):
+        KeyTable(spec, KEY, ["a"], {**state, "version": 99})
+
+
+def test_bad_increments_and_out_of_order_steps_are_refused():
+    table = KeyTable(make_spec("declared", monitor=False), KEY, ["a", "b"])
+    with pytest.raises(InvalidParameterError, match="negative"):
+        table.close(0, ["a"], np.array([-1]))
+    with pytest.raises(InvalidParameterError, match="integers"):
+        table.close(0, ["a"], np.array([1.5]))
+    with pytest.raises(InvalidParameterError, match="one count per key"):
+        table.close(0, ["a", "b"], np.array([1]))
+    table.close(0, ["a"], np.array([2]))
+    with pytest.raises(InvalidParameterError, match="live keys are at step 1"):
+        table.close(5, ["a"], np.array([1]))
