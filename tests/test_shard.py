@@ -339,3 +339,25 @@ def test_release_every_k_publishes_the_k1_releases_of_every_kth_step_byte_for_by
     assert len(third) < len(every)
     steps = {json.loads(v)["step"] for r, _, v in third if r == "releases"}
     assert {s for s in steps if (s + 1) % 3} <= {s for _, s in admitted_at}
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["a", "b", "ç", "key-3", "k4", "日本", "x" * 40]),
+                          st.integers(0, 3)), max_size=60),
+       st.integers(1, 7), st.booleans())
+def test_route_counts_every_event_in_its_keys_shard_and_step(events, shards, one_step):
+    """The vectorised route equals counting event by event with ``shard_of``."""
+    from dpstream.stream.events import shard_of
+
+    config = parse_config({"flow": {"name": "t", "origin": "2026-01-01T00:00:00Z",
+                                    "step": "1s", "shards": shards},
+                           "privacy": {"budget": 1.0}, "counter": {"epsilon": 0.5}})
+    clock = PartitionClock(event_rules(config))
+    keys = [key for key, _ in events]
+    steps = 2 if one_step else [step for _, step in events]
+    expected: list[dict] = [{} for _ in range(shards)]
+    for i, key in enumerate(keys):
+        step = steps if isinstance(steps, int) else steps[i]
+        bucket = expected[shard_of(key, shards)].setdefault(step, {})
+        bucket[key] = bucket.get(key, 0) + 1
+    assert clock.route(keys, steps) == expected
