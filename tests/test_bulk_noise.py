@@ -225,3 +225,47 @@ def test_bulk_lanes_equal_the_one_by_one_lanes() -> None:
     assert KEY.lanes((), ["k"], ()) == [KEY.lane("k")]
     with pytest.raises(InvalidParameterError):
         KEY.lanes(("i",), [3], ())  # type: ignore[list-item]
+
+
+def test_bulk_lanes_across_block_boundaries_and_as_words() -> None:
+    names = ["k" * n for n in range(45)] + ["é" * n for n in range(1, 14)] + ["a\0", "a"]
+    lanes = KEY.lanes(("inst", 3), names, ("monitor", "d" * 40, 2**40))
+    assert lanes == [KEY.lane("inst", 3, name, "monitor", "d" * 40, 2**40) for name in names]
+    assert len(set(lanes)) == len(names)  # zero padding never merges "a" and "a\0"
+    words = KEY.lane_words(("inst", 3), names, ("monitor", "d" * 40, 2**40))
+    assert words.dtype == np.uint64 and words.shape == (len(names), 2)
+    assert np.array_equal(words, lanes_array(lanes))
+    assert KEY.lane_words(("i",), [], ("j",)).shape == (0, 2)
+
+
+def test_lane_is_the_documented_ecbc_mac() -> None:
+    """An independent computation of NoiseKey.lane's docstring: ECBC-MAC over padded units."""
+    import hashlib
+
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+    secret = hashlib.sha256(b"dpstream-test-key-41").digest()  # NoiseKey.for_tests(41)
+    k1, k2 = (hashlib.blake2b(b"", key=secret, digest_size=32, person=p).digest()
+              for p in (b"dpstream-lcbc3", b"dpstream-lfin3"))
+
+    def aes(key: bytes, block: bytes) -> bytes:
+        return Cipher(algorithms.AES(key), modes.ECB()).encryptor().update(block)
+
+    def unit(c: str | int) -> bytes:
+        data = (c.encode() if isinstance(c, str)
+                else c.to_bytes((c.bit_length() + 8) // 8, "big", signed=True))
+        u = (b"s" if isinstance(c, str) else b"i") + len(data).to_bytes(4, "big") + data
+        return u + bytes(-len(u) % 16)
+
+    message = b"dpstream-lane/3\0" + b"".join(map(unit, ("inst", "some key", "tree", -5)))
+    state = bytes(16)
+    for j in range(0, len(message), 16):
+        state = aes(k1, bytes(a ^ b for a, b in zip(state, message[j:j + 16], strict=True)))
+    assert KEY.lane("inst", "some key", "tree", -5) == aes(k2, state)
+
+
+def test_lane_bits_are_balanced() -> None:
+    words = KEY.lane_words(("inst",), [f"key-{i}" for i in range(20_000)], ("counter", "d", 0))
+    bits = np.unpackbits(words.view(np.uint8))
+    n = bits.size  # 2.56 M fair bits: the mean is 1/2 within 5 standard deviations
+    assert abs(bits.mean() - 0.5) < 5 * 0.5 / math.sqrt(n)

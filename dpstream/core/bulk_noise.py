@@ -7,8 +7,11 @@ crash reproduces every value, whatever other keys exist and in whatever order), 
 exactly distributed.
 
 **The PRF.** A mechanism instance (one key's counter, one key's monitor in one window, one
-initial count) has a *lane*, ``NoiseKey.lane(*prefix)``: BLAKE2b keyed by the secret, of the
-explicit encoding of its coordinates (``(instance, key, "counter", digest, start_step)``, ...).
+initial count) has a *lane*, ``NoiseKey.lane(*prefix)``: a 128-bit pseudorandom function of its
+coordinates (``(instance, key, "counter", digest, start_step)``, ...) under the secret; since
+noise scheme 3 it is ECBC-MAC with AES under keys derived from the secret, so that the lanes of
+a million keys are a few bulk AES calls (``NoiseKey.lane_words``; the construction and its
+security argument are in :meth:`~dpstream.core.noise.NoiseKey.lane`).
 A draw of that mechanism at numeric coordinates ``(tag, epoch, height, index)`` (see the
 ``TAG_*`` constants of :mod:`dpstream.core.noise`) is the 128-bit block
 

@@ -35,6 +35,11 @@ class RecordingKey:
     def lanes(self, before, names, after):
         return [self.lane(*before, name, *after) for name in names]
 
+    def lane_words(self, before, names, after):
+        from dpstream.core.bulk_noise import lanes_array
+
+        return lanes_array(self.lanes(before, names, after))
+
     def encrypt_blocks(self, data: bytes) -> bytes:
         for start in range(0, len(data), 16):
             self._record_block(data[start:start + 16])
