@@ -5,6 +5,11 @@ synthetic stream (page views of 300 pages with Zipf-like popularity, plus a few
 malformed records that end up on the dead-letter topic), runs the counters
 flow in a child process (``dpstream run``) and prints the releases and alerts
 as they arrive, with a legend in plain words. The noise key is generated for this run only.
+It also serves a live page (:class:`dpstream.web.LiveView`, on 127.0.0.1:8765 or a free port
+when that is taken; ``web_port`` / ``$DPSTREAM_DEMO_WEB_PORT`` choose another, 0 turns it off)
+with plots of a page's private count and its error band, the privacy budget spent per
+mechanism (read from the flow's metrics, or from the releases when the metrics are off) and
+the alerts.
 
 The broker and the flow run in sessions of their own, so a Ctrl-C in the terminal reaches the
 demo only; the demo then stops everything in order (the producer, the flow, the viewer, and the
@@ -36,12 +41,15 @@ from types import FrameType
 from typing import Any, Final
 
 from dpstream.errors import DpstreamError
+from dpstream.web import LiveView
 
 __all__ = ["run_demo"]
 
 PAGES: Final = 300
 DEFAULT_METRICS_PORT: Final = 9464
 METRICS_PORT_ENV: Final = "DPSTREAM_DEMO_METRICS_PORT"
+DEFAULT_WEB_PORT: Final = 8765
+WEB_PORT_ENV: Final = "DPSTREAM_DEMO_WEB_PORT"
 FLOW_STOP_TIMEOUT: Final = 20.0
 """Seconds the flow gets to stop after SIGTERM before it is killed."""
 _REFRESH_SECONDS: Final = 2.0
@@ -102,7 +110,7 @@ How to read what follows
     enough views (that moment is its alert). Of the {pages} pages only the popular ones get there;
     hiding the rest is the privacy at work, not lost data.
   * Malformed records are not counted; they go to the dead-letter topic.
-  * {metrics}
+  * {metrics}{web}
 """
 
 # Runs the broker binary in a session (and process group) of its own: `EmbeddedBroker` starts
@@ -160,6 +168,73 @@ def _metrics_port() -> tuple[int, int | None]:
     raise DpstreamError(f"metrics port {wanted} is busy and no free port was found")
 
 
+# -- the live page ------------------------------------------------------------------------------
+
+
+def _web_port(wanted: int | None) -> int:
+    """The live page's port: ``wanted``, else ``$DPSTREAM_DEMO_WEB_PORT``, else 8765; 0 = off."""
+    if wanted is None:
+        raw = os.environ.get(WEB_PORT_ENV, "").strip()
+        try:
+            wanted = int(raw) if raw else DEFAULT_WEB_PORT
+        except ValueError:
+            wanted = -1
+        if not 0 <= wanted <= 65535:
+            raise DpstreamError(f"{WEB_PORT_ENV} must be a TCP port number (0 = no live page), "
+                                f"got {raw!r}")
+    elif not 0 <= wanted <= 65535:
+        raise DpstreamError(f"the live page's port must be in 0..65535 (0 = off), got {wanted}")
+    return wanted
+
+
+def _start_live_view(port: int) -> LiveView | None:
+    """Serve the live page on 127.0.0.1:``port`` (a free port when it is busy); 0: none."""
+    if port == 0:
+        return None
+    live = LiveView(port=port, title="dpstream demo: page views, privately")
+    try:
+        live.start()
+    except OSError:
+        _say(f"live page port {port} is busy; using a free port instead "
+             f"(set {WEB_PORT_ENV} to choose another)")
+        live = LiveView(port=0, title=live.title)
+        live.start()
+    return live
+
+
+def _budget_from_metrics(url: str) -> list[dict[str, Any]]:
+    """Budget rows (mechanism, unit, spent, budget) from the flow's metrics; [] if unreadable.
+
+    Reads ``dpstream_privacy_spent*`` and ``dpstream_privacy_budget*`` gauges, with the unit
+    from their ``unit`` label or from a name suffix (``_epsilon``, ``_rho``), and keeps, per
+    mechanism and unit, the largest value of any series.
+    """
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(url, timeout=1.0) as response:
+            text = response.read().decode()
+        families = list(text_string_to_metric_families(text))
+    except (OSError, ValueError):
+        return []
+    found: dict[str, dict[tuple[str, str], float]] = {"spent": {}, "budget": {}}
+    for family in families:
+        for kind, values in found.items():
+            prefix = f"dpstream_privacy_{kind}"
+            if family.name != prefix and not family.name.startswith(prefix + "_"):
+                continue
+            for sample in family.samples:
+                unit = sample.labels.get("unit") or family.name[len(prefix) + 1:]
+                slot = (sample.labels.get("mechanism", ""), unit)
+                if slot[0] and unit and sample.value >= values.get(slot, -1.0):
+                    values[slot] = sample.value
+    spent, budget = found["spent"], found["budget"]
+    return [{"mechanism": m, "unit": u, "spent": spent[m, u], "budget": budget[m, u]}
+            for m, u in sorted(spent) if (m, u) in budget]
+
+
 # -- the synthetic stream and the viewer --------------------------------------------------------
 
 
@@ -210,8 +285,10 @@ def _visible_line(visible: int) -> str:
 class _Viewer:
     """Reads the releases, alerts and dead letters; prints a refresh every two seconds."""
 
-    def __init__(self, bootstrap: str, started: float, metrics: str) -> None:
+    def __init__(self, bootstrap: str, started: float, metrics: str,
+                 live: LiveView | None = None, metrics_url: str | None = None) -> None:
         self.bootstrap, self.started, self.metrics = bootstrap, started, metrics
+        self.live, self.metrics_url = live, metrics_url
         self.stop = threading.Event()
         self.latest: dict[str, dict[str, Any]] = {}
         self.seen: Counter[str] = Counter()
@@ -233,6 +310,7 @@ class _Viewer:
                 if time.monotonic() - last_print >= _REFRESH_SECONDS and self.latest:
                     last_print = time.monotonic()
                     self._refresh()
+                    self._update_budget()
             # Stopping: the flow has ended (or was killed), read what it published last.
             drain_until = time.monotonic() + 3
             while self._poll(consumer, 200) and time.monotonic() < drain_until:
@@ -249,19 +327,34 @@ class _Viewer:
         return count
 
     def _take(self, topic: str, body: dict[str, Any]) -> None:
+        live = self.live
         if topic == "alerts":
             self.seen["alerts"] += 1
+            if live is not None:
+                live.add_alert(body)
         elif topic == "dead-letters":
-            self.seen["dead letters"] += 1
+            self.seen["dead letters"] += 1  # operator data: never on the live page
         elif str(body.get("schema", "")).startswith("dpstream.release"):
             self.seen["releases"] += 1
             self.latest[body["key"]] = body
+            if live is not None:
+                live.add_release(body)
             if self.first_release is None:
                 self.first_release = time.monotonic() - self.started
-                _say("\n" + LEGEND.format(top=_TOP, pages=PAGES, metrics=self.metrics))
+                web = f"\n  * Live plots in your browser: {live.url}" if live is not None else ""
+                _say("\n" + LEGEND.format(top=_TOP, pages=PAGES, metrics=self.metrics, web=web))
                 _say(f"first release after {self.first_release:.1f} s")
         else:
             self.seen["status records"] += 1
+            if live is not None:
+                live.add_status(body)
+
+    def _update_budget(self) -> None:
+        """Give the live page the budget rows of the flow's metrics (if on and readable)."""
+        if self.live is not None and self.metrics_url is not None:
+            rows = _budget_from_metrics(self.metrics_url)
+            if rows:
+                self.live.set_budget(rows)
 
     def _refresh(self) -> None:
         top = sorted(self.latest.values(), key=lambda b: -float(b["value"]))[:_TOP]
@@ -287,8 +380,10 @@ def _session_launcher(directory: Path, binary: Path) -> Path:
 
 
 class _Demo:
-    def __init__(self, duration: float, rate: int, workers: int) -> None:
+    def __init__(self, duration: float, rate: int, workers: int, web_port: int = 0) -> None:
         self.duration, self.rate, self.workers = duration, rate, workers
+        self.web_port = web_port
+        self.live: LiveView | None = None
         self.started = time.monotonic()
         self.interrupt = threading.Event()  # Ctrl-C, SIGTERM or SIGHUP: stop in order
         self.hurry = threading.Event()  # a second one: kill the flow, do not wait for it
@@ -348,6 +443,10 @@ class _Demo:
             _say(f"metrics port {busy} is busy; using port {metrics_port} instead "
                  f"(set {METRICS_PORT_ENV} to choose another)")
         _say(f"configuration: {config} (metrics on {url})")
+        self.live = _start_live_view(self.web_port)
+        if self.live is not None:
+            _say(f"live page: {self.live.url} (plots of a page's private count, the privacy "
+                 "budget and the alerts)")
         env = dict(os.environ, DPSTREAM_NOISE_KEY=os.urandom(32).hex())
         self.flow = subprocess.Popen(
             [sys.executable, "-m", "dpstream.cli", "run", "--config", str(config),
@@ -357,7 +456,8 @@ class _Demo:
         self.producer = threading.Thread(target=_produce, name="demo-producer", daemon=True,
                                          args=(bootstrap, self.rate, self.producer_stop,
                                                self.sent))
-        self.viewer = _Viewer(bootstrap, self.started, metrics)
+        self.viewer = _Viewer(bootstrap, self.started, metrics, self.live,
+                              url if metrics_port else None)
         self.viewer_thread = threading.Thread(target=self.viewer.run, name="demo-viewer",
                                               daemon=True)
         self.producer.start()
@@ -403,6 +503,8 @@ class _Demo:
         if self.viewer is not None and self.viewer_thread is not None:
             self.viewer.stop.set()
             self.viewer_thread.join(10)
+        if self.live is not None:
+            self.live.stop()
 
     def _finish(self, *, flow_started: bool) -> int:
         """Print the summary; return the demo's exit code."""
@@ -457,13 +559,16 @@ def _stop_signals(handler: Callable[[int, FrameType | None], None]) -> Iterator[
             signal.signal(signum, old)
 
 
-def run_demo(duration: float = 30.0, rate: int = 5_000, workers: int = 1) -> int:
+def run_demo(duration: float = 30.0, rate: int = 5_000, workers: int = 1,
+             web_port: int | None = None) -> int:
     """Run the demo for ``duration`` seconds (0: until Ctrl-C); return an exit code.
 
-    0 when the flow ran and stopped cleanly (also after Ctrl-C), 1 when it failed or had to be
-    killed, 130 when interrupted before the flow started.
+    ``web_port`` is the live page's port on 127.0.0.1 (None: ``$DPSTREAM_DEMO_WEB_PORT`` or
+    8765; a free port when it is busy; 0: no page). Returns 0 when the flow ran and stopped
+    cleanly (also after Ctrl-C), 1 when it failed or had to be killed, 130 when interrupted
+    before the flow started.
     """
-    demo = _Demo(duration, rate, workers)
+    demo = _Demo(duration, rate, workers, _web_port(web_port))
     kafka_log = logging.getLogger("kafka")
     kafka_level = kafka_log.level
     try:
