@@ -1,10 +1,11 @@
 """Prometheus metrics: privacy spend per mechanism and operational counters.
 
 Every metric lives in the registry passed in (tests make a fresh
-``CollectorRegistry``). No metric carries a key; the only labels are the flow, the
-mechanism and ledger unit, the input partition, and small fixed sets (reason, role,
-client). Counters count work done by this process; after a recovery, replayed work is
-counted again.
+``CollectorRegistry``). No metric carries a key or a question; the only labels are the
+flow and its kind, the mechanism and ledger unit, configured histogram and model stream
+names, the input partition, and small fixed sets (reason, role, client, answer kind).
+Counters count work done by this process; after a recovery, replayed work is counted
+again. docs/metrics.md lists every series.
 
 **Trust model.** Metrics, logs and dead letters are *operator data*. The series fall in
 three groups.
@@ -26,12 +27,16 @@ series say it per partition and to the second. They stay registered with
 ``exact_counts = false`` because the stall alerts need them.
 
 *Published or configured data* is a function of what the flow publishes (releases,
-alerts and status records, which are private) and of the configuration:
+alerts, status records, answers and models, which are private) and of the configuration:
 ``dpstream_releases_total``, ``dpstream_alerts_total``,
-``dpstream_refused_releases_total``, ``dpstream_privacy_spent``,
-``dpstream_privacy_remaining`` (both read from published records),
-``dpstream_privacy_budget``, ``dpstream_output_delivered_total`` for
-``role="releases"`` and ``role="alerts"``, and ``dpstream_up``. Also operational, but
+``dpstream_refused_releases_total``, ``dpstream_budget_exhausted``,
+``dpstream_privacy_spent``, ``dpstream_privacy_remaining`` (both read from published
+records), ``dpstream_privacy_budget``, ``dpstream_flow_info``, the PMWG series
+(``dpstream_answers_total``, ``dpstream_bottom_answers_total``,
+``dpstream_hard_queries``, ``dpstream_histogram_privacy_*``), the ERM series
+(``dpstream_models_released_total``, ``dpstream_model_*``),
+``dpstream_output_delivered_total`` for the roles but ``dead_letters``, and
+``dpstream_up``. Also operational, but
 counting *every* output record including dead letters (so a dead letter in flight moves
 them while the broker is away): ``dpstream_output_pending_records`` and
 ``dpstream_output_retries_total``. ``dpstream_kafka_client_errors_total`` counts
@@ -39,6 +44,15 @@ librdkafka errors (broker and network state, not data).
 
 With ``metrics.exact_counts = false`` the exact input counts are never registered or
 recorded, for deployments whose dashboards are shown more widely than the input.
+
+**Privacy series** (labelled ``flow``; ``mechanism`` is the counter's, PMWG's ``pmwg`` or
+``histogram``, or the ERM release algorithm; ``unit`` is ``epsilon`` or ``rho``):
+``dpstream_privacy_spent``, ``_budget`` and ``_remaining`` follow the key (counters),
+histogram (pmwg) or model stream (erm) of the mechanism closest to exhaustion in this
+process; ``dpstream_releases_total`` counts counter releases, PMWG answers that carry a
+value and ERM models; ``dpstream_refused_releases_total`` counts status records, bottom
+answers and ``exhausted`` model records, each of which sets
+``dpstream_budget_exhausted`` to 1.
 
 **Operational series** (all labelled ``flow``):
 
@@ -78,6 +92,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_serv
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from dpstream.core.key_statistics import Alert, BudgetExhausted, Release
+from dpstream.core.pmwg import HARD_BUDGET_EXCEEDED, PRIVACY_BUDGET_EXHAUSTED
 
 __all__ = ["FlowMetrics"]
 
@@ -85,6 +100,9 @@ OUTPUT_ROLES: Final = ("releases", "alerts", "answers", "models", "dead_letters"
 """The ``role`` label values of ``dpstream_output_delivered_total``."""
 KAFKA_CLIENTS: Final = ("consumer", "producer", "admin")
 """The ``client`` label values of ``dpstream_kafka_client_errors_total``."""
+BOTTOM_REASONS: Final = {PRIVACY_BUDGET_EXHAUSTED: "privacy",
+                         HARD_BUDGET_EXCEEDED: "hard_queries"}
+"""PMWG's bottom reasons and the ``reason`` label of ``dpstream_bottom_answers_total``."""
 
 
 class FlowMetrics:
@@ -131,8 +149,16 @@ class FlowMetrics:
         self.remaining = Gauge("dpstream_privacy_remaining",
                                "Smallest remaining budget of any key, in the ledger unit.",
                                ["flow", "mechanism", "unit"], registry=r)
+        self.exhausted = Gauge(
+            "dpstream_budget_exhausted",
+            "1 once this process published that a key, histogram or model stream of the "
+            "mechanism can release no more (status record, bottom answer, exhausted model).",
+            ["flow", "mechanism"], registry=r)
+        self.info = Gauge("dpstream_flow_info", "1, labelled with the flow's kind.",
+                          ["flow", "kind"], registry=r)
         self._lock = threading.Lock()
-        self._max_spent: dict[tuple[str, str], float] = {}
+        self._spent_by_stream: dict[tuple[str, str], dict[str, tuple[float, float]]] = {}
+        self._units: dict[str, str] = {}
         self._init_operational(r, clock if clock is not None else time.time)
 
     def _init_operational(self, r: CollectorRegistry, clock: Callable[[], float]) -> None:
@@ -237,21 +263,64 @@ class FlowMetrics:
             self.alerts.labels(self.flow).inc(alerts)
         if refused:
             self.refused.labels(self.flow, mechanism).inc(refused)
+            self._mark_exhausted(mechanism)
 
-    def set_budget(self, mechanism: str, unit: str, budget: float) -> None:
-        """Publish the configured per-key budget."""
-        self.budget.labels(self.flow, mechanism, unit).set(budget)
-        with self._lock:
-            if (mechanism, unit) not in self._max_spent:
-                self.remaining.labels(self.flow, mechanism, unit).set(budget)
-                self.spent.labels(self.flow, mechanism, unit).set(0.0)
+    def set_kind(self, kind: str) -> None:
+        """Publish ``dpstream_flow_info{kind}`` (counters, pmwg, erm): rules select by it.
 
-    def _track(self, mechanism: str, unit: str, spent: float, budget: float) -> None:
+        A counters flow's monitor alerts start at 0 (other kinds have no monitor).
+        """
+        self.info.labels(self.flow, kind).set(1)
+        if kind == "counters":
+            self.alerts.labels(self.flow)
+
+    def set_budget(self, mechanism: str, unit: str, budget: float, stream: str = "") -> None:
+        """Publish a configured budget: per key (counters), or of one histogram or stream.
+
+        Declares the mechanism's ledger unit (``epsilon`` or ``rho``) and starts its
+        releases, refusals and exhaustion series at 0, so a dashboard shows them and
+        ``increase()`` sees their first increment. ``stream`` names the histogram or model
+        stream, "" for the counters' keys: their spent starts at 0 (a key commits its
+        cost with its first release). A histogram or model stream counts in the spend
+        series from its first published record in this process, so a restart shows a gap,
+        not a false drop to 0 that a burn rate would read as spending.
+        """
+        flow = self.flow
+        self.releases.labels(flow, mechanism)
+        self.refused.labels(flow, mechanism)
         with self._lock:
-            if spent > self._max_spent.get((mechanism, unit), -1.0):
-                self._max_spent[(mechanism, unit)] = spent
-                self.spent.labels(self.flow, mechanism, unit).set(spent)
-                self.remaining.labels(self.flow, mechanism, unit).set(budget - spent)
+            if mechanism not in self._units:  # a later stream must not reset it
+                self.exhausted.labels(flow, mechanism).set(0)
+            self._units[mechanism] = unit
+            if stream:
+                self.budget.labels(flow, mechanism, unit).set(budget)
+                return
+            streams = self._spent_by_stream.setdefault((mechanism, unit), {})
+            spent = streams.get(stream, (0.0, budget))[0]
+            streams[stream] = (spent, budget)
+            self._publish_spend(mechanism, unit, streams)
+
+    def _track(self, mechanism: str, unit: str, spent: float, budget: float,
+               stream: str = "") -> None:
+        """Record a published spend; publish the key or stream closest to exhaustion."""
+        with self._lock:
+            streams = self._spent_by_stream.setdefault((mechanism, unit), {})
+            known = streams.get(stream)
+            if known is not None and spent <= known[0] and budget == known[1]:
+                return
+            streams[stream] = (max(spent, known[0]) if known else spent, budget)
+            self._publish_spend(mechanism, unit, streams)
+
+    def _publish_spend(self, mechanism: str, unit: str,
+                       streams: dict[str, tuple[float, float]]) -> None:
+        spent, budget = min(streams.values(), key=lambda sb: (sb[1] - sb[0], -sb[0]))
+        labels = (self.flow, mechanism, unit)
+        self.spent.labels(*labels).set(spent)
+        self.budget.labels(*labels).set(budget)
+        self.remaining.labels(*labels).set(budget - spent)
+
+    def _mark_exhausted(self, mechanism: str) -> None:
+        self.exhausted.labels(self.flow, mechanism).set(1)
 
     # -- query answers (the pmwg flow) -------------------------------------------------------
 
@@ -273,15 +342,53 @@ class FlowMetrics:
             "dpstream_histogram_privacy_budget",
             "Privacy a histogram may spend per event, in the ledger unit.",
             ["flow", "histogram", "mechanism"], registry=r)
+        self.bottoms = Counter(
+            "dpstream_bottom_answers", "Answers that are bottom (or hold a bottom part), by "
+            "histogram and the budget that ran out (privacy, hard_queries).",
+            ["flow", "histogram", "reason"], registry=r)
+        self._bottom_children: dict[str, dict[str, Any]] = {}
+
+    def _bottoms_of(self, histogram: str) -> dict[str, Any]:
+        """A histogram's bottom counters by reason, all at 0 from its first answer."""
+        children = self._bottom_children.get(histogram)
+        if children is None:
+            children = {reason: self.bottoms.labels(self.flow, histogram, reason)
+                        for reason in BOTTOM_REASONS.values()}
+            self._bottom_children[histogram] = children
+        return children
 
     def observe_answers(self, answers: Iterable[Any]) -> None:
-        """Count answers by histogram and kind; publish each histogram's spend (no query)."""
+        """Count answers by histogram and kind; publish each histogram's spend (no query).
+
+        Also counts, per mechanism, the answers that carry a value as releases and the
+        bottom answers as refusals (the mechanism is exhausted for good after one), and
+        updates the flow-wide spend series of a mechanism declared by :meth:`set_budget`.
+        """
         self._answer_series()
+        flow = self.flow
         for a in answers:
-            self.answers.labels(self.flow, a.histogram, a.kind).inc()
-            self.hard_queries.labels(self.flow, a.histogram).set(a.hard_queries)
-            self.histogram_spent.labels(self.flow, a.histogram, a.mechanism).set(a.spent)
-            self.histogram_budget.labels(self.flow, a.histogram, a.mechanism).set(a.budget)
+            self.answers.labels(flow, a.histogram, a.kind).inc()
+            self.hard_queries.labels(flow, a.histogram).set(a.hard_queries)
+            self.histogram_spent.labels(flow, a.histogram, a.mechanism).set(a.spent)
+            self.histogram_budget.labels(flow, a.histogram, a.mechanism).set(a.budget)
+            parts = a.kinds if a.kinds is not None else [a.kind]
+            bottoms = self._bottoms_of(a.histogram)
+            if "bottom" in parts:
+                reason = next((label for text, label in BOTTOM_REASONS.items()
+                               if text in (a.reason or "")), "privacy")
+                bottoms[reason].inc()
+                self.refused.labels(flow, a.mechanism).inc()
+                self._mark_exhausted(a.mechanism)
+            if any(kind in ("easy", "hard") for kind in parts):
+                self.releases.labels(flow, a.mechanism).inc()
+            self._track_declared(a.mechanism, a.spent, a.budget, a.histogram)
+
+    def _track_declared(self, mechanism: str, spent: float, budget: float,
+                        stream: str) -> None:
+        """Track a histogram's or stream's spend if its mechanism's unit is declared."""
+        unit = self._units.get(mechanism)
+        if unit is not None:
+            self._track(mechanism, unit, spent, budget, stream)
 
     # -- released models (the erm flow) ------------------------------------------------------
 
@@ -307,14 +414,25 @@ class FlowMetrics:
             ["flow", "stream"], registry=r)
 
     def observe_models(self, models: Iterable[Any]) -> None:
-        """Count released models; publish each stream's spend and holdout accuracy."""
+        """Count released models; publish each stream's spend and holdout accuracy.
+
+        Also counts, per algorithm (the ``mechanism`` label), the models as releases and
+        an ``exhausted`` record (no model) as a refusal that exhausts the mechanism.
+        """
         self._model_series()
+        flow = self.flow
         for m in models:
-            self.models.labels(self.flow, m.stream, m.role).inc()
-            self.model_spent.labels(self.flow, m.stream).set(m.spent)
-            self.model_budget.labels(self.flow, m.stream).set(m.budget)
+            self.models.labels(flow, m.stream, m.role).inc()
+            self.model_spent.labels(flow, m.stream).set(m.spent)
+            self.model_budget.labels(flow, m.stream).set(m.budget)
             if m.accuracy is not None:
-                self.model_accuracy.labels(self.flow, m.stream).set(m.accuracy)
+                self.model_accuracy.labels(flow, m.stream).set(m.accuracy)
+            if m.model is None:  # the stream's last record: a step was refused
+                self.refused.labels(flow, m.algorithm).inc()
+                self._mark_exhausted(m.algorithm)
+            else:
+                self.releases.labels(flow, m.algorithm).inc()
+            self._track_declared(m.algorithm, m.spent, m.budget, m.stream)
 
     # -- operational series -----------------------------------------------------------------
 

@@ -249,3 +249,155 @@ def test_existing_metrics_are_unchanged():
     assert value(metrics, "dpstream_privacy_remaining", mechanism="tree", unit="epsilon") == 1.0
     assert value(metrics, "dpstream_privacy_spent", mechanism="tree", unit="epsilon") == 0.0
 
+
+
+# -- every flow kind: kind, budgets, releases, refusals, exhaustion ---------------------------
+
+from dpstream.kinds.erm import ModelRecord  # noqa: E402
+from dpstream.kinds.pmwg import AnswerRecord  # noqa: E402
+
+
+def answer(kind, spent, histogram="h", mechanism="pmwg", kinds=None, reason=None, budget=1.0,
+           hard=0):
+    value = None if kind in ("bottom", "waiting", "error") else 0.5
+    return AnswerRecord(histogram, mechanism, "q", 3, 500, kind, value, kinds, reason, spent,
+                        budget, hard)
+
+
+def model(role, spent, stream="a", budget=2.0, algorithm="continual"):
+    from fractions import Fraction  # noqa: PLC0415
+
+    from dpstream.core.erm import PrivateModel  # noqa: PLC0415
+
+    private = None if role == "exhausted" else PrivateModel(
+        [[0.5, -0.25]], Fraction(1, 4), 0.1, Fraction(1, 2), Fraction(1, 100), 100.0, 100)
+    return ModelRecord(stream, algorithm, 4, role, None, 0, 4, (), private, 0.5, spent, budget,
+                       None)
+
+
+def test_set_kind_publishes_the_flow_kind_and_a_counters_flow_alerts_from_zero():
+    metrics, _ = make()
+    metrics.set_kind("counters")
+    assert value(metrics, "dpstream_flow_info", kind="counters") == 1
+    assert value(metrics, "dpstream_alerts_total") == 0
+    other, _ = make()
+    other.set_kind("pmwg")
+    assert value(other, "dpstream_flow_info", kind="pmwg") == 1
+    assert value(other, "dpstream_alerts_total") is None  # no monitor in a pmwg flow
+
+
+def test_set_budget_starts_releases_refusals_and_exhaustion_at_zero():
+    metrics, _ = make()
+    metrics.set_budget("tree-laplace", "epsilon", 1.0)
+    assert value(metrics, "dpstream_releases_total", mechanism="tree-laplace") == 0
+    assert value(metrics, "dpstream_refused_releases_total", mechanism="tree-laplace") == 0
+    assert value(metrics, "dpstream_budget_exhausted", mechanism="tree-laplace") == 0
+
+
+def test_a_stream_budget_has_no_spend_until_its_first_record():
+    """A histogram or model stream: a restarted process shows a gap, not a false 0."""
+    metrics, _ = make()
+    metrics.set_budget("continual", "rho", 2.0, "a")
+    assert value(metrics, "dpstream_privacy_budget", mechanism="continual", unit="rho") == 2.0
+    assert value(metrics, "dpstream_privacy_spent", mechanism="continual", unit="rho") is None
+    metrics.observe_models([model("base", 0.5)])
+    assert value(metrics, "dpstream_privacy_spent", mechanism="continual", unit="rho") == 0.5
+    assert value(metrics, "dpstream_privacy_remaining", mechanism="continual", unit="rho") == 1.5
+
+
+def test_pmwg_answers_count_releases_bottoms_and_exhaust_the_mechanism():
+    metrics, _ = make()
+    metrics.set_budget("pmwg", "epsilon", 1.0, "h")
+    metrics.observe_answers([answer("waiting", 0.2), answer("easy", 0.4),
+                             answer("hard", 0.6, hard=1)])
+    assert value(metrics, "dpstream_releases_total", mechanism="pmwg") == 2
+    assert value(metrics, "dpstream_refused_releases_total", mechanism="pmwg") == 0
+    assert value(metrics, "dpstream_budget_exhausted", mechanism="pmwg") == 0
+    assert value(metrics, "dpstream_bottom_answers_total", histogram="h", reason="privacy") == 0
+    assert value(metrics, "dpstream_privacy_spent", mechanism="pmwg", unit="epsilon") == 0.6
+    metrics.observe_answers([
+        answer("bottom", 0.9, reason="privacy budget exhausted"),
+        answer("marginal", 0.9, kinds=["hard", "bottom"], reason="hard-query budget exceeded"),
+        answer("bottom", 0.9, reason="hard-query budget exceeded")])
+    assert value(metrics, "dpstream_bottom_answers_total", histogram="h", reason="privacy") == 1
+    assert value(metrics, "dpstream_bottom_answers_total", histogram="h",
+                 reason="hard_queries") == 2
+    assert value(metrics, "dpstream_refused_releases_total", mechanism="pmwg") == 3
+    assert value(metrics, "dpstream_releases_total", mechanism="pmwg") == 3  # the marginal
+    assert value(metrics, "dpstream_budget_exhausted", mechanism="pmwg") == 1
+    assert value(metrics, "dpstream_privacy_remaining", mechanism="pmwg",
+                 unit="epsilon") == pytest.approx(0.1)
+
+
+def test_the_spend_series_show_the_histogram_closest_to_exhaustion():
+    metrics, _ = make()
+    metrics.set_budget("pmwg", "epsilon", 2.0, "big")
+    metrics.set_budget("pmwg", "epsilon", 1.0, "small")
+    metrics.observe_answers([answer("hard", 1.2, "big", budget=2.0),
+                             answer("hard", 0.5, "small", budget=1.0)])
+    labels = {"mechanism": "pmwg", "unit": "epsilon"}
+    # big: 0.8 left, small: 0.5 left -> small, with its own spent and budget
+    assert value(metrics, "dpstream_privacy_spent", **labels) == 0.5
+    assert value(metrics, "dpstream_privacy_budget", **labels) == 1.0
+    assert value(metrics, "dpstream_privacy_remaining", **labels) == 0.5
+    metrics.observe_answers([answer("hard", 1.8, "big", budget=2.0)])
+    assert value(metrics, "dpstream_privacy_spent", **labels) == 1.8
+    assert value(metrics, "dpstream_privacy_budget", **labels) == 2.0
+    assert value(metrics, "dpstream_privacy_remaining", **labels) == pytest.approx(0.2)
+    metrics.observe_answers([answer("easy", 1.0, "big", budget=2.0)])  # never goes back
+    assert value(metrics, "dpstream_privacy_spent", **labels) == 1.8
+
+
+def test_an_undeclared_mechanism_counts_but_publishes_no_spend():
+    """The flow kinds declare their budgets (and units) in wire(); without, no unit is known."""
+    metrics, _ = make()
+    metrics.observe_answers([answer("hard", 0.6)])
+    assert value(metrics, "dpstream_releases_total", mechanism="pmwg") == 1
+    assert "dpstream_privacy_spent" not in names(metrics)
+    assert value(metrics, "dpstream_histogram_privacy_spent", histogram="h",
+                 mechanism="pmwg") == 0.6
+
+
+def test_erm_models_count_as_releases_and_an_exhausted_stream_as_a_refusal():
+    metrics, _ = make()
+    for stream in ("a", "b"):
+        metrics.set_budget("continual", "epsilon", 2.0, stream)
+    metrics.observe_models([model("base", 0.5), model("base", 0.5, "b"),
+                            model("update", 1.25)])
+    assert value(metrics, "dpstream_releases_total", mechanism="continual") == 3
+    assert value(metrics, "dpstream_models_released_total", stream="a", role="update") == 1
+    assert value(metrics, "dpstream_privacy_spent", mechanism="continual",
+                 unit="epsilon") == 1.25
+    assert value(metrics, "dpstream_budget_exhausted", mechanism="continual") == 0
+    metrics.observe_models([model("exhausted", 1.25, "b")])
+    assert value(metrics, "dpstream_refused_releases_total", mechanism="continual") == 1
+    assert value(metrics, "dpstream_releases_total", mechanism="continual") == 3
+    assert value(metrics, "dpstream_budget_exhausted", mechanism="continual") == 1
+    metrics.set_budget("continual", "epsilon", 2.0, "c")  # a later declaration keeps it
+    assert value(metrics, "dpstream_budget_exhausted", mechanism="continual") == 1
+
+
+def test_a_counters_refusal_exhausts_its_mechanism():
+    from dpstream.core.key_statistics import BudgetExhausted  # noqa: PLC0415
+
+    metrics, _ = make()
+    metrics.set_budget("tree-laplace", "epsilon", 1.0)
+    status = BudgetExhausted("k", 7, "tree-laplace", "budget lowered", 0.9, 0.5, "epsilon")
+    metrics.observe_outputs([status], "tree-laplace")
+    assert value(metrics, "dpstream_refused_releases_total", mechanism="tree-laplace") == 1
+    assert value(metrics, "dpstream_budget_exhausted", mechanism="tree-laplace") == 1
+
+
+def test_the_labels_of_every_kind_come_from_a_small_public_vocabulary():
+    metrics, _ = make()
+    metrics.set_kind("pmwg")
+    metrics.set_budget("pmwg", "epsilon", 1.0, "h")
+    metrics.observe_answers([answer("bottom", 0.9, reason="privacy budget exhausted")])
+    metrics.observe_models([model("base", 0.5)])
+    allowed = {"flow", "mechanism", "unit", "kind", "histogram", "reason", "stream", "role",
+               "partition", "client"}
+    for family in metrics.registry.collect():
+        for sample in family.samples:
+            assert sample.labels["flow"] == FLOW, sample
+            assert set(sample.labels) <= allowed, sample
+            assert "q" not in sample.labels.values(), sample  # never a question id

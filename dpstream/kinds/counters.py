@@ -361,6 +361,7 @@ class CountersKind:
         spec = statistics_spec(config, parts.instance)
         if parts.metrics is not None:
             ledger = config.privacy.new_ledger()
+            parts.metrics.set_kind(self.name)
             parts.metrics.set_budget(spec.counter.mechanism, ledger.unit, ledger.budget)
         declared = config.admission.keys if config.admission.mode == "declared" else None
         shard_class = parts.options.get("shard_class", ShardState)

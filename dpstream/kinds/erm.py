@@ -645,6 +645,12 @@ class ErmKind:
         """
         config: ErmConfig = parts.config
         metrics = parts.metrics
+        if metrics is not None:
+            metrics.set_kind("erm")
+            unit = "epsilon" if config.algorithm == "ermg" or config.accounting == "pure" \
+                else "rho"
+            for stream in config.streams:
+                metrics.set_budget(config.algorithm, unit, config.budget, stream)
         models = stepped_shards(
             "models", updates,
             lambda state: ErmShard(config, parts.noise, parts.instance, parts.partitions,

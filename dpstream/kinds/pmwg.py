@@ -51,6 +51,7 @@ from dpstream.core.tree_counter import TreeCounter, TreeCounterSpec
 from dpstream.core.universe import Universe, UniverseError
 from dpstream.errors import ConfigError, InvalidParameterError
 from dpstream.messages import DeadLetter, Encoded, RawMessage, step_window
+from dpstream.metrics import FlowMetrics
 from dpstream.platform import FlowParts
 from dpstream.stream.barrier import MechanismShard
 from dpstream.stream.clock import ShardUpdate, StepClock, bad_time
@@ -630,6 +631,16 @@ def _clamp(value: Any) -> Any:
 # -- the kind --------------------------------------------------------------------------------
 
 
+def _declare_budgets(metrics: FlowMetrics, config: PmwgConfig) -> None:
+    """Publish the flow's kind and each histogram's budget (size counter + mechanism)."""
+    metrics.set_kind("pmwg")
+    unit = "epsilon" if config.accounting == "pure" else "rho"
+    for h in config.histograms:
+        spec: PmwgSpec | BBSchedulerSpec | None = h.pmwg if h.pmwg is not None else h.scheduler
+        assert spec is not None
+        metrics.set_budget(h.mechanism, unit, h.size_cost + spec.new_ledger().budget, h.name)
+
+
 class PmwgKind:
     """The PMWG flow kind (see the module docstring)."""
 
@@ -655,6 +666,8 @@ class PmwgKind:
         """Histogram shards answering questions step by step, encoded as answer records."""
         config: PmwgConfig = parts.config
         metrics = parts.metrics
+        if metrics is not None:
+            _declare_budgets(metrics, config)
         answers = stepped_shards(
             "histograms", updates,
             lambda state: PmwgShard(config, parts.noise, parts.instance, parts.partitions,
