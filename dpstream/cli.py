@@ -7,17 +7,23 @@ dpstream keygen --out noise.key        # a fresh secret noise key in a new 0600 
 dpstream topics --config flow.toml     # create the flow's four Kafka topics if missing
 dpstream broker                        # a throw-away local broker for trials (Ctrl-C stops it)
 dpstream query --config pmwg.toml --histogram NAME '{"kind": "count"}'  # ask a PMWG flow
+dpstream tail --config flow.toml       # the latest value of every key, live (--json, --web)
+dpstream budget --metrics HOST:9464    # privacy spend, burn rate and projected exhaustion
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import secrets
+import shutil
 import signal
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 from dpstream.errors import DpstreamError
 
@@ -241,6 +247,232 @@ def _query(args: argparse.Namespace) -> int:
     return 0
 
 
+def _kafka_source(args: argparse.Namespace) -> tuple[list[str], list[str], str | None,
+                                                     dict[str, Any]]:
+    """Brokers, topics, flow filter and kafka-python settings of ``tail``'s arguments."""
+    brokers: list[str] = []
+    topics: list[str] = []
+    flow, settings = args.flow, {}
+    if args.config is not None:
+        from dpstream.config import load_config
+        from dpstream.io.kafka import KafkaClients
+        from dpstream.kinds import flow_kind
+        from dpstream.query_client import kafka_python_settings
+
+        config = load_config(args.config)
+        clients = KafkaClients(config.kafka.brokers, config.kafka.add_config)
+        brokers, settings = clients.bootstrap, kafka_python_settings(clients.settings)
+        topics = [config.kafka.topic(setting) for role, setting
+                  in flow_kind(config.kind).outputs.items() if role != "dead_letters"]
+        flow = config.name if flow is None else flow
+    if args.brokers:
+        brokers = [b for b in args.brokers.split(",") if b.strip()]
+    elif not brokers and os.environ.get("DPSTREAM_BROKERS"):
+        brokers = os.environ["DPSTREAM_BROKERS"].split(",")
+    if args.topic:
+        topics = [t for text in args.topic for t in text.split(",") if t.strip()]
+    if not brokers:
+        raise DpstreamError("no brokers: pass --brokers HOST:PORT, --config FILE or set "
+                            "$DPSTREAM_BROKERS")
+    if not topics:
+        raise DpstreamError("no topics: pass --topic NAME (releases, alerts, answers or "
+                            "models topic) or --config FILE")
+    return brokers, topics, flow or None, settings
+
+
+class _TailOutput:
+    """Where ``tail`` shows records: JSON lines, rows appended, or a table redrawn in place."""
+
+    REDRAW_SECONDS = 0.5
+
+    def __init__(self, mode: str, title: str, consumer: Any) -> None:
+        self.mode, self.title, self.consumer = mode, title, consumer
+        self.dirty, self.drawn_at, self.header_done = True, 0.0, False
+        self.flows: set[str] = set()
+
+    def take(self, item: Any) -> None:
+        """Show one new record."""
+        self.flows.add(item.record.flow)
+        if self.mode == "json":
+            sys.stdout.buffer.write(item.value.rstrip(b"\n") + b"\n")
+            sys.stdout.flush()
+        elif self.mode == "append":
+            from dpstream.client.render import record_row, table_header
+
+            if not self.header_done:
+                print(table_header(), flush=False)
+                self.header_done = True
+            print(record_row(item.record, several_flows=len(self.flows) > 1), flush=True)
+        else:
+            self.dirty = True
+
+    def tick(self, final: bool = False) -> None:
+        """Redraw the live table when it changed (at most every half second)."""
+        if self.mode != "live" or not (self.dirty or final):
+            return
+        now = time.monotonic()
+        if not final and now - self.drawn_at < self.REDRAW_SECONDS:
+            return
+        from dpstream.client.render import live_table
+
+        height = shutil.get_terminal_size().lines
+        table = live_table(self.consumer.latest, self.consumer.stats, self.title, height)
+        sys.stdout.write("\x1b[H\x1b[2J" + table + "\n")
+        sys.stdout.flush()
+        self.dirty, self.drawn_at = False, now
+
+
+class _TailWeb:
+    """Feeds ``dpstream.web.LiveView`` (``tail --web``) the releases, alerts and statuses.
+
+    The page derives the spend per mechanism from the releases; with ``--metrics`` it shows
+    the spend read from those endpoints instead (refreshed every few seconds).
+    """
+
+    BUDGET_SECONDS = 2.0
+
+    def __init__(self, spec: str, title: str, metrics: list[str] | None) -> None:
+        try:
+            from dpstream.web import LiveView
+        except ImportError as exc:
+            raise DpstreamError(f"--web needs dpstream.web, which cannot be imported: "
+                                f"{exc}") from None
+        host, _, port = spec.rpartition(":")
+        if not port.isdigit() or int(port) > 65535:
+            raise DpstreamError(f"--web takes [HOST:]PORT, e.g. 8080 or 0.0.0.0:8080, got "
+                                f"{spec!r}")
+        self.view = LiveView(host=host or "127.0.0.1", port=int(port), title=title)
+        self.metrics = metrics
+        self.budget_at = -math.inf
+        self.url = self.view.start()
+
+    def take(self, item: Any) -> None:
+        """Give one new record to the page (answers, models and dead letters are not shown)."""
+        from dpstream.client import Alert, Release, Status
+
+        record = item.record
+        if isinstance(record, Release):
+            self.view.add_release(item.body())
+        elif isinstance(record, Alert):
+            self.view.add_alert(item.body())
+        elif isinstance(record, Status):
+            self.view.add_status(item.body())
+
+    def tick(self) -> None:
+        """With ``--metrics``: read the spend per mechanism and show it (every few seconds)."""
+        now = time.monotonic()
+        if not self.metrics or now - self.budget_at < self.BUDGET_SECONDS:
+            return
+        self.budget_at = now
+        from dpstream.client import budget_from_metrics
+
+        try:
+            rows = budget_from_metrics(self.metrics)
+        except DpstreamError as exc:
+            log.warning("tail --web: %s", exc)
+            return
+        self.view.set_budget([{"mechanism": r.mechanism + (f" {r.scope}" if r.scope else ""),
+                               "unit": r.unit or "", "spent": r.spent, "budget": r.budget}
+                              for r in rows if r.budget is not None])
+
+    def stop(self) -> None:
+        """Stop serving the page."""
+        self.view.stop()
+
+
+def _tail(args: argparse.Namespace) -> int:
+    """Show a flow's published records live: a table of the latest value per key, or JSON."""
+    from dpstream.client import RecordConsumer
+
+    if args.max_records is not None and args.max_records < 1:
+        raise DpstreamError(f"--max-records must be >= 1, got {args.max_records}")
+    if args.metrics and args.web is None:
+        raise DpstreamError("--metrics goes with --web (the page's spend plot); for the spend "
+                            "itself see `dpstream budget --metrics URL`")
+    brokers, topics, flow, settings = _kafka_source(args)
+    if getattr(args, "log_level", "info") != "debug":  # kafka-python logs every refused
+        logging.getLogger("kafka").setLevel(logging.CRITICAL)  # connection: our error says it
+    mode = "json" if args.json else "live" if sys.stdout.isatty() else "append"
+    title = f"dpstream tail {', '.join(topics)}" + (f" (flow {flow})" if flow else "")
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    consumer = web = None
+    try:
+        consumer = RecordConsumer(brokers, topics, flow=flow,
+                                  from_beginning=args.from_beginning,
+                                  strict_versions=not args.skip_unsupported, **settings)
+        output = _TailOutput(mode, title, consumer)
+        if args.web is not None:
+            web = _TailWeb(args.web, title, args.metrics)
+            print(f"dpstream tail: live view at {web.url}", file=sys.stderr, flush=True)
+        try:
+            _tail_loop(consumer, output, web, args.timeout, args.max_records)
+            output.tick(final=True)
+        except KeyboardInterrupt:
+            output.tick(final=True)  # Ctrl-C or SIGTERM: the normal way to stop a live tail
+        except BrokenPipeError:  # `dpstream tail --json | head`: the reader is gone
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        counts = consumer.latest.counts
+        print(f"dpstream tail: {consumer.stats.describe()}; {counts.duplicates} duplicates and "
+              f"{counts.stale} stale copies dropped"
+              + (f", {counts.conflicts} CONFLICTING copies" if counts.conflicts else ""),
+              file=sys.stderr, flush=True)
+        return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if web is not None:
+            web.stop()
+        if consumer is not None:
+            consumer.close()
+
+
+def _tail_loop(consumer: Any, output: _TailOutput, web: _TailWeb | None,
+               timeout: float | None, max_records: int | None) -> None:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    shown = 0
+    while deadline is None or time.monotonic() < deadline:
+        wait = 0.2 if deadline is None else max(0.001, min(0.2, deadline - time.monotonic()))
+        for item in consumer.poll(wait):
+            if not item.new:
+                continue
+            output.take(item)
+            if web is not None:
+                web.take(item)
+            shown += 1
+            if max_records is not None and shown >= max_records:
+                return
+        output.tick()
+        if web is not None:
+            web.tick()
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _budget(args: argparse.Namespace) -> int:
+    """Print the privacy spend, remaining budget and projected exhaustion per mechanism."""
+    import json
+
+    from dpstream.client import budget_from_metrics, budget_from_prometheus
+    from dpstream.client.render import budget_table
+
+    now = time.time()
+    if args.prometheus is not None:
+        rows = budget_from_prometheus(args.prometheus, flow=args.flow, window=args.window)
+        source, hint = args.prometheus, ""
+    else:
+        if args.interval < 0:
+            raise DpstreamError(f"--interval must be >= 0 seconds, got {args.interval}")
+        rows = budget_from_metrics(args.metrics, flow=args.flow, interval=args.interval)
+        source, hint = ",".join(args.metrics), "sample twice: --interval SECONDS"
+    if args.json:
+        print(json.dumps({"source": source, "time": now,
+                          "rows": [row.to_dict(now) for row in rows]}))
+    else:
+        print(budget_table(rows, hint, now))
+    return 0
+
+
 def _version() -> str:
     """``dpstream <version> (bytewax <version>)``, without importing Bytewax."""
     from importlib.metadata import PackageNotFoundError, version
@@ -281,7 +513,8 @@ def _port(text: str) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from dpstream.demo import run_demo
 
-    return run_demo(duration=args.duration, rate=args.rate, workers=args.workers)
+    return run_demo(duration=args.duration, rate=args.rate, workers=args.workers,
+                    web_port=args.web_port)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -357,11 +590,59 @@ def main(argv: list[str] | None = None) -> int:
                        help="print the answer record as JSON instead of a readable line")
     query.set_defaults(func=_query)
 
+    tail = add_parser("tail", help="show a flow's releases, alerts, answers or models live: "
+                      "the latest value per key (a table), or JSON lines")
+    tail.add_argument("--config", help="take the brokers, the output topics and the flow name "
+                      "from this flow configuration (the dead-letter topic only with --topic)")
+    tail.add_argument("--brokers", help="host:port[,host:port] (default: the configuration's, "
+                      "or $DPSTREAM_BROKERS)")
+    tail.add_argument("--topic", action="append", metavar="NAME", help="a topic to read "
+                      "(repeat or comma-separate; default: the configuration's output topics)")
+    tail.add_argument("--flow", help="only this flow's records (default with --config: its "
+                      "flow.name; --flow '' shows every flow)")
+    tail.add_argument("--from-beginning", action="store_true",
+                      help="read each topic from its first record (default: from its end)")
+    tail.add_argument("--json", action="store_true", help="one record per line, as published "
+                      "(de-duplicated), for scripts")
+    tail.add_argument("--web", metavar="[HOST:]PORT", help="also serve a page with live plots "
+                      "(default host 127.0.0.1; port 0 picks a free one)")
+    tail.add_argument("--metrics", action="append", metavar="URL", help="with --web: show the "
+                      "spend read from this metrics endpoint (default: from the releases)")
+    tail.add_argument("--max-records", type=int, metavar="N",
+                      help="stop after showing N records")
+    tail.add_argument("--timeout", type=float, metavar="SECONDS",
+                      help="stop after this many seconds")
+    tail.add_argument("--skip-unsupported", action="store_true",
+                      help="skip (and count) records of a newer major schema version instead "
+                      "of stopping with an error")
+    tail.set_defaults(func=_tail)
+
+    budget = add_parser("budget", help="privacy spend, remaining budget and projected "
+                        "exhaustion per mechanism, from metrics or Prometheus")
+    source = budget.add_mutually_exclusive_group(required=True)
+    source.add_argument("--metrics", action="append", metavar="URL",
+                        help="a flow's metrics endpoint (http://host:9464/metrics or "
+                        "host:9464; repeat for each process of a flow)")
+    source.add_argument("--prometheus", metavar="URL",
+                        help="a Prometheus server scraping the flows (http://host:9090)")
+    budget.add_argument("--flow", help="only this flow")
+    budget.add_argument("--interval", type=float, default=0.0, metavar="SECONDS",
+                        help="with --metrics: sample twice, this far apart, to measure the "
+                        "burn rate (default 0: the burn rate is unknown)")
+    budget.add_argument("--window", default="1h", metavar="DURATION",
+                        help="with --prometheus: the window of the burn rate (PromQL "
+                        "duration, default 1h)")
+    budget.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    budget.set_defaults(func=_budget)
+
     demo = add_parser("demo", help="run everything locally on a synthetic stream")
     demo.add_argument("--duration", type=float, default=30.0,
                       help="seconds to run (default 30; 0 = until Ctrl-C)")
     demo.add_argument("--rate", type=int, default=5_000, help="synthetic events per second")
     demo.add_argument("-w", "--workers", type=int, default=1)
+    demo.add_argument("--web-port", type=int, default=None,
+                      help="port of the live page on 127.0.0.1 (default $DPSTREAM_DEMO_WEB_PORT "
+                           "or 8765; a free port when busy; 0 = no page)")
     demo.set_defaults(func=_demo)
 
     args = parser.parse_args(argv)
