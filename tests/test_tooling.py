@@ -10,7 +10,8 @@ ROOT = Path(__file__).parent.parent
 
 
 @pytest.mark.parametrize("command", [
-    [sys.executable, "-m", "ruff", "check", "dpstream", "flows", "tests", "tools", "bench"],
+    [sys.executable, "-m", "ruff", "check", "dpstream", "flows", "tests", "tools", "bench",
+     "deploy"],
     [sys.executable, "-m", "mypy"],
 ], ids=["ruff", "mypy"])
 def test_tool_passes(command):
