@@ -23,6 +23,18 @@ with the ``chmod`` that fixes it.
 Without a recovery store every start is a new instance with a fresh random id: replays are
 impossible (nothing is resumed) and each run's spend adds to every earlier run's over the same
 data. That must be acknowledged explicitly (``dpstream run --ephemeral``).
+
+**Several processes** (a Bytewax cluster, ``-i``/``-a``) must all bind the *same* instance: a
+shard may run on any process (and moves on a rescale), so a process with its own id would
+re-noise the releases it replays or continues. Each process binds its own ``-r`` directory:
+
+* a directory shared by the processes: process 0 makes the instance; the others wait for its
+  manifest (``wait_seconds``) and never make one of their own. The manifest is created with
+  ``link()``, so two processes cannot both make one (the second reads the first's);
+* a directory per process (a volume per pod): every process, process 0 included, is given the
+  same new id (``instance_id``, ``$DPSTREAM_INSTANCE_ID``), recorded in each manifest; a
+  manifest with another id is refused. A process other than 0 without the id and without a
+  manifest stops with the instructions after ``wait_seconds``.
 """
 
 from __future__ import annotations
@@ -31,9 +43,11 @@ import contextlib
 import json
 import logging
 import os
+import re
 import secrets
 import sqlite3
 import stat
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -51,6 +65,10 @@ _PRIVATE_DIR_MODE: Final = 0o700
 _PRIVATE_FILE_MODE: Final = 0o600
 _SHARED_BITS: Final = 0o077
 """Permission bits of group and others: the recovery store and its manifest must have none."""
+_INSTANCE_ID: Final = re.compile(r"[0-9a-f]{32}")
+"""A flow instance id: 128 random bits in lowercase hex (``secrets.token_hex(16)``)."""
+_NEW_ID_HINT: Final = "python -c 'import secrets; print(secrets.token_hex(16))'"
+_WAIT_POLL_SECONDS: Final = 0.1
 
 log = logging.getLogger("dpstream")
 
@@ -82,21 +100,40 @@ def _fixed_settings(config: FlowConfig, spec: Mechanisms, noise: NoiseKey) -> di
     }
 
 
-def _write_durably(path: Path, data: dict[str, Any]) -> None:
-    """Write ``data`` as JSON to ``path`` (mode 0600) atomically and flush it to disk."""
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, _PRIVATE_FILE_MODE)
-    with open(fd, "w") as handle:
-        os.fchmod(fd, _PRIVATE_FILE_MODE)  # a stale .tmp from a crash keeps its old mode
-        json.dump(data, handle, indent=2, sort_keys=True)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    directory = os.open(path.parent, os.O_RDONLY)
+def _fsync_directory(directory: Path) -> None:
+    handle = os.open(directory, os.O_RDONLY)
     try:
-        os.fsync(directory)
+        os.fsync(handle)
     finally:
-        os.close(directory)
+        os.close(handle)
+
+
+def _create_durably(path: Path, data: dict[str, Any]) -> bool:
+    """Create ``path`` (mode 0600) holding ``data`` as JSON, flushed to disk; False if it exists.
+
+    The content is written to a temporary file of its own and hard-linked to ``path``: the
+    link fails if ``path`` exists, so of several processes creating one manifest at once
+    exactly one succeeds, and nobody ever reads a half-written manifest.
+    """
+    tmp = path.with_name(f"{path.stem}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _PRIVATE_FILE_MODE)
+    try:
+        with open(fd, "w") as handle:
+            os.fchmod(fd, _PRIVATE_FILE_MODE)  # whatever the umask
+            json.dump(data, handle, indent=2, sort_keys=True)
+            handle.flush()
+            os.fsync(handle.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            raise ConfigError(f"cannot record the flow instance in {path.parent}: "
+                              f"{exc.strerror}") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    _fsync_directory(path.parent)
+    return True
 
 
 def _refuse_if_shared(path: Path, what: str, private_mode: int) -> None:
@@ -142,9 +179,65 @@ def _empty_partition(path: Path) -> bool:
         return False
 
 
+def _check_instance_id(instance_id: str) -> None:
+    if _INSTANCE_ID.fullmatch(instance_id) is None:
+        raise ConfigError(
+            "the flow instance id (DPSTREAM_INSTANCE_ID) must be 32 lowercase hex digits, a new "
+            f"random one for each new flow instance ({_NEW_ID_HINT}); got "
+            f"{len(instance_id)} characters")
+
+
+def _resume(directory: Path, manifest: Path, fixed: dict[str, Any],
+            instance_id: str | None) -> FlowInstance:
+    """The instance recorded in ``manifest``, if its fixed settings (and id) are ours."""
+    _refuse_if_shared(manifest, "flow instance manifest", _PRIVATE_FILE_MODE)
+    try:
+        recorded = json.loads(manifest.read_text())
+        instance, settings = recorded["instance"], recorded["fixed"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise RecoveryMismatchError(
+            f"cannot read the flow instance manifest {manifest}: {exc}") from None
+    if instance_id is not None and instance != instance_id:
+        raise RecoveryMismatchError(
+            f"the recovery store {directory} belongs to flow instance {instance}, not to "
+            f"{instance_id} (DPSTREAM_INSTANCE_ID): every process of a flow instance must use "
+            "one id; a new instance needs new, empty recovery directories")
+    changed = [f"{name}: {settings.get(name)!r} in the store, {value!r} now"
+               for name, value in fixed.items() if settings.get(name) != value]
+    if changed:
+        raise RecoveryMismatchError(
+            f"the recovery store {directory} belongs to flow instance {instance} made with "
+            f"other settings ({'; '.join(changed)}). These cannot change under a running "
+            "instance; restore them, or start a new instance with an empty recovery "
+            "directory (its spend adds to this one's)")
+    return FlowInstance(instance, durable=True, resumed=True)
+
+
+def _await_manifest(directory: Path, manifest: Path, process: int, wait_seconds: float) -> None:
+    """Wait for process 0 to make the instance in a shared directory; explain if it never does."""
+    deadline = time.monotonic() + wait_seconds
+    while not manifest.exists():
+        if time.monotonic() >= deadline:
+            raise ConfigError(
+                f"process {process} of the cluster found no flow instance manifest in "
+                f"{directory} after {wait_seconds:g} s. Only process 0 makes a new flow "
+                "instance; the other processes share its recovery directory or are given its "
+                "id. With a recovery directory per process (a volume per pod), set "
+                "DPSTREAM_INSTANCE_ID to the same new id on every process, process 0 included "
+                f"({_NEW_ID_HINT})")
+        time.sleep(_WAIT_POLL_SECONDS)
+
+
+def _temporary_manifest(name: str) -> bool:
+    """A manifest being (or left half-) written: ``dpstream-instance[.<tag>].tmp``."""
+    stem = Path(MANIFEST_NAME).stem
+    return name.startswith(stem + ".") and name.endswith(".tmp")
+
+
 def bind_instance(config: FlowConfig, spec: Mechanisms, noise: NoiseKey,
                   recovery_dir: str | os.PathLike[str] | None, *,
-                  ephemeral: bool = False) -> FlowInstance:
+                  ephemeral: bool = False, instance_id: str | None = None, process: int = 0,
+                  wait_seconds: float = 0.0) -> FlowInstance:
     """Return the flow instance to run: resumed from, or recorded in, ``recovery_dir``.
 
     Args:
@@ -153,17 +246,32 @@ def bind_instance(config: FlowConfig, spec: Mechanisms, noise: NoiseKey,
         noise: the secret noise key (only its fingerprint is recorded).
         recovery_dir: the Bytewax recovery directory, or None.
         ephemeral: acknowledge a run without a recovery store (a new instance every start).
+        instance_id: the id a new instance must get, and a resumed one must have (32 hex
+            digits, the same for every process of a cluster); a random id if None.
+        process: this process's id in a Bytewax cluster (``-i``); only process 0 makes a new
+            instance without ``instance_id``.
+        wait_seconds: how long a process other than 0 waits for process 0's manifest.
 
     The recovery directory is created with mode 0700 if missing, and the manifest written
     with mode 0600.
 
     Raises:
-        ConfigError: no recovery store and not acknowledged, or the recovery directory or its
-            manifest is accessible to its group or others (``mode & 0o077``).
+        ConfigError: no recovery store and not acknowledged, ``instance_id`` malformed or
+            given to an ephemeral run, the recovery directory or its manifest is accessible
+            to its group or others (``mode & 0o077``), or a process other than 0 found no
+            manifest within ``wait_seconds`` and was given no ``instance_id``.
         RecoveryMismatchError: the store was made with other fixed settings, another noise
-            key or other mechanisms, or holds Bytewax state but no dpstream manifest.
+            key, other mechanisms or another instance id, or holds Bytewax state but no
+            dpstream manifest.
     """
+    if instance_id is not None:
+        _check_instance_id(instance_id)
     if recovery_dir is None:
+        if instance_id is not None:
+            raise ConfigError(
+                "DPSTREAM_INSTANCE_ID names a durable flow instance, kept in a recovery store; "
+                "a run without one is a new instance at every start: give a recovery directory "
+                "or unset DPSTREAM_INSTANCE_ID")
         if not ephemeral:
             raise ConfigError(
                 "no recovery store: without one a restart re-reads the input and publishes "
@@ -176,32 +284,21 @@ def bind_instance(config: FlowConfig, spec: Mechanisms, noise: NoiseKey,
     _private_directory(directory)
     manifest = directory / MANIFEST_NAME
     fixed = _fixed_settings(config, spec, noise)
+    if instance_id is None and process > 0 and not manifest.exists():
+        _await_manifest(directory, manifest, process, wait_seconds)
     if manifest.exists():
-        _refuse_if_shared(manifest, "flow instance manifest", _PRIVATE_FILE_MODE)
-        try:
-            recorded = json.loads(manifest.read_text())
-            instance, settings = recorded["instance"], recorded["fixed"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise RecoveryMismatchError(
-                f"cannot read the flow instance manifest {manifest}: {exc}") from None
-        changed = [f"{name}: {settings.get(name)!r} in the store, {value!r} now"
-                   for name, value in fixed.items() if settings.get(name) != value]
-        if changed:
-            raise RecoveryMismatchError(
-                f"the recovery store {directory} belongs to flow instance {instance} made with "
-                f"other settings ({'; '.join(changed)}). These cannot change under a running "
-                "instance; restore them, or start a new instance with an empty recovery "
-                "directory (its spend adds to this one's)")
-        return FlowInstance(instance, durable=True, resumed=True)
-    ours = {MANIFEST_NAME, manifest.with_suffix(".tmp").name}  # .tmp: a crash mid-write
-    if any(p.name not in ours and not _empty_partition(p) for p in directory.iterdir()):
+        return _resume(directory, manifest, fixed, instance_id)
+    if any(p.name != MANIFEST_NAME and not _temporary_manifest(p.name)
+           and not _empty_partition(p) for p in directory.iterdir()):
         raise RecoveryMismatchError(
             f"the recovery directory {directory} holds state but no {MANIFEST_NAME}: it was not "
             "made by this version of dpstream; use an empty directory (a new flow instance)")
-    instance = secrets.token_hex(16)
-    _write_durably(manifest, {
+    instance = instance_id or secrets.token_hex(16)
+    made = _create_durably(manifest, {
         "schema": MANIFEST_SCHEMA, "instance": instance, "flow": config.name,
         "input_topic": config.kafka.input_topic,
         "created": datetime.now(UTC).isoformat().replace("+00:00", "Z"), "fixed": fixed,
     })
+    if not made:  # another process sharing the directory made it first: bind to that one
+        return _resume(directory, manifest, fixed, instance_id)
     return FlowInstance(instance, durable=True)

@@ -40,6 +40,7 @@ log = logging.getLogger("dpstream")
 
 RECOVERY_DIR_ENV = "DPSTREAM_RECOVERY_DIR"
 EPHEMERAL_ENV = "DPSTREAM_EPHEMERAL"
+INSTANCE_ID_ENV = "DPSTREAM_INSTANCE_ID"
 LOG_LEVEL_ENV = "DPSTREAM_LOG_LEVEL"
 PROGRESS_ENV = "DPSTREAM_PROGRESS_SECONDS"
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -176,8 +177,11 @@ def flow_from_environment(config_path: str | None = None, recovery_dir: str | No
     progress log, stop handlers). The flow instance is bound to the recovery directory
     (``recovery_dir`` or ``$DPSTREAM_RECOVERY_DIR``, which must be the directory given to
     Bytewax) before anything runs; without one the run must be acknowledged as ephemeral
-    (``ephemeral`` or ``DPSTREAM_EPHEMERAL=1``). ``kind``, if given, is the flow kind the
-    configuration must have (each ``dpstream.flows`` module runs one kind).
+    (``ephemeral`` or ``DPSTREAM_EPHEMERAL=1``). In a cluster every process binds the same
+    instance: process 0's, found in a shared recovery directory (the others wait for it up to
+    ``kafka.startup_timeout``), or ``$DPSTREAM_INSTANCE_ID`` given to every process (a
+    recovery directory per process; see :mod:`dpstream.instance`). ``kind``, if given, is the
+    flow kind the configuration must have (each ``dpstream.flows`` module runs one kind).
     """
     from dpstream.config import load_config
     from dpstream.core.noise import NoiseKey
@@ -205,7 +209,10 @@ def flow_from_environment(config_path: str | None = None, recovery_dir: str | No
                     "(DPSTREAM_KAFKA_SASL_PASSWORD=... sets sasl.password)",
                     ", ".join(secrets_in_file))
     instance = bind_instance(config, flow_kind(config.kind).binding(config), noise, recovery_dir,
-                             ephemeral=ephemeral)
+                             ephemeral=ephemeral,
+                             instance_id=os.environ.get(INSTANCE_ID_ENV) or None,
+                             process=process_id(),
+                             wait_seconds=config.kafka.startup_timeout_seconds)
     metrics = FlowMetrics(config.name, exact_counts=config.metrics_exact_counts)
     if config.metrics_port:
         port = serve_metrics(metrics, config.metrics_port)
