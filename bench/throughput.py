@@ -269,13 +269,19 @@ def run_once(path: str, kind: str, universe: str, keys: int, steps: int,
             "snapshot_bytes": state_bytes, "snapshot_bytes_per_key": state_bytes / keys}
 
 
-def breakdown_once(kind: str, universe: str, keys: int, steps: int) -> dict[str, Any]:
+def breakdown_once(kind: str, universe: str, keys: int, steps: int, trace: bool = False
+                   ) -> dict[str, Any]:
     """Where a key-step's time goes: the flow's stages driven without Bytewax (one process).
 
     The same objects as the dataflow: each input batch through its partition's clock, each
-    shard update merged and closed by the shard, each closed step encoded in bulk.
+    shard update merged and closed by the shard, each closed step encoded in bulk (and
+    dropped). With ``trace``, the memory the flow's objects hold at the end is measured with
+    :mod:`tracemalloc` from just after the input is prepared (so the configuration's key list,
+    the clocks, the shards' tables, key strings and indexes are counted): the state per key,
+    free of the allocator's fragmentation that RSS figures include (times are then slower).
     """
     import gc
+    import tracemalloc
     from collections import defaultdict
 
     from dpstream.core.noise import NoiseKey
@@ -284,8 +290,11 @@ def breakdown_once(kind: str, universe: str, keys: int, steps: int) -> dict[str,
     from dpstream.stream.clock import ShardUpdate
     from dpstream.stream.events import PartitionClock, shard_of
 
-    cfg = config(universe, keys)
     batches = workload(keys, steps)
+    if trace:
+        gc.collect()
+        tracemalloc.start()
+    cfg = config(universe, keys)
     spec = statistics_spec(cfg, INSTANCE)
     declared: dict[int, tuple[str, ...]] | None = None
     if cfg.admission.mode == "declared":  # as keyed_statistics spreads them
@@ -337,9 +346,16 @@ def breakdown_once(kind: str, universe: str, keys: int, steps: int) -> dict[str,
             outputs += len(encoder.encode_step(out))
     key_steps = keys * steps
     per = {stage: value / key_steps * 1e9 for stage, value in seconds.items()}
-    return {"kind": kind, "universe": universe, "keys": keys, "steps": steps,
-            "outputs": outputs, "ns_per_key_step": per,
-            "total_ns_per_key_step": sum(per.values())}
+    result = {"kind": kind, "universe": universe, "keys": keys, "steps": steps,
+              "outputs": outputs, "ns_per_key_step": per,
+              "total_ns_per_key_step": sum(per.values())}
+    if trace:
+        live = sum(_live(s) for s in shards.values())
+        gc.collect()  # the encoded records were dropped: the flow's own objects remain
+        held, _peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        result.update(state_bytes=held, state_bytes_per_key=held / keys, live_keys=live)
+    return result
 
 
 def _live(shard: Any) -> int:
@@ -366,8 +382,9 @@ def _reset_peak_rss() -> None:
 
 def child(args: argparse.Namespace) -> None:
     topics = json.loads(args.topics) if args.topics else None
-    if args.one == "breakdown":
-        result = breakdown_once(args.kind, args.universe, int(args.keys), args.steps)
+    if args.one in ("breakdown", "state"):
+        result = breakdown_once(args.kind, args.universe, int(args.keys), args.steps,
+                                trace=args.one == "state")
     else:
         result = run_once(args.one, args.kind, args.universe, int(args.keys), args.steps,
                           args.bootstrap, topics)

@@ -95,7 +95,9 @@ IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 FlagArray = npt.NDArray[np.uint8]
 WordArray = npt.NDArray[np.uint64]
+RowArray = npt.NDArray[np.int32]
 
+_ROW: Final = np.int32  # a group's rows (a shard holds fewer than 2^31 keys): 4 bytes a key
 _STATE_KIND: Final = "key-table"
 _STATE_VERSION: Final = 1
 
@@ -227,7 +229,7 @@ class _Group:
     __slots__ = ("start", "code", "rows", "keys", "lanes", "initial", "initial_var", "steps",
                  "base_value", "base_var", "stack")
 
-    def __init__(self, start: int, code: int, rows: IntArray, keys: list[str],
+    def __init__(self, start: int, code: int, rows: RowArray, keys: list[str],
                  lanes: WordArray, initial: FloatArray | None, initial_var: float) -> None:
         self.start = start  # the counter's start step (part of its lane)
         self.code = code  # the charges its keys paid (their ledger stage)
@@ -497,9 +499,10 @@ class KeyTable:
             reason = self._refusal(code, _COUNTER_PAID, charge)
             if reason is None:
                 code |= _COUNTER_PAID
-                rows = np.arange(first, first + m, dtype=np.int64)
+                rows = np.arange(first, first + m, dtype=_ROW)
                 lanes = self._lanes(names, "counter", self.spec.counter_digest, step)
-                self._groups.append(_Group(step, code, rows, list(names), lanes, None, 0.0))
+                # ``names`` is never mutated (the caller's declared list or a fresh one): shared
+                self._groups.append(_Group(step, code, rows, names, lanes, None, 0.0))
             else:
                 exhausted = True
                 out.statuses.extend(self._statuses(names, step, charge.label, reason, code))
@@ -581,7 +584,7 @@ class KeyTable:
             if reason is None:
                 code |= _COUNTER_PAID
                 lanes = self._lanes(names, "counter", self.spec.counter_digest, step)
-                self._groups.append(_Group(step, code, rows.copy(), names, lanes,
+                self._groups.append(_Group(step, code, rows.astype(_ROW), names, lanes,
                                            initial_values, initial_var))
             else:
                 exhausted = True
@@ -673,7 +676,7 @@ class KeyTable:
                 self._watch_only(kept)
             self._watched = position[self._watched]
         for group in self._groups:  # their keys are admitted and not exhausted: all kept
-            group.rows = position[group.rows]
+            group.rows = position[group.rows].astype(_ROW)
 
     # -- state --
     def to_state(self) -> dict[str, Any]:
@@ -735,7 +738,7 @@ class KeyTable:
         self._rebudget()
 
     def _restore_group(self, state: dict[str, Any]) -> _Group:
-        rows = np.array(state["rows"], dtype=np.int64).reshape(-1)
+        rows = np.array(state["rows"], dtype=_ROW).reshape(-1)
         keys = [self._names[i] for i in rows.tolist()]
         start = int(state["start"])
         lanes = self._lanes(keys, "counter", self.spec.counter_digest, start)

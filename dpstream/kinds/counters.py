@@ -20,6 +20,7 @@ had an event in that step (that is not post-processing: it would leak).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -89,6 +90,14 @@ class AdmissionConfig:
     keys: tuple[str, ...] = ()
     initial: PrivacyCharge | None = None
     delta: float = 0.0
+
+    @functools.cached_property
+    def key_set(self) -> frozenset[str]:
+        """The declared keys as one set, built once.
+
+        Every input partition's clock shares it: a million keys take about 33 MB in a set.
+        """
+        return frozenset(self.keys)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -320,7 +329,7 @@ def statistics_spec(config: CountersConfig, instance: str = "") -> StatisticsSpe
 
 def event_rules(config: CountersConfig) -> EventRules:
     """How the flow reads events."""
-    declared = frozenset(config.admission.keys) if config.admission.mode == "declared" else None
+    declared = config.admission.key_set if config.admission.mode == "declared" else None
     return EventRules(
         key_field=config.key_field, time_field=config.time_field, origin=config.origin,
         step_seconds=config.step_seconds, lateness_seconds=config.lateness_seconds,
