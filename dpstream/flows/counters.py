@@ -12,7 +12,9 @@ snapshots to keep) must come together; ``DPSTREAM_RECOVERY_DIR`` must name the `
 directory (the flow instance is recorded there; initialise it once with
 ``python -m bytewax.recovery DIR 1``, or let ``dpstream run --recovery-dir DIR`` do it).
 For a multi-process cluster add ``-i N -a "host0:2101;host1:2101"``: each process serves its
-metrics on ``metrics.port + N``. ``dpstream run --config FILE`` does the same in one process.
+metrics on ``metrics.port + N``, and every process binds one flow instance: share one ``-r``
+directory, or give every process the same ``DPSTREAM_INSTANCE_ID`` (docs/deploy.md).
+``dpstream run --config FILE`` does the same in one process.
 
 A configuration or start-up error prints one line (``dpstream: error: ...``) and exits 2.
 """
