@@ -205,8 +205,6 @@ def get_json(url: str):
 
 
 def test_tail_web_serves_the_live_view_of_the_records(broker, flow_run):
-    pytest.importorskip("dpstream.web", reason="dpstream.web (helper web's LiveView) is not "
-                        "there yet")
     rising = RisingSpend()  # with --metrics, the page shows the spend of these endpoints
     proc = subprocess.Popen(
         [sys.executable, "-m", "dpstream.cli", "tail", "--brokers", broker.bootstrap, "--topic",
