@@ -21,6 +21,7 @@ import secrets
 import shutil
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -394,7 +395,9 @@ def _tail(args: argparse.Namespace) -> int:
         logging.getLogger("kafka").setLevel(logging.CRITICAL)  # connection: our error says it
     mode = "json" if args.json else "live" if sys.stdout.isatty() else "append"
     title = f"dpstream tail {', '.join(topics)}" + (f" (flow {flow})" if flow else "")
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    stop = threading.Event()  # Ctrl-C or SIGTERM: the loop ends between polls, never inside
+    previous = {signum: signal.signal(signum, lambda *_: stop.set())  # kafka-python's code
+                for signum in (signal.SIGINT, signal.SIGTERM)}
     consumer = web = None
     try:
         consumer = RecordConsumer(brokers, topics, flow=flow,
@@ -405,10 +408,8 @@ def _tail(args: argparse.Namespace) -> int:
             web = _TailWeb(args.web, title, args.metrics)
             print(f"dpstream tail: live view at {web.url}", file=sys.stderr, flush=True)
         try:
-            _tail_loop(consumer, output, web, args.timeout, args.max_records)
-            output.tick(final=True)
-        except KeyboardInterrupt:
-            output.tick(final=True)  # Ctrl-C or SIGTERM: the normal way to stop a live tail
+            _tail_loop(consumer, output, web, args.timeout, args.max_records, stop)
+            output.tick(final=True)  # also after Ctrl-C or SIGTERM: the way to stop a live tail
         except BrokenPipeError:  # `dpstream tail --json | head`: the reader is gone
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         counts = consumer.latest.counts
@@ -418,7 +419,8 @@ def _tail(args: argparse.Namespace) -> int:
               file=sys.stderr, flush=True)
         return 0
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
         if web is not None:
             web.stop()
         if consumer is not None:
@@ -426,10 +428,10 @@ def _tail(args: argparse.Namespace) -> int:
 
 
 def _tail_loop(consumer: Any, output: _TailOutput, web: _TailWeb | None,
-               timeout: float | None, max_records: int | None) -> None:
+               timeout: float | None, max_records: int | None, stop: threading.Event) -> None:
     deadline = None if timeout is None else time.monotonic() + timeout
     shown = 0
-    while deadline is None or time.monotonic() < deadline:
+    while (deadline is None or time.monotonic() < deadline) and not stop.is_set():
         wait = 0.2 if deadline is None else max(0.001, min(0.2, deadline - time.monotonic()))
         for item in consumer.poll(wait):
             if not item.new:
@@ -443,10 +445,6 @@ def _tail_loop(consumer: Any, output: _TailOutput, web: _TailWeb | None,
         output.tick()
         if web is not None:
             web.tick()
-
-
-def _interrupt(signum: int, _frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _budget(args: argparse.Namespace) -> int:
