@@ -296,8 +296,13 @@ def run_real_flow(broker, topic_factory, tmp_path: Path, name: str = "it") -> di
     topics = flow_topics(topic_factory)
     produce_events(broker, topics["events"])
     config = write_flow_config(tmp_path / f"{name}.toml", broker, topics, name)
+    # a fixed flow instance with the fixed noise key: the noise, and so which keys the monitor
+    # admits, is the same in every run (an ephemeral run's random instance would redraw it,
+    # and the cold key would now and then be admitted)
     out = subprocess.run([sys.executable, "-m", "dpstream.cli", "run", "--config", str(config),
-                          "--ephemeral"], env=ENV, capture_output=True, text=True, timeout=120)
+                          "--recovery-dir", str(tmp_path / f"{name}-recovery")],
+                         env={**ENV, "DPSTREAM_INSTANCE_ID": "0123456789abcdef0123456789abcdef"},
+                         capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     return topics
 
