@@ -423,18 +423,16 @@ class KeyTable:
         self._pending = []
         index = self._index
         rows = self._rows(keys)
-        fresh: set[str] = set()
         declared = self._declared
-        missing = np.flatnonzero(rows < 0)
-        extra = None
-        if declared is not None and not self._names and not self.retired:
-            extra = set(keys).difference(declared)  # the first close: declared keys, sorted
-        if extra is not None and not extra:
-            self._create(declared, step, out)  # type: ignore[arg-type]
+        first_declared = declared is not None and not self._names and not self.retired
+        if first_declared and not set(keys).difference(declared):  # type: ignore[arg-type]
+            self._create(declared, step, out)  # type: ignore[arg-type]  # sorted already
             rows = self._rows(keys)
         else:
+            fresh: set[str] = set()
             if declared is not None and len(self._names) + len(self.retired) < len(declared):
                 fresh.update(k for k in declared if k not in index and k not in self.retired)
+            missing = np.flatnonzero(rows < 0)
             if missing.size:
                 retired = self.retired
                 fresh.update(k for k in (keys[i] for i in missing.tolist()) if k not in retired)

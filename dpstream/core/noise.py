@@ -126,29 +126,26 @@ def encode_coordinates(coordinates: tuple[Coordinate, ...]) -> bytes:
     ``("1",)`` all differ.
     """
     parts = [COORDINATES_VERSION]
-    for c in check_coordinates(coordinates):
-        if isinstance(c, str):
-            data = c.encode("utf-8", "surrogatepass")
-            parts.append(_STR_TAG)
-        else:
-            data = c.to_bytes((c.bit_length() + 8) // 8, "big", signed=True)
-            parts.append(_INT_TAG)
-        parts.append(len(data).to_bytes(4, "big"))
-        parts.append(data)
+    parts.extend(map(_tagged, check_coordinates(coordinates)))
     return b"".join(parts)
 
 
-def _unit(coordinate: Coordinate) -> bytes:
-    """A coordinate's unit of the lane message (see :meth:`NoiseKey.lane`).
-
-    The type tag, the 4-byte big-endian length and the bytes, zero-padded to 16-byte blocks.
-    """
+def _tagged(coordinate: Coordinate) -> bytes:
+    """One coordinate of :func:`encode_coordinates`: type tag, 4-byte length, bytes."""
     if isinstance(coordinate, str):
         tag, data = _STR_TAG, coordinate.encode("utf-8", "surrogatepass")
     else:
         tag = _INT_TAG
         data = coordinate.to_bytes((coordinate.bit_length() + 8) // 8, "big", signed=True)
-    unit = tag + len(data).to_bytes(4, "big") + data
+    return tag + len(data).to_bytes(4, "big") + data
+
+
+def _unit(coordinate: Coordinate) -> bytes:
+    """A coordinate's unit of the lane message (see :meth:`NoiseKey.lane`).
+
+    The coordinate as :func:`encode_coordinates` writes it, zero-padded to 16-byte blocks.
+    """
+    unit = _tagged(coordinate)
     return unit + bytes(-len(unit) % 16)
 
 
