@@ -72,6 +72,10 @@ class KeyIndex:
     def __iter__(self) -> Iterator[str]:
         return iter(self._names[: self._size].tolist())
 
+    def contains_all(self, keys: Sequence[str]) -> bool:
+        """Whether every one of ``keys`` is indexed (one vectorized lookup)."""
+        return bool((self.rows(keys) >= 0).all())
+
     @property
     def nbytes(self) -> int:
         """The bytes of the index's arrays (the key strings themselves not included)."""

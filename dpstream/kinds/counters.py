@@ -31,6 +31,7 @@ from bytewax.dataflow import Stream
 
 from dpstream.config import FlowConfig, Section, build_spec, parse_common, positive
 from dpstream.core.blt_counter import BltCounterSpec
+from dpstream.core.key_index import KeyIndex
 from dpstream.core.key_statistics import StatisticsSpec
 from dpstream.core.ledger import PrivacyCharge, PrivacyLedger
 from dpstream.core.threshold_monitor import (
@@ -92,12 +93,13 @@ class AdmissionConfig:
     delta: float = 0.0
 
     @functools.cached_property
-    def key_set(self) -> frozenset[str]:
-        """The declared keys as one set, built once.
+    def key_index(self) -> KeyIndex:
+        """The declared keys' index, built once; every input partition's clock shares it.
 
-        Every input partition's clock shares it: a million keys take about 33 MB in a set.
+        A :class:`~dpstream.core.key_index.KeyIndex` takes about 16 bytes a key (a million
+        keys: 16 MB), where a ``frozenset`` took 33.
         """
-        return frozenset(self.keys)
+        return KeyIndex(self.keys)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -329,7 +331,7 @@ def statistics_spec(config: CountersConfig, instance: str = "") -> StatisticsSpe
 
 def event_rules(config: CountersConfig) -> EventRules:
     """How the flow reads events."""
-    declared = config.admission.key_set if config.admission.mode == "declared" else None
+    declared = config.admission.key_index if config.admission.mode == "declared" else None
     return EventRules(
         key_field=config.key_field, time_field=config.time_field, origin=config.origin,
         step_seconds=config.step_seconds, lateness_seconds=config.lateness_seconds,

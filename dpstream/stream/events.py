@@ -9,6 +9,7 @@ records is the shared clock's job (:mod:`dpstream.stream.clock`).
 
 from __future__ import annotations
 
+import itertools
 import math
 import zlib
 from collections import Counter
@@ -21,6 +22,7 @@ import msgspec
 import numpy as np
 import orjson
 
+from dpstream.core.key_index import KeyIndex
 from dpstream.messages import (
     TICK,
     TIMESTAMP_CREATE_TIME,
@@ -96,7 +98,7 @@ class EventRules:
     step_seconds: float
     lateness_seconds: float
     shards: int
-    declared_keys: frozenset[str] | None = None
+    declared_keys: KeyIndex | None = None
     clock: Literal["broker", "producer"] = "broker"
 
     @property
@@ -204,7 +206,7 @@ class PartitionClock(StepClock):
         keys = list(map(_KEY, events))
         times = np.fromiter(map(_TS, events), dtype=np.float64, count=len(events))
         declared = self.rules.declared_keys
-        if declared is not None and not declared.issuperset(keys):
+        if declared is not None and not declared.contains_all(keys):
             return None
         return keys, times
 
@@ -234,12 +236,21 @@ class PartitionClock(StepClock):
                 reason = _bad_key(rules.key_field)
             elif len(key) > MAX_KEY_LENGTH:
                 reason = f"field {rules.key_field!r} longer than {MAX_KEY_LENGTH} characters"
-            elif declared is not None and key not in declared:
-                reason = "key is not in admission.keys"
             if reason is not None:
                 dead.append(DeadLetter(reason, raw or b"", topic, partition, offset))
                 continue
             keys.append(key)
             times.append(ts)  # type: ignore[arg-type]
             refs.append(i)
+        if declared is not None and keys:  # one vectorized lookup for the whole batch
+            known = declared.rows(keys) >= 0
+            if not known.all():
+                for j in np.flatnonzero(~known).tolist():
+                    _, raw, offset, topic, _, _ = messages[refs[j]]
+                    dead.append(DeadLetter("key is not in admission.keys", raw or b"", topic,
+                                           partition, offset))
+                keep = known.tolist()
+                keys = list(itertools.compress(keys, keep))
+                times = list(itertools.compress(times, keep))
+                refs = list(itertools.compress(refs, keep))
         return keys, times, refs
