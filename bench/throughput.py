@@ -93,21 +93,33 @@ def workload(keys: int, steps: int, partitions: int = PARTITIONS
 
 def config(universe: str, keys: int, bootstrap: str | None = None,
            topics: dict[str, str] | None = None) -> Any:
-    """The bench's counters configuration (pure accounting, the tree counter)."""
+    """The bench's counters configuration.
+
+    ``universe`` is ``declared`` or ``open`` (pure accounting, the binary tree counter), or
+    ``declared-zcdp`` / ``open-zcdp`` (zCDP accounting, the BLT counter).
+    """
     from dpstream.config import parse_config
 
+    mode, _, accounting = universe.partition("-")
+    zcdp = accounting == "zcdp"
     raw: dict[str, Any] = {
         "flow": {"name": "bench", "origin": ORIGIN_ISO, "step": "1s", "shards": SHARDS},
         "privacy": {"accounting": "pure", "budget": 1.0, "delta": 1e-6},
         "counter": {"epsilon": 0.7, "horizon": 1 << 20},
         "metrics": {"port": 0},
     }
-    if universe == "declared":
+    if zcdp:
+        raw["privacy"]["accounting"] = "zcdp"
+        raw["counter"] = {"rho": 0.35, "horizon": 1 << 20}
+    if mode == "declared":
         raw["admission"] = {"mode": "declared", "keys": key_names(keys)}
     else:  # a low threshold (a large delta and monitor epsilon): admitted after ~6 events
         raw["privacy"].update(budget=10.0, delta=0.9)
         raw["monitor"] = {"epsilon": 8.0, "horizon": 16, "threshold": 6}
         raw["admission"] = {"mode": "open", "initial_epsilon": 0.3}
+        if zcdp:  # the monitor's epsilon costs epsilon^2 / 2 = 32 in rho
+            raw["privacy"]["budget"] = 40.0
+            raw["admission"] = {"mode": "open", "initial_rho": 0.15}
     if bootstrap:
         assert topics is not None
         # the embedded broker (Tansu) ignores LogAppendTime: trust the bench's own producer,
@@ -540,7 +552,8 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--paths", default="memory",
                         help="memory, kafka and/or breakdown (the stages without Bytewax)")
-    parser.add_argument("--universes", default="declared")
+    parser.add_argument("--universes", default="declared",
+                        help="declared, open, declared-zcdp and/or open-zcdp (zCDP: BLT counter)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--keys", default="100000,1000000",
                         help="comma-separated key counts (one event per key per step)")
@@ -565,7 +578,7 @@ def main() -> None:
         sizes = args.kafka_keys if path == "kafka" else args.keys
         for keys in (int(k) for k in sizes.split(",")):
             for universe in args.universes.split(","):
-                steps = args.open_steps if universe == "open" else args.steps
+                steps = args.open_steps if universe.startswith("open") else args.steps
                 if path == "breakdown":
                     for kind in ("dp", "baseline"):
                         row = spawn("breakdown", kind, universe, keys, steps)

@@ -415,3 +415,10 @@ def test_unbiased_with_the_analytic_variance_across_epoch_boundaries() -> None:
     steps = [horizon - 1, horizon, 2 * horizon + 3]  # end of epoch 0, start of 1, inside 2
     errors = _repetitions(spec, reps=2000, steps=2 * horizon + 4, tag="carry", seed=2)
     _check(spec, errors, steps)
+
+
+def test_a_rho_too_small_for_the_exact_samplers_range_is_refused_at_start_up() -> None:
+    """Below rho ~ 7e-10 the noise (std ~ 7e4 counts) would leave the bulk sampler's range."""
+    BltCounterSpec(rho=1e-9)  # std ~ 5e4 counts: allowed
+    with pytest.raises(InvalidParameterError, match="too small for the BLT counter"):
+        BltCounterSpec(rho=5e-10)

@@ -1,8 +1,9 @@
-"""The bulk noise: the keyed block PRF and the exact vectorized discrete Laplace.
+"""The bulk noise: the keyed block PRF and the exact vectorized discrete Laplace and Gaussian.
 
 Exactness is tested on every path: the thresholds against high-precision decimals, the
 vectorized draws against the scalar reference, the law by chi-square (with a power check),
-and the rare paths (a tie ``u = L_k``, the tail ``u < L_K``) by forcing them.
+and the rare paths (a tie ``u = L_k``, the tail ``u < L_K``, a Bernoulli trial the float
+screen does not decide) by forcing them.
 """
 
 from __future__ import annotations
@@ -17,7 +18,15 @@ from scipy import stats
 
 from dpstream.core import bulk_noise
 from dpstream.core.bulk_noise import gaussian, gaussian_one, lanes_array, laplace, laplace_one
-from dpstream.core.noise import NOISE_SCHEME, TAG_MONITOR_QUERY, TAG_TREE, NoiseKey
+from dpstream.core.noise import (
+    NOISE_SCHEME,
+    TAG_BLT,
+    TAG_INITIAL,
+    TAG_MONITOR_QUERY,
+    TAG_TREE,
+    NoiseKey,
+    discrete_gaussian_variance,
+)
 from dpstream.errors import InvalidParameterError, RecoveryMismatchError
 from dpstream.stream.barrier import binding, check_binding
 
@@ -269,3 +278,291 @@ def test_lane_bits_are_balanced() -> None:
     bits = np.unpackbits(words.view(np.uint8))
     n = bits.size  # 2.56 M fair bits: the mean is 1/2 within 5 standard deviations
     assert abs(bits.mean() - 0.5) < 5 * 0.5 / math.sqrt(n)
+
+
+# --- the vectorized exact discrete Gaussian (noise scheme 4) ------------------------------------
+
+BLT_SIGMA2 = Fraction(2**80) / (2 * Fraction(1, 100))  # sigma_G^2 >= 2^80 / (2 rho), rho = 0.01
+SMALL_SIGMA2 = [Fraction(1, 4), Fraction(1), Fraction(5, 2), Fraction(50), Fraction(1000003, 7)]
+TINY_SIGMA2 = [Fraction(1, 100), Fraction(1, 2**600)]  # the acceptance is mostly decided exactly
+_T_WIDE = int(2**63 / 181.9)  # t near 2^55.5 that rejects about 0.5 % of step 1's words
+HUGE_SIGMA2 = [BLT_SIGMA2, Fraction(2**101 + 1, 3), Fraction((_T_WIDE - 1) ** 2 + 1)]
+
+
+def _blt_sigma2() -> Fraction:
+    from dpstream.core.blt_counter import BltCounterSpec
+
+    return BltCounterSpec(rho=0.01).sigma2_grid
+
+
+def _coordinates(n: int) -> tuple[list[bytes], np.ndarray, np.ndarray, np.ndarray]:
+    lanes = [KEY.lane("gauss", "key", i % 97) for i in range(n)]
+    epoch = np.arange(n, dtype=np.int64) % 5
+    height = np.arange(n, dtype=np.int64) % 3
+    index = np.arange(n, dtype=np.int64) * 104729 + 2**40
+    return lanes, epoch, height, index
+
+
+@pytest.mark.parametrize("sigma2", SMALL_SIGMA2 + HUGE_SIGMA2 + ["blt"] + TINY_SIGMA2,
+                         ids=lambda s: str(s)[:12])
+def test_gaussian_vectorized_draws_equal_the_scalar_reference(sigma2: Fraction | str) -> None:
+    """Same bits, same result: the bulk draw at a lane and coordinates is gaussian_one's."""
+    sigma2 = _blt_sigma2() if sigma2 == "blt" else sigma2
+    assert isinstance(sigma2, Fraction)
+    lanes, epoch, height, index = _coordinates(500)
+    bulk = gaussian(KEY, lanes_array(lanes), sigma2, TAG_BLT, epoch, height, index)
+    assert bulk.dtype == np.int64
+    scalar = [gaussian_one(KEY, lane, sigma2, TAG_BLT, int(e), int(h), int(i))
+              for lane, e, h, i in zip(lanes, epoch, height, index, strict=True)]
+    assert bulk.tolist() == scalar
+    assert all(type(value) is int for value in scalar)
+
+
+def test_gaussian_round_words_are_the_documented_prf() -> None:
+    """An independent computation of the module doc's words: AES under the Gaussian key at the
+    sub-lane XOR pack(round, group), the sub-lane being the draw's block."""
+    import hashlib
+
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+    secret = hashlib.sha256(b"dpstream-test-key-41").digest()  # NoiseKey.for_tests(41)
+    block_key, gauss_key = (hashlib.blake2b(b"", key=secret, digest_size=32, person=p).digest()
+                            for p in (b"dpstream-aes2", b"dpstream-gauss4"))
+
+    def aes(key: bytes, first: int, second: int) -> tuple[int, int]:
+        out = Cipher(algorithms.AES(key), modes.ECB()).encryptor().update(
+            first.to_bytes(8, "little") + second.to_bytes(8, "little"))
+        return int.from_bytes(out[:8], "little"), int.from_bytes(out[8:], "little")
+
+    lane = KEY.lane("doc", "k")
+    lane0, lane1 = int.from_bytes(lane[:8], "little"), int.from_bytes(lane[8:], "little")
+    tag, epoch, height, index = TAG_BLT, 3, 2, 2**50 + 7
+    s0, s1 = aes(block_key, lane0 ^ (tag | height << 8 | epoch << 32), lane1 ^ index)
+    assert bulk_noise._block_one(KEY, lane, tag, epoch, height, index) == (s0, s1)
+    for r in (0, 1, 5, 2**40):
+        expected = aes(gauss_key, s0 ^ (r << 8), s1) + aes(gauss_key, s0 ^ (r << 8 | 1), s1)
+        assert bulk_noise._round_words_one(KEY, s0, s1, r) == expected
+        sub = np.array([[s0, s1]], dtype=np.uint64)
+        assert bulk_noise._round_words(KEY, sub, r)[0].tolist() == list(expected)
+
+
+@pytest.mark.parametrize("sigma2", [Fraction(5, 2), BLT_SIGMA2], ids=["small", "blt"])
+def test_gaussian_draws_do_not_depend_on_the_batch(sigma2: Fraction) -> None:
+    """Replay-safe: a draw is the same alone, in a batch of 10,000, shuffled, or in a subset."""
+    n = 10_000
+    lanes = lanes_array([KEY.lane("batch", f"k{i}") for i in range(n)])
+    index = np.arange(n, dtype=np.int64) % 17
+    epoch = np.arange(n, dtype=np.int64) // 17
+    values = gaussian(KEY, lanes, sigma2, TAG_BLT, epoch, 0, index)
+    order = np.random.default_rng(9).permutation(n)
+    shuffled = gaussian(KEY, lanes[order], sigma2, TAG_BLT, epoch[order], 0, index[order])
+    assert shuffled.tolist() == values[order].tolist()
+    subset = order[:313]
+    assert gaussian(KEY, lanes[subset], sigma2, TAG_BLT, epoch[subset], 0,
+                    index[subset]).tolist() == values[subset].tolist()
+    for row in order[:20].tolist():
+        alone = gaussian(KEY, lanes[row:row + 1], sigma2, TAG_BLT, int(epoch[row]), 0,
+                         int(index[row]))
+        assert alone.tolist() == [values[row]]
+    other_key = gaussian(NoiseKey.for_tests(42), lanes, sigma2, TAG_BLT, epoch, 0, index)
+    other_tag = gaussian(KEY, lanes, sigma2, TAG_INITIAL, epoch, 0, index)
+    for other in (other_key, other_tag):
+        assert np.mean(other == values) < 0.2  # P(equal) is about 1/(2 sqrt(pi) sigma) only
+    assert len(np.unique(values)) > 3
+
+
+def _gaussian_pmf(sigma2: Fraction, support: np.ndarray) -> np.ndarray:
+    s2 = float(sigma2)
+    wide = np.arange(-int(40 * math.sqrt(s2)) - 10, int(40 * math.sqrt(s2)) + 11)
+    total = np.exp(-(wide.astype(float) ** 2) / (2 * s2)).sum()
+    return np.exp(-(support.astype(float) ** 2) / (2 * s2)) / total
+
+
+def _gaussian_chi_square_p(draws: np.ndarray, assumed: Fraction) -> float:
+    """Chi-square p-value of the draws against N_Z(0, assumed); bins below 5 expected pooled."""
+    n = draws.size
+    bound = int(6 * math.sqrt(float(assumed))) + 2
+    support = np.arange(-bound, bound + 1)
+    expected = _gaussian_pmf(assumed, support) * n
+    inside = (draws >= -bound) & (draws <= bound)
+    observed = np.bincount(draws[inside] + bound, minlength=support.size).astype(float)
+    keep = expected >= 5
+    observed_kept, expected_kept = observed[keep], expected[keep]
+    observed_rest, expected_rest = n - observed_kept.sum(), n - expected_kept.sum()
+    observed_all = np.append(observed_kept, observed_rest)
+    expected_all = np.append(expected_kept, expected_rest)
+    return float(stats.chisquare(observed_all, expected_all).pvalue)
+
+
+@pytest.mark.statistical
+@pytest.mark.parametrize("sigma2", [Fraction(1, 4), Fraction(2), Fraction(7, 3), Fraction(50)],
+                         ids=str)
+def test_gaussian_chi_square_law_with_power(sigma2: Fraction) -> None:
+    n = 200_000
+    lanes = lanes_array([KEY.lane("gchi", str(sigma2), i) for i in range(1000)])
+    draws = gaussian(KEY, np.repeat(lanes, n // 1000, axis=0), sigma2, TAG_BLT, 0, 0,
+                     np.tile(np.arange(n // 1000, dtype=np.int64), 1000))
+    assert _gaussian_chi_square_p(draws, sigma2) > 1e-4
+    assert _gaussian_chi_square_p(draws, sigma2 * Fraction(21, 20)) < 1e-6  # power: 5 % off
+    assert _gaussian_chi_square_p(draws, sigma2 * Fraction(20, 21)) < 1e-6
+    variance = discrete_gaussian_variance(sigma2)
+    assert abs(draws.mean()) < 5 * math.sqrt(variance / n)
+    assert abs(np.mean(draws.astype(float) ** 2) - variance) < 5 * variance * math.sqrt(3 / n)
+
+
+@pytest.mark.statistical
+def test_gaussian_huge_sigma_mean_variance_tails_and_low_bits() -> None:
+    """BLT-size sigma (about 2^43.6): the draw / sigma is standard normal (discreteness is far
+    below any test), and the low-order bits are uniform (an exact U of 63-bit words)."""
+    sigma2 = _blt_sigma2()
+    sigma = math.sqrt(float(sigma2))
+    n = 200_000
+    lanes = lanes_array([KEY.lane("huge", i) for i in range(n)])
+    draws = gaussian(KEY, lanes, sigma2, TAG_BLT, 0, 0, 7)
+    z = draws.astype(float) / sigma
+    assert abs(z.mean()) < 5 / math.sqrt(n)
+    assert abs(np.mean(z**2) - 1) < 5 * math.sqrt(2 / n)
+    for cut in (1.0, 2.0, 3.0, 4.0):
+        p = 2 * stats.norm.sf(cut)
+        assert stats.binomtest(int(np.sum(np.abs(z) > cut)), n, p).pvalue > 1e-4
+    assert stats.kstest(z, "norm").pvalue > 1e-4
+    assert stats.kstest(z, "norm", args=(0, 1.05)).pvalue < 1e-6  # power: a 5 % wrong sigma
+    low = np.bincount((draws % 1024).astype(np.int64), minlength=1024)
+    assert stats.chisquare(low).pvalue > 1e-4
+    assert 0 < np.sum(draws % 2 == 0) < n
+
+
+def _force_exact_trials(monkeypatch: pytest.MonkeyPatch) -> list[Fraction]:
+    """Make the float screen decide nothing: every D and acceptance trial goes exact."""
+    monkeypatch.setattr(bulk_noise, "_MARGIN", 1.0)
+    monkeypatch.setattr(bulk_noise, "_SLACK", 1.0)
+    calls: list[Fraction] = []
+    original = bulk_noise._bernoulli_exact
+
+    def spy(gamma: Fraction, w: int, stream):  # type: ignore[no-untyped-def]
+        calls.append(gamma)
+        return original(gamma, w, stream)
+
+    monkeypatch.setattr(bulk_noise, "_bernoulli_exact", spy)
+    return calls
+
+
+@pytest.mark.parametrize("sigma2", [Fraction(1, 4), Fraction(5, 2), Fraction(1000003, 7),
+                                    BLT_SIGMA2], ids=str)
+def test_gaussian_with_every_trial_resolved_exactly_gives_the_same_draws(
+        monkeypatch: pytest.MonkeyPatch, sigma2: Fraction) -> None:
+    """The screen only saves work: with no trial decided by floats the draws are unchanged."""
+    n = 300 if sigma2 < 1000 else 60
+    lanes, epoch, height, index = _coordinates(n)
+    words = lanes_array(lanes)
+    screened = gaussian(KEY, words, sigma2, TAG_BLT, epoch, height, index).tolist()
+    calls = _force_exact_trials(monkeypatch)
+    forced = gaussian(KEY, words, sigma2, TAG_BLT, epoch, height, index).tolist()
+    from_bulk = len(calls)
+    assert from_bulk >= 2 * n  # at least one D and one acceptance trial per draw, all exact
+    assert forced == screened
+    assert [gaussian_one(KEY, lane, sigma2, TAG_BLT, int(e), int(h), int(i))
+            for lane, e, h, i in zip(lanes, epoch, height, index, strict=True)] == screened
+    assert len(calls) == 2 * from_bulk  # the reference made the very same exact trials
+
+
+@pytest.mark.statistical
+def test_gaussian_law_with_every_trial_resolved_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
+    sigma2 = Fraction(2)
+    calls = _force_exact_trials(monkeypatch)
+    n = 10_000
+    lanes = lanes_array([KEY.lane("forced-law", i) for i in range(n)])
+    draws = gaussian(KEY, lanes, sigma2, TAG_BLT, 0, 0, 0)
+    assert len(calls) > 2 * n
+    assert _gaussian_chi_square_p(draws, sigma2) > 1e-4
+    assert _gaussian_chi_square_p(draws, sigma2 * Fraction(5, 4)) < 1e-6  # power at this n
+
+
+def test_gaussian_ties_and_tails_of_v_take_the_exact_scalar_round(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Words forced onto a threshold of V (a tie) or below the table (the tail)."""
+    _, descending = bulk_noise._thresholds(Fraction(1))
+    forced_v = [descending[0], descending[2], 0, 5, descending[-1]]
+    real_bulk, real_one = bulk_noise._round_words, bulk_noise._round_words_one
+
+    def bulk_words(noise, sub, r):  # type: ignore[no-untyped-def]
+        words = real_bulk(noise, sub, r).copy()
+        if r == 0:
+            words[:, 2] = [forced_v[int(s) % 5] for s in sub[:, 1] % np.uint64(5)]
+        return words
+
+    def one_words(noise, s0, s1, r):  # type: ignore[no-untyped-def]
+        w0, w1, w2, w3 = real_one(noise, s0, s1, r)
+        return w0, w1, forced_v[s1 % 5] if r == 0 else w2, w3
+
+    monkeypatch.setattr(bulk_noise, "_round_words", bulk_words)
+    monkeypatch.setattr(bulk_noise, "_round_words_one", one_words)
+    resolved: list[int] = []
+    original = bulk_noise._resolve_word
+
+    def spy(rng, u, scale):  # type: ignore[no-untyped-def]
+        resolved.append(u)
+        return original(rng, u, scale)
+
+    monkeypatch.setattr(bulk_noise, "_resolve_word", spy)
+    sigma2 = Fraction(9)  # t = 4: a tail V >= 34 gives X >= 136, almost always rejected
+    lanes, epoch, height, index = _coordinates(400)
+    bulk = gaussian(KEY, lanes_array(lanes), sigma2, TAG_BLT, epoch, height, index)
+    from_bulk = len(resolved)
+    scalar = [gaussian_one(KEY, lane, sigma2, TAG_BLT, int(e), int(h), int(i))
+              for lane, e, h, i in zip(lanes, epoch, height, index, strict=True)]
+    assert bulk.tolist() == scalar
+    assert from_bulk > 100 and {0, int(descending[-1]), int(descending[0])} <= set(resolved)
+
+
+def test_gaussian_refuses_a_platform_exp_less_accurate_than_assumed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from dpstream.errors import DpstreamError
+
+    lanes = lanes_array([KEY.lane("exp")])
+    monkeypatch.setattr(bulk_noise, "_exp_checked", False)
+    bulk_noise._check_exp()  # the real ones pass
+    for broken in (lambda x: np.exp(x) * (1 + 2.0**-36),
+                   lambda x: np.exp(np.maximum(x, -700).astype(np.float32)).astype(np.float64),
+                   lambda x: np.exp(x) + 2.0**-60):
+        monkeypatch.setattr(bulk_noise, "_exp_checked", False)
+        monkeypatch.setattr(bulk_noise, "_vector_exp", broken)
+        with pytest.raises(DpstreamError, match="not within 2\\^-40"):
+            gaussian(KEY, lanes, Fraction(2), TAG_BLT, 0, 0, 0)
+    monkeypatch.setattr(bulk_noise, "_vector_exp", np.exp)
+    monkeypatch.setattr(bulk_noise, "_exp_checked", False)
+    monkeypatch.setattr(bulk_noise, "_scalar_exp", lambda x: math.exp(x) * (1 - 2.0**-38))
+    with pytest.raises(DpstreamError, match="math.exp"):
+        gaussian_one(KEY, KEY.lane("exp"), Fraction(2), TAG_BLT, 0, 0, 0)
+    monkeypatch.setattr(bulk_noise, "_scalar_exp", math.exp)
+    monkeypatch.setattr(bulk_noise, "_exp_checked", False)
+    assert gaussian_one(KEY, KEY.lane("exp"), Fraction(2), TAG_BLT, 0, 0, 0) == \
+        int(gaussian(KEY, lanes, Fraction(2), TAG_BLT, 0, 0, 0)[0])
+
+
+def test_gaussian_range_and_parameters() -> None:
+    lanes = lanes_array([KEY.lane("range")])
+    limit = Fraction(2**112)  # t = 2^56 + 1: beyond the int64 range of the bulk sampler
+    with pytest.raises(InvalidParameterError, match="too large for int64"):
+        gaussian(KEY, lanes, limit, TAG_BLT, 0, 0, 0)
+    assert gaussian(KEY, lanes, limit - 1, TAG_BLT, 0, 0, 0).shape == (1,)  # t = 2^56
+    wide = gaussian_one(KEY, KEY.lane("range"), Fraction(2**200), TAG_BLT, 0, 0, 0)
+    assert type(wide) is int and wide == gaussian_one(KEY, KEY.lane("range"),
+                                                      Fraction(2**200), TAG_BLT, 0, 0, 0)
+    assert abs(wide) < 40 * 2**100
+    for bad in (Fraction(0), Fraction(-1), 1.5, True):
+        with pytest.raises(InvalidParameterError, match="variance"):
+            gaussian_one(KEY, KEY.lane("range"), bad, TAG_BLT, 0, 0, 0)  # type: ignore[arg-type]
+        with pytest.raises(InvalidParameterError, match="variance"):
+            gaussian(KEY, lanes, bad, TAG_BLT, 0, 0, 0)  # type: ignore[arg-type]
+    assert gaussian(KEY, lanes[:0], Fraction(2), TAG_BLT, 0, 0, 0).shape == (0,)
+    assert gaussian_one(KEY, KEY.lane("range"), 3, TAG_BLT, 0, 0, 0) == gaussian_one(
+        KEY, KEY.lane("range"), Fraction(3), TAG_BLT, 0, 0, 0)
+
+
+def test_noise_scheme_4_refuses_a_scheme_3_store() -> None:
+    assert NOISE_SCHEME == "dpstream-noise/4"
+    state = binding("instance", "mechanisms", KEY)
+    state["noise_scheme"] = "dpstream-noise/3"
+    with pytest.raises(RecoveryMismatchError, match="noise derivation"):
+        check_binding(state, "instance", "mechanisms", KEY)

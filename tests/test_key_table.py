@@ -88,6 +88,21 @@ def make_spec(mode="open", monitor=True, threshold=3, window=4, monitor_eps=1.0,
                           monitor=mon, initial=init, admission_delta=1e-9, instance=instance)
 
 
+def make_zcdp_spec(mode="open", monitor=True, threshold=3, window=4, monitor_eps=1.0,
+                   declared_horizon=None, counter_rho=0.5, horizon=16, initial_rho=0.2,
+                   initial_eps=None, budget=3.0, instance="inst"):
+    """A zCDP spec with a BLT counter (the monitor's epsilon costs epsilon^2 / 2 rho)."""
+    spec = make_spec(mode, monitor, threshold, window, monitor_eps, declared_horizon,
+                     instance=instance)
+    init = None
+    if mode == "open" and initial_eps is not None:
+        init = PrivacyCharge(epsilon=initial_eps, label="initial count")
+    elif mode == "open" and initial_rho is not None:
+        init = PrivacyCharge(rho=initial_rho, label="initial count")
+    return dataclasses.replace(spec, accounting="zcdp", budget=budget, initial=init,
+                               counter=BltCounterSpec(rho=counter_rho, horizon=horizon))
+
+
 def roundtrip(state):
     return pickle.loads(pickle.dumps(state))
 
@@ -135,12 +150,14 @@ def check_invariants(table):
     flags = table._flags
     assert np.array_equal(table._watched, np.flatnonzero(flags & 32))
     assert len(table._mlanes) == len(table._rho) == len(table._watched)
-    assert table._index == {k: i for i, k in enumerate(table._names)}
+    names = table._index.names.tolist()
+    assert list(table._index) == names
+    assert np.array_equal(table._index.rows(names), np.arange(len(names)))
     assert len(table._prefix) == len(flags) == table.live
     grouped = np.concatenate([g.rows for g in table._groups] + [np.zeros(0, dtype=np.int64)])
     assert len(set(grouped.tolist())) == len(grouped)
     for group in table._groups:
-        assert group.keys == [table._names[i] for i in group.rows.tolist()]
+        assert group.keys == [names[i] for i in group.rows.tolist()]
         assert ((flags[group.rows] & 12) == 4).all()  # counter paid, not exhausted
 
 
@@ -374,7 +391,7 @@ def test_step_outputs_is_a_sequence_statuses_alerts_then_releases():
     assert StepOutputs(0).count() == (0, 0, 0) and list(StepOutputs(0)) == []
 
 
-def test_supports_pure_tree_specs_only():
+def test_supports_pure_tree_and_zcdp_blt_specs_only():
     spec = make_spec("declared", monitor=False)
     assert KeyTable.supports(spec) and KeyTable.supports(make_spec("open"))
     zcdp = dataclasses.replace(spec, accounting="zcdp")
@@ -382,6 +399,115 @@ def test_supports_pure_tree_specs_only():
     assert not KeyTable.supports(zcdp) and not KeyTable.supports(blt)
     with pytest.raises(InvalidParameterError):
         KeyTable(blt, KEY)
+    assert KeyTable.supports(make_zcdp_spec("declared", monitor=False))
+    assert KeyTable.supports(make_zcdp_spec("open"))
+    assert KeyTable.supports(make_zcdp_spec("open", initial_eps=0.5))
+    assert KeyTable.supports(make_zcdp_spec("open", initial_rho=None))
+    blt_tree_state = KeyTable(make_zcdp_spec("declared", monitor=False), KEY, ["a"])
+    blt_tree_state.close(0, ["a"], np.array([3]))
+    state = blt_tree_state.to_state()
+    assert state["groups"][0]["kind"] == "blt"
+
+
+# --- zCDP with BLT counters ---------------------------------------------------------------------
+
+
+def test_zcdp_declared_blt_over_several_epochs_with_restores():
+    rng = random.Random(21)
+    pool = [f"k{i:02d}" for i in range(12)]
+    spec = make_zcdp_spec("declared", monitor=False, horizon=16)
+    stream = random_stream(rng, 40, pool)
+    stream[5] = {k: (1 << 62) + i for i, k in enumerate(pool)}  # huge increments: wide buffers
+    ref, got = run_both(spec, stream, declared=pool, restore_at=(13, 17, 29))
+    assert canonical(ref) == canonical(got)
+    assert len(got) == 12 * 40
+    assert {o.mechanism for o in got} == {"blt-gaussian"} and {o.unit for o in got} == {"rho"}
+
+
+def test_zcdp_declared_blt_with_a_monitor_and_its_horizon():
+    rng = random.Random(22)
+    pool = [f"k{i}" for i in range(10)]
+    for horizon in (None, 6):
+        spec = make_zcdp_spec("declared", monitor=True, threshold=4, declared_horizon=horizon)
+        ref, got = run_both(spec, random_stream(rng, 20, pool), declared=pool, restore_at=(5,))
+        assert canonical(ref) == canonical(got)
+        assert any(isinstance(o, Alert) for o in got)
+
+
+@pytest.mark.parametrize("initial", [("rho", 0.2), ("eps", 0.5), None])
+def test_zcdp_open_universe_admission_initial_counts_and_epochs(initial):
+    rng = random.Random(23)
+    pool = [f"key-{i}" for i in range(25)]
+    kwargs = {"initial_rho": None}
+    if initial is not None:
+        kwargs["initial_rho" if initial[0] == "rho" else "initial_eps"] = initial[1]
+    spec = make_zcdp_spec("open", threshold=3, window=3, **kwargs)
+    ref, got = run_both(spec, random_stream(rng, 40, pool, density=0.3), restore_at=(7, 20))
+    assert canonical(ref) == canonical(got)
+    assert {Alert, Release} <= {type(o) for o in got}
+    assert any(isinstance(o, Release) and o.step > 20 for o in got)  # past a 16-step epoch
+
+
+@pytest.mark.parametrize("budget", [0.3, 0.6, 0.75, 1.0])
+def test_zcdp_charges_refused_at_admission_or_start(budget):
+    """Monitor eps 0.8 (rho 0.32) / initial rho 0.3 / counter rho 0.4 under small budgets."""
+    rng = random.Random(24)
+    pool = [f"k{i}" for i in range(8)]
+    for mode in ("open", "declared"):
+        spec = make_zcdp_spec(mode, threshold=2, window=4, monitor_eps=0.8, initial_rho=0.3,
+                              counter_rho=0.4, budget=budget)
+        ref, got = run_both(spec, random_stream(rng, 12, pool),
+                            declared=pool if mode == "declared" else None)
+        assert canonical(ref) == canonical(got)
+
+
+def test_zcdp_budget_lowered_on_restore_exhausts_and_retires_admitted_keys():
+    rng = random.Random(25)
+    pool = [f"k{i}" for i in range(15)]
+    spec = make_zcdp_spec("open", threshold=3, window=4, monitor_eps=0.6, initial_rho=0.2,
+                          counter_rho=0.5, budget=2.0)
+    for lowered in (0.8, 0.5, 0.15):  # below: admitted; initial + counter; the monitor
+        respec = dataclasses.replace(spec, budget=lowered)
+        ref, got = run_both(spec, random_stream(rng, 24, pool), restore_at=(12,),
+                            respec=respec)
+        assert canonical(ref) == canonical(got)
+        if lowered == 0.8:
+            statuses = [o for o in got if isinstance(o, BudgetExhausted)]
+            assert statuses and {s.label for s in statuses} == {"budget change"}
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_property_zcdp_blt_same_outputs_as_the_reference(data):
+    mode = data.draw(st.sampled_from(["open", "declared"]))
+    initial = data.draw(st.sampled_from([None, ("rho", 0.2), ("rho", 1.0), ("eps", 0.5)]))
+    kwargs = {"initial_rho": None}
+    if initial is not None:
+        kwargs["initial_rho" if initial[0] == "rho" else "initial_eps"] = initial[1]
+    spec = make_zcdp_spec(
+        mode, monitor=data.draw(st.booleans()),
+        threshold=data.draw(st.integers(1, 5)),
+        window=data.draw(st.integers(1, 5)),
+        monitor_eps=data.draw(st.sampled_from([0.25, 1.0, 2.0])),
+        declared_horizon=data.draw(st.sampled_from([None, 3, 7])),
+        counter_rho=data.draw(st.sampled_from([0.05, 0.5, 2.0])),
+        horizon=data.draw(st.sampled_from([16, 32])),
+        budget=data.draw(st.sampled_from([0.3, 1.0, 3.0, 10.0])),
+        **kwargs,
+    )
+    names = [f"k{i}" for i in range(data.draw(st.integers(1, 6)))]
+    steps = data.draw(st.integers(1, 36))
+    # large increments widen the BLT buffers (x G up to 2^95); the prefix stays in int64
+    counts = st.one_of(st.integers(0, 6), st.integers(0, 1 << 55))
+    stream = data.draw(st.lists(
+        st.dictionaries(st.sampled_from(names + ["x", "y"]), counts, max_size=6),
+        min_size=steps, max_size=steps))
+    declared = names if mode == "declared" else None
+    restore_at = data.draw(st.lists(st.integers(0, steps), max_size=2))
+    respec = dataclasses.replace(spec, budget=data.draw(st.sampled_from([0.3, 1.0, 3.0, 10.0])))
+    ref, got = run_both(spec, stream, declared=declared, restore_at=set(restore_at),
+                        respec=respec)
+    assert canonical(ref) == canonical(got)
 
 
 def test_a_state_of_other_mechanisms_or_kind_is_refused():

@@ -247,10 +247,12 @@ def test_a_reference_snapshot_resumes_with_the_reference_engine():
     assert canonical(head + tail) == canonical(whole)
 
 
-def test_zcdp_uses_the_reference_engine_with_step_outputs_that_encode_the_same():
+def test_zcdp_uses_the_table_engine_with_step_outputs_that_encode_the_same():
     spec = statistics_spec(ZCDP, "i")
     s = ShardState(spec, 2, {0: ["a", "b"]}, KEY)
-    assert s.engine == "reference" and s.table is None
+    assert s.engine == "table"  # the columnar BLT counters (blt_columns)
+    old = ReferenceShardState(spec, 2, {0: ["a", "b"]}, KEY).to_state()
+    assert ShardState(spec, 2, {0: ["a", "b"]}, KEY, old).engine == "reference"  # older snapshot
     encoder = RecordEncoder("z", ZCDP.origin, 1.0, 1e-6)
     batches = [b for u in updates_of(ZCDP, 1) for b in s.update_batches(u)]
     assert batches and all(isinstance(b, StepOutputs) for b in batches)

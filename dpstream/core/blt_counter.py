@@ -374,6 +374,11 @@ class BltCounterSpec:
         if isinstance(h, bool) or not isinstance(h, int) or h not in _load_table():
             raise InvalidParameterError(_horizon_message(h))
         _check_discreteness_term(self)
+        if _sigma2_grid(self) >= 1 << 112:  # bulk_noise.gaussian's int64 range
+            raise InvalidParameterError(
+                f"rho = {self.rho!r} is too small for the BLT counter: its noise would have a "
+                f"standard deviation of about {self.noise_std:.3g} counts per release (the "
+                "exact sampler's int64 range ends there); use a larger rho")
 
     @property
     def charge(self) -> PrivacyCharge:

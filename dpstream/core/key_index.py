@@ -72,6 +72,13 @@ class KeyIndex:
     def __iter__(self) -> Iterator[str]:
         return iter(self._names[: self._size].tolist())
 
+    @property
+    def names(self) -> npt.NDArray[np.object_]:
+        """The keys by row, a read-only object array view (do not keep it across changes)."""
+        view = self._names[: self._size]
+        view.flags.writeable = False
+        return view
+
     def contains_all(self, keys: Sequence[str]) -> bool:
         """Whether every one of ``keys`` is indexed (one vectorized lookup)."""
         return bool((self.rows(keys) >= 0).all())
@@ -126,7 +133,7 @@ class KeyIndex:
         self._size = last
         self._insert(np.arange(first, last, dtype=np.int64))
 
-    def rebuild(self, names: Sequence[str]) -> None:
+    def rebuild(self, names: Sequence[str] | npt.NDArray[np.object_]) -> None:
         """Index ``names`` afresh as rows ``0..`` (after rows were removed, or on restore)."""
         size = len(names)
         slots = _MIN_SLOTS

@@ -4,20 +4,22 @@
 :class:`~dpstream.core.key_statistics.KeyStatistics` per key, stepped by the shard's
 ``close``): the same threshold monitor, initial count, binary tree counter and ledger
 rules, for pure accounting with a :class:`~dpstream.core.tree_counter.TreeCounterSpec`
+counter and for zCDP accounting with a :class:`~dpstream.core.blt_counter.BltCounterSpec`
 counter (:meth:`KeyTable.supports`), in the declared and the open key universe. With the
 same noise key it publishes exactly what the per-key engine publishes, bit for bit: every
 draw comes from the same lane and coordinates (:mod:`dpstream.core.bulk_noise`), and every
 floating-point operation is done in the per-key classes' order.
 
-**Layout.** One Python dict maps a key to its row and one list holds the key strings;
+**Layout.** A :class:`~dpstream.core.key_index.KeyIndex` (an int32 open-addressing table,
+not a dict) maps a key to its row and one list holds the key strings;
 everything else is numpy columns (struct of arrays): per row, the key's true count since it
 started (``prefix``, which is also its monitor's count) and a byte of flags (which charges it
 paid, admitted, exhausted, watched by a live monitor); per *watched* row only, the monitor's
 lane and threshold noise; per admitted row, its counter's columns in its group (below). Rows
 keep their order: the new keys of a step are sorted and appended, and expiry or retirement
 compacts the columns keeping the order of the rest. At a million keys this is about 80 bytes
-a key (declared, three steps) to 100 (open universe, admitted) beyond the key string and the
-dict entry, where a ``KeyStatistics`` object took about 2.5 kB.
+a key (declared, three steps) to 100 (open universe, admitted) beyond the key string and
+the index's 16-24 bytes, where a ``KeyStatistics`` object took about 2.5 kB.
 
 **Binary tree counters in groups** (binary tree mechanism, Dwork, Naor, Pitassi, Rothblum
 2010 and Chan, Shi, Song 2011, with the doubling epochs of Chan, Shi, Song 2011; see
@@ -32,6 +34,17 @@ The variances depend on the shape alone, so they are Python floats per group, co
 the very expressions of :class:`~dpstream.core.tree_counter.TreeCounter`; the estimates are
 combined with the same IEEE operations (``(v e_c + var_c y) / (v + var_c)``, the prefix sum
 over the stack bottom to top), so they are equal bit for bit.
+
+**BLT counters in groups** (buffered linear Toeplitz mechanism, Dvijotham, McMahan,
+Pillutla, Steinke and Thakurta 2024; see :mod:`dpstream.core.blt_counter` for the integer
+grid and the privacy argument). The keys whose BLT counter started at the same step form a
+:class:`~dpstream.core.blt_columns.BltGroup`: shared epoch and step in it, the exact integer
+buffers as multi-limb columns (:mod:`dpstream.core.wide_int`), the float buffers of the
+inverse, the partial sums and the epoch base as float64 columns, the step's discrete Gaussian
+noise one bulk draw per group. Under zCDP the monitor's epsilon is charged as
+``epsilon^2 / 2`` and the initial count is a discrete Gaussian (``sigma^2 = 1 / (2 rho)``)
+or, for an epsilon charge, a discrete Laplace, as in
+:class:`~dpstream.core.key_statistics.KeyStatistics`.
 
 **Threshold monitors** (AboveThreshold, Dwork & Roth 2014, Algorithm 1; see
 :mod:`dpstream.core.threshold_monitor`). Every watched key is tested at the same index
@@ -58,8 +71,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-import operator
-from collections.abc import Iterator, KeysView, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Final, overload
@@ -69,6 +81,9 @@ import numpy.typing as npt
 
 from dpstream.core import bulk_noise
 from dpstream.core._checks import fraction_text
+from dpstream.core.blt_columns import BltGroup, CounterGroup
+from dpstream.core.blt_counter import BltCounterSpec
+from dpstream.core.key_index import KeyIndex
 from dpstream.core.key_statistics import (
     Alert,
     BudgetExhausted,
@@ -83,6 +98,7 @@ from dpstream.core.noise import (
     TAG_MONITOR_THRESHOLD,
     TAG_TREE,
     NoiseKey,
+    discrete_gaussian_variance,
     discrete_laplace_variance,
 )
 from dpstream.core.threshold_monitor import ThresholdMonitorSpec
@@ -219,25 +235,18 @@ class _Node:
         self.height, self.true, self.est, self.var = height, true, est, var
 
 
-class _Group:
+class _Group(CounterGroup):
     """The tree counters of the keys whose counter started at the same step.
 
     They are at the same counter step, so they share the epoch, the node noise scale, the
     stack's shape and the variances (Python floats); the per-key parts are columns.
     """
 
-    __slots__ = ("start", "code", "rows", "keys", "lanes", "initial", "initial_var", "steps",
-                 "base_value", "base_var", "stack")
+    __slots__ = ("steps", "base_value", "base_var", "stack")
 
     def __init__(self, start: int, code: int, rows: RowArray, keys: list[str],
                  lanes: WordArray, initial: FloatArray | None, initial_var: float) -> None:
-        self.start = start  # the counter's start step (part of its lane)
-        self.code = code  # the charges its keys paid (their ledger stage)
-        self.rows = rows  # the keys' rows in the table
-        self.keys = keys  # their names (shared by every release: never mutated)
-        self.lanes = lanes
-        self.initial = initial  # the initial counts (open universe), else None (0.0)
-        self.initial_var = initial_var
+        super().__init__(start, code, rows, keys, lanes, initial, initial_var)
         self.steps = 0  # counter steps done (the next one's index)
         self.base_value: FloatArray | None = None  # finished epochs' roots (None: 0.0)
         self.base_var = 0.0
@@ -289,26 +298,24 @@ class KeyTable:
                  state: dict[str, Any] | None = None) -> None:
         if not self.supports(spec):
             raise InvalidParameterError(
-                "the columnar key table supports pure accounting with a tree counter only")
-        assert isinstance(spec.counter, TreeCounterSpec)
+                "the columnar key table supports pure accounting with a tree counter and "
+                "zCDP accounting with a BLT counter only")
         self.spec, self._noise = spec, noise
-        self._counter: TreeCounterSpec = spec.counter
+        self._counter: TreeCounterSpec | BltCounterSpec = spec.counter
         self._monitor: ThresholdMonitorSpec | None = spec.monitor
         self._open = spec.mode == "open"
         self._window = spec.window if self._open else 0
         self._declared = declared  # not copied (a million keys): the caller's, unchanged
-        self._names: list[str] = []
-        self._index: dict[str, int] = {}
+        self._index = KeyIndex()  # key -> row, and the keys by row (``self._index.names``)
         self._prefix: IntArray = np.zeros(0, dtype=np.int64)
         self._flags: FlagArray = np.zeros(0, dtype=np.uint8)
         # the watched keys only (rows with _WATCHING, ascending): monitor lanes and rho
         self._watched: IntArray = np.zeros(0, dtype=np.int64)
         self._mlanes: WordArray = np.zeros((0, 2), dtype=np.uint64)
         self._rho: IntArray = np.zeros(0, dtype=np.int64)
-        self._groups: list[_Group] = []
+        self._groups: list[_Group | BltGroup] = []
         self._pending: list[BudgetExhausted] = []
         self._retire_due = False
-        self._all_live = True  # the last close's keys were all live (see _rows)
         self._ledgers: dict[int, PrivacyLedger] = {}
         self._refusals: dict[tuple[int, int], str | None] = {}
         self.retired: set[str] = set()  # admitted keys that never publish again: name only
@@ -318,24 +325,31 @@ class KeyTable:
 
     @staticmethod
     def supports(spec: StatisticsSpec) -> bool:
-        """Whether the table computes ``spec`` (pure accounting, tree counter, epsilon charges)."""
+        """Whether the table computes ``spec``.
+
+        Pure accounting with a tree counter (epsilon charges), or zCDP accounting with a BLT
+        counter (an initial count charged in rho or in epsilon).
+        """
         initial = spec.initial
-        return (spec.accounting == "pure" and isinstance(spec.counter, TreeCounterSpec)
-                and (initial is None or (initial.rho == 0 and initial.epsilon > 0)))
+        if spec.accounting == "pure" and isinstance(spec.counter, TreeCounterSpec):
+            return initial is None or (initial.rho == 0 and initial.epsilon > 0)
+        if spec.accounting == "zcdp" and isinstance(spec.counter, BltCounterSpec):
+            return initial is None or initial.epsilon > 0 or initial.rho > 0
+        return False
 
     @property
-    def keys(self) -> KeysView[str]:
-        """The live keys, a read-only view (``key in table.keys``; not in row order)."""
-        return self._index.keys()
+    def keys(self) -> KeyIndex:
+        """The live keys, a read-only set (``key in table.keys``, ``len``, iteration)."""
+        return self._index
 
     @property
     def live(self) -> int:
         """The number of live keys (retired and forgotten keys are not)."""
-        return len(self._names)
+        return len(self._index)
 
     def idle(self) -> bool:
         """No live key in an open universe: steps without events publish nothing."""
-        return not self._names and self._declared is None
+        return not len(self._index) and self._declared is None
 
     # -- the ledger, per stage --
     def _charges(self) -> list[tuple[int, PrivacyCharge]]:
@@ -415,23 +429,24 @@ class KeyTable:
                 or ``step`` is not the next step of the live keys.
         """
         counts = _checked_increments(increments, len(keys))
-        if self._names and self.next_step is not None and step != self.next_step:
+        if len(self._index) and self.next_step is not None and step != self.next_step:
             raise InvalidParameterError(
                 f"step {step} closed while the live keys are at step {self.next_step}")
         out = StepOutputs(step)
         out.statuses.extend(self._pending)
         self._pending = []
-        index = self._index
         rows = self._rows(keys)
         declared = self._declared
-        first_declared = declared is not None and not self._names and not self.retired
+        first_declared = declared is not None and not len(self._index) and not self.retired
         if first_declared and not set(keys).difference(declared):  # type: ignore[arg-type]
             self._create(declared, step, out)  # type: ignore[arg-type]  # sorted already
             rows = self._rows(keys)
         else:
             fresh: set[str] = set()
-            if declared is not None and len(self._names) + len(self.retired) < len(declared):
-                fresh.update(k for k in declared if k not in index and k not in self.retired)
+            if declared is not None and len(self._index) + len(self.retired) < len(declared):
+                unknown = np.flatnonzero(self._index.rows(declared) < 0).tolist()
+                fresh.update(k for k in map(declared.__getitem__, unknown)
+                             if k not in self.retired)
             missing = np.flatnonzero(rows < 0)
             if missing.size:
                 retired = self.retired
@@ -439,8 +454,8 @@ class KeyTable:
             if fresh:
                 self._create(sorted(fresh), step, out)
                 if missing.size:
-                    rows[missing] = [index.get(keys[i], -1) for i in missing.tolist()]
-        inc = np.zeros(len(self._names), dtype=np.int64)
+                    rows[missing] = self._index.rows([keys[i] for i in missing.tolist()])
+        inc = np.zeros(len(self._index), dtype=np.int64)
         if rows.size:
             found = rows >= 0
             if found.all():
@@ -458,29 +473,13 @@ class KeyTable:
         return out
 
     def _rows(self, keys: Sequence[str]) -> IntArray:
-        """The rows of ``keys``, -1 for a key that is not live.
-
-        ``itemgetter`` looks every key up in one C call (about twice as fast as ``dict.get``
-        per key); it fails on the first key that is not live, so it is tried only while the
-        previous close had none (the open universe has new keys at most steps).
-        """
-        size = len(keys)
-        if size > 1 and self._all_live:
-            try:
-                found = operator.itemgetter(*keys)(self._index)
-                return np.fromiter(found, dtype=np.int64, count=size)
-            except KeyError:
-                pass
-        rows = np.fromiter(map(self._index.get, keys, itertools.repeat(-1)), dtype=np.int64,
-                           count=size)
-        self._all_live = bool(rows.size == 0 or rows.min() >= 0)
-        return rows
+        """The rows of ``keys``, -1 for a key that is not live."""
+        return self._index.rows(keys)
 
     def _create(self, names: list[str], step: int, out: StepOutputs) -> None:
         """Start ``names`` (sorted, new) at ``step``: KeyStatistics' constructor, in bulk."""
-        m, first = len(names), len(self._names)
-        self._names.extend(names)
-        self._index.update(zip(names, range(first, first + m), strict=True))
+        m, first = len(names), len(self._index)
+        self._index.append(names)
         monitor, code, exhausted, watching = self._monitor, 0, False, False
         if monitor is not None:
             reason = self._refusal(code, _MONITOR_PAID, monitor.charge)
@@ -500,7 +499,7 @@ class KeyTable:
                 rows = np.arange(first, first + m, dtype=_ROW)
                 lanes = self._lanes(names, "counter", self.spec.counter_digest, step)
                 # ``names`` is never mutated (the caller's declared list or a fresh one): shared
-                self._groups.append(_Group(step, code, rows, names, lanes, None, 0.0))
+                self._groups.append(self._new_group(step, code, rows, names, lanes, None, 0.0))
             else:
                 exhausted = True
                 out.statuses.extend(self._statuses(names, step, charge.label, reason, code))
@@ -550,14 +549,13 @@ class KeyTable:
         fired = watched[hit]
         self._watch_only(~hit)
         flags[fired] &= _clear(_WATCHING)  # halted
-        names = self._names
-        out.alerts.extend(Alert(names[i], step, monitor.threshold, monitor.epsilon)
-                          for i in fired.tolist())
+        out.alerts.extend(Alert(key, step, monitor.threshold, monitor.epsilon)
+                          for key in self._index.names[fired].tolist())
         return fired if self._open else None
 
     def _admit(self, rows: IntArray, step: int, out: StepOutputs) -> None:
         """Admit the open universe's fired keys: initial count, then a counter from next step."""
-        names = [self._names[i] for i in rows.tolist()]
+        names = self._index.names[rows].tolist()
         flags = self._flags
         code = int(flags[rows[0]]) & _PAID  # every watched key paid its monitor, nothing else
         exhausted = False
@@ -568,11 +566,17 @@ class KeyTable:
             reason = self._refusal(code, _INITIAL_PAID, initial)
             if reason is None:
                 code |= _INITIAL_PAID
-                scale = 1 / exact(initial.epsilon)
                 lanes = self._lanes(names, "initial", self.spec.initial_digest, step)
-                noise = bulk_noise.laplace(self._noise, lanes, scale, TAG_INITIAL, 0, 0, 0)
+                if initial.epsilon:  # KeyStatistics._initial_count: Laplace for an epsilon
+                    scale = 1 / exact(initial.epsilon)
+                    noise = bulk_noise.laplace(self._noise, lanes, scale, TAG_INITIAL, 0, 0, 0)
+                    initial_var = discrete_laplace_variance(scale)
+                else:  # a rho charge: N_Z(0, 1 / (2 rho)), CKS 2020
+                    sigma2 = Fraction(1) / (2 * exact(initial.rho))
+                    noise = bulk_noise.gaussian(self._noise, lanes, sigma2, TAG_INITIAL, 0, 0,
+                                                0)
+                    initial_var = discrete_gaussian_variance(sigma2)
                 initial_values = (self._prefix[rows] + noise).astype(np.float64)
-                initial_var = discrete_laplace_variance(scale)
             else:
                 exhausted = True
                 out.statuses.extend(self._statuses(names, step, initial.label, reason, code))
@@ -582,8 +586,8 @@ class KeyTable:
             if reason is None:
                 code |= _COUNTER_PAID
                 lanes = self._lanes(names, "counter", self.spec.counter_digest, step)
-                self._groups.append(_Group(step, code, rows.astype(_ROW), names, lanes,
-                                           initial_values, initial_var))
+                self._groups.append(self._new_group(step, code, rows.astype(_ROW), names,
+                                                    lanes, initial_values, initial_var))
             else:
                 exhausted = True
                 out.statuses.extend(self._statuses(names, step, charge.label, reason, code))
@@ -595,10 +599,26 @@ class KeyTable:
         values = np.zeros(len(names)) if initial_values is None else initial_values.copy()
         out.releases.append(self._columns(step, list(names), values, initial_var, code, False))
 
-    def _step_group(self, group: _Group, step: int, inc: IntArray, out: StepOutputs) -> None:
+    def _new_group(self, start: int, code: int, rows: RowArray, names: list[str],
+                   lanes: WordArray, initial: FloatArray | None,
+                   initial_var: float) -> _Group | BltGroup:
+        """The group of counters of ``names``, started at ``start`` (tree or BLT)."""
+        if isinstance(self._counter, BltCounterSpec):
+            return BltGroup(self._counter, start, code, rows, names, lanes, initial,
+                            initial_var)
+        return _Group(start, code, rows, names, lanes, initial, initial_var)
+
+    def _step_group(self, group: _Group | BltGroup, step: int, inc: IntArray,
+                    out: StepOutputs) -> None:
         """One step of every counter of ``group``: TreeCounter.step, column by column."""
         if not group.keys:
             return
+        if isinstance(group, BltGroup):  # BltCounter.step (blt_columns), one bulk noise draw
+            values, variance = group.step(self._noise, inc)
+            out.releases.append(self._columns(step, group.keys, values, variance, group.code,
+                                              True))
+            return
+        assert isinstance(self._counter, TreeCounterSpec)
         spec, noise, lanes = self._counter, self._noise, group.lanes
         t = group.steps
         epoch = spec.epoch_of(t)
@@ -654,18 +674,12 @@ class KeyTable:
         if self._retire_due:
             self._retire_due = False
             retire = (flags & _RETIRING) == _RETIRING
-            names = self._names
-            self.retired.update(names[i] for i in np.flatnonzero(retire).tolist())
+            self.retired.update(self._index.names[retire].tolist())
             remove = retire if remove is None else remove | retire
         if remove is None or not remove.any():
             return
         keep = ~remove
-        first = int(np.argmax(remove))
-        for i in np.flatnonzero(remove).tolist():
-            del self._index[self._names[i]]
-        tail = list(itertools.compress(self._names[first:], keep[first:].tolist()))
-        self._names[first:] = tail
-        self._index.update(zip(tail, range(first, first + len(tail)), strict=True))
+        self._index.rebuild(self._index.names[keep])
         self._prefix, self._flags = self._prefix[keep], flags[keep]
         position = np.cumsum(keep, dtype=np.int64) - 1
         if self._watched.size:
@@ -683,7 +697,7 @@ class KeyTable:
             "kind": _STATE_KIND, "version": _STATE_VERSION,
             "mechanisms": self.spec.mechanisms_digest,
             "next_step": self.next_step,
-            "keys": list(self._names),
+            "keys": self._index.names.tolist(),
             "prefix": self._prefix.copy(),
             "flags": self._flags.copy(),
             "groups": [group.to_state() for group in self._groups],
@@ -705,8 +719,9 @@ class KeyTable:
         try:
             self.next_step = None if state["next_step"] is None else int(state["next_step"])
             names = [str(k) for k in state["keys"]]
-            self._names = names
-            self._index = dict(zip(names, range(len(names)), strict=True))
+            if len(set(names)) != len(names):
+                raise InvalidParameterError("malformed key table state: a key appears twice")
+            self._index = KeyIndex(names)
             self._prefix = np.array(state["prefix"], dtype=np.int64).reshape(len(names))
             self._flags = np.array(state["flags"], dtype=np.uint8).reshape(len(names))
             self._pending = [BudgetExhausted(str(k), int(s), str(label), str(reason),
@@ -735,12 +750,19 @@ class KeyTable:
                 [names[i] for i in watched.tolist()], window)
         self._rebudget()
 
-    def _restore_group(self, state: dict[str, Any]) -> _Group:
+    def _restore_group(self, state: dict[str, Any]) -> _Group | BltGroup:
         rows = np.array(state["rows"], dtype=_ROW).reshape(-1)
-        keys = [self._names[i] for i in rows.tolist()]
+        keys = self._index.names[rows].tolist()
         start = int(state["start"])
         lanes = self._lanes(keys, "counter", self.spec.counter_digest, start)
         initial = state["initial"]
+        blt = isinstance(self._counter, BltCounterSpec)
+        if blt != (state.get("kind") == "blt"):
+            raise InvalidParameterError("malformed key table state: a group of another counter")
+        if isinstance(self._counter, BltCounterSpec):
+            return BltGroup(self._counter, start, int(state["code"]), rows, keys, lanes,
+                            None if initial is None else np.array(initial, dtype=np.float64),
+                            float(state["initial_var"]), state["counter"])
         group = _Group(start, int(state["code"]), rows, keys, lanes,
                        None if initial is None else np.array(initial, dtype=np.float64),
                        float(state["initial_var"]))
@@ -770,7 +792,7 @@ class KeyTable:
             rows = np.flatnonzero(live & (stages == code))
             exhausted.append(rows)
             flags[rows] = (flags[rows] & _clear(_WATCHING)) | np.uint8(_EXHAUSTED)
-            admitted = [self._names[i] for i in rows.tolist() if flags[i] & _ADMITTED]
+            admitted = self._index.names[rows[(flags[rows] & _ADMITTED) != 0]].tolist()
             reason = (f"the configured budget {ledger.budget:g} {ledger.unit} is below what "
                       f"this key has already spent ({ledger.spent:g})")
             assert self.next_step is not None

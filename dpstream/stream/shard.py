@@ -15,10 +15,10 @@ Two engines keep the keys, with the same outputs for the same noise key:
 
 * :class:`~dpstream.core.key_table.KeyTable` (columnar: numpy arrays, vectorized noise),
   for every specification it supports (:meth:`KeyTable.supports`: pure accounting with the
-  tree counter);
+  tree counter, zCDP with the BLT counter);
 * :class:`ReferenceShardState`, one :class:`~dpstream.core.key_statistics.KeyStatistics`
-  per key: the readable reference the table is tested against, and the engine of the other
-  specifications (zCDP with the BLT counter).
+  per key: the readable reference the table is tested against, and the engine of any other
+  specification and of the snapshots it made (zCDP flows before the columnar BLT).
 
 :meth:`ShardState.close` returns a closed step's outputs as one
 :class:`~dpstream.core.key_table.StepOutputs` (releases in columns, not one object per

@@ -45,6 +45,10 @@ class RecordingKey:
             self._record_block(data[start:start + 16])
         return self.inner.encrypt_blocks(data)
 
+    def encrypt_gaussian_blocks(self, data: bytes) -> bytes:
+        """A discrete Gaussian draw's rounds (its draw was recorded by its first block)."""
+        return self.inner.encrypt_gaussian_blocks(data)
+
     def _record_block(self, block: bytes) -> None:
         first = int.from_bytes(block[:8], "little")
         second = int.from_bytes(block[8:], "little")
