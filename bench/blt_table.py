@@ -9,18 +9,14 @@ What is measured, in one process on one core:
   rows, lanes, initial counts, limb arrays of the integer buffers, inverse buffers, partial
   sums, epoch base), ``sum(a.nbytes) / keys``. The key strings and the key index are listed
   apart. ``tracemalloc`` gives the retained memory of the whole table (strings and index
-  included) beside it. The noise values do not change the state's size, so this part replaces
-  ``bulk_noise.gaussian`` by a numpy stand-in of the same magnitude (the exact sampler was a
-  Python loop at about 18k draws/s when this was written: a minute a step at a million keys);
+  included) beside it;
 * **limb widths**: how many 32-bit limbs each integer buffer needs in steady state
   (``B_j ~ G x / (1 - theta_j)``) for ``x`` events per key per step, from the proved rule of
   :mod:`dpstream.core.blt_columns`;
 * **close-step speed** (key-steps/s) of one :class:`~dpstream.core.blt_columns.BltColumns`
-  group of 100k and 1M keys: the grid and inverse arithmetic alone (noise stand-in), the real
-  exact noise (``bulk_noise.gaussian`` on 20k lanes, rate extrapolated) and their combination;
-  against the reference engine (one ``KeyStatistics`` with a ``BltCounter`` per key, driven as
-  ``ReferenceShardState.close`` drives it) on 20k keys, with the real noise and with the same
-  stand-in (its arithmetic and object overhead alone).
+  group of 100k and 1M keys, exact noise included (``bulk_noise.gaussian``), and the exact
+  sampler's rate alone; against the reference engine (one ``KeyStatistics`` with a
+  ``BltCounter`` per key, driven as ``ReferenceShardState.close`` drives it) on 20k keys.
 
 Usage::
 
@@ -33,9 +29,9 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import math
 import os
 import statistics
+import sys
 import time
 import tracemalloc
 from pathlib import Path
@@ -45,7 +41,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
 
-from dpstream.core import blt_counter, bulk_noise  # noqa: E402
+from dpstream.core import bulk_noise  # noqa: E402
 from dpstream.core.blt_columns import BltColumns  # noqa: E402
 from dpstream.core.blt_counter import GRID_BITS, BltCounterSpec, _parameters  # noqa: E402
 from dpstream.core.key_statistics import KeyStatistics, StatisticsSpec  # noqa: E402
@@ -54,19 +50,6 @@ from dpstream.core.noise import TAG_BLT, NoiseKey  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 KEY = NoiseKey.for_tests(0)
-REAL_GAUSSIAN = bulk_noise.gaussian
-REAL_GAUSSIAN_ONE = blt_counter.gaussian_one
-
-
-def stand_in(noise: Any, lanes: Any, sigma2: Any, *coordinates: Any) -> Any:
-    """Discrete noise of the right magnitude (not the exact sampler; sizes and speed only)."""
-    rng = np.random.default_rng(lanes.shape[0])
-    return np.rint(rng.standard_normal(lanes.shape[0]) * math.sqrt(float(sigma2))).astype(
-        np.int64)
-
-
-def stand_in_one(noise: Any, lane: Any, sigma2: Any, *coordinates: Any) -> int:
-    return int(round(math.sqrt(float(sigma2)) * 0.5))
 
 
 def spec_for(horizon: int, mode: str = "declared") -> StatisticsSpec:
@@ -94,13 +77,8 @@ def table_bytes(table: KeyTable) -> dict[str, float]:
                   "partial sums": partial, "epoch base": base})
     out = {name: value / keys for name, value in parts.items()}
     out["columns total"] = sum(parts.values()) / keys
-    index = table._index
-    index_bytes = sum(getattr(a, "nbytes", 0) for a in vars(index).values()) if hasattr(
-        index, "__dict__") else sum(getattr(getattr(index, s, None), "nbytes", 0)
-                                    for s in getattr(type(index), "__slots__", ()))
-    out["key index (separate)"] = index_bytes / keys
-    out["key strings + list (separate)"] = (sum(map(len, table._names)) + 49 * keys
-                                            + 8 * keys) / keys
+    out["key index, keys by row included (separate)"] = table._index.nbytes / keys
+    out["key strings (separate)"] = sum(map(sys.getsizeof, table._index.names.tolist())) / keys
     widths = [g.counter.grid for g in table._groups]  # type: ignore[union-attr]
     out["limbs per buffer"] = [a.shape[0] for a in widths[0]] if widths else []  # type: ignore[assignment]
     return out
@@ -145,19 +123,15 @@ def group_speed(keys: int, horizon: int, repeats: int) -> dict[str, float]:
     columns = BltColumns(spec, keys)
     lanes = KEY.lane_words(("bench",), [f"u{i}" for i in range(keys)], ("counter", "d", 0))
     rng = np.random.default_rng(1)
-    bulk_noise.gaussian = stand_in  # type: ignore[assignment]
-    try:
-        for _ in range(3):  # warm up the buffers (2 limbs, as in the steady state)
-            columns.step(KEY, lanes, rng.integers(0, 3, keys))
-        times = []
-        for _ in range(repeats):
-            x = rng.integers(0, 3, keys)
-            started = time.perf_counter()
-            columns.step(KEY, lanes, x)
-            times.append(time.perf_counter() - started)
-    finally:
-        bulk_noise.gaussian = REAL_GAUSSIAN  # type: ignore[assignment]
-    return {"keys": keys, "arithmetic_key_steps_per_s": keys / statistics.median(times),
+    for _ in range(3):  # warm up the buffers (2 limbs, as in the steady state)
+        columns.step(KEY, lanes, rng.integers(0, 3, keys))
+    times = []
+    for _ in range(repeats):
+        x = rng.integers(0, 3, keys)
+        started = time.perf_counter()
+        columns.step(KEY, lanes, x)  # the arithmetic and the exact noise
+        times.append(time.perf_counter() - started)
+    return {"keys": keys, "key_steps_per_s": keys / statistics.median(times),
             "step_seconds": statistics.median(times),
             "limbs": [g.shape[0] for g in columns.grid]}
 
@@ -166,25 +140,20 @@ def noise_rate(draws: int) -> float:
     spec = BltCounterSpec(rho=0.5, horizon=2**20)
     lanes = KEY.lane_words(("bench",), [f"u{i}" for i in range(draws)], ("counter", "d", 0))
     started = time.perf_counter()
-    REAL_GAUSSIAN(KEY, lanes, spec.sigma2_grid, TAG_BLT, 0, 0, 5)
+    bulk_noise.gaussian(KEY, lanes, spec.sigma2_grid, TAG_BLT, 0, 0, 5)
     return draws / (time.perf_counter() - started)
 
 
-def reference_speed(keys: int, horizon: int, steps: int, real_noise: bool) -> float:
+def reference_speed(keys: int, horizon: int, steps: int) -> float:
     spec = spec_for(horizon)
     names = [f"user-{i:07d}" for i in range(keys)]
-    if not real_noise:
-        blt_counter.gaussian_one = stand_in_one  # type: ignore[assignment]
-    try:
-        stats = {k: KeyStatistics(spec, k, 0, KEY) for k in names}
-        times = []
-        for _ in range(steps):
-            started = time.perf_counter()
-            for key in sorted(stats):  # ReferenceShardState.close, one event per key
-                stats[key].step(1)
-            times.append(time.perf_counter() - started)
-    finally:
-        blt_counter.gaussian_one = REAL_GAUSSIAN_ONE  # type: ignore[assignment]
+    stats = {k: KeyStatistics(spec, k, 0, KEY) for k in names}
+    times = []
+    for _ in range(steps):
+        started = time.perf_counter()
+        for key in sorted(stats):  # ReferenceShardState.close, one event per key
+            stats[key].step(1)
+        times.append(time.perf_counter() - started)
     return keys / statistics.median(times)
 
 
@@ -198,25 +167,16 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     out: dict[str, Any] = {"keys": args.keys, "steps": args.steps}
-    bulk_noise.gaussian = stand_in  # type: ignore[assignment]
-    try:
-        out["memory"] = [memory(args.keys, args.steps, h) for h in (2**20, 2**16)]
-        out["memory_after_an_epoch"] = memory(args.keys, 17, 16)  # + the base column
-    finally:
-        bulk_noise.gaussian = REAL_GAUSSIAN  # type: ignore[assignment]
+    out["memory"] = [memory(args.keys, args.steps, h) for h in (2**20, 2**16)]
+    out["memory_after_an_epoch"] = memory(args.keys, 17, 16)  # + the base column
     out["steady_state_limbs"] = {
         str(h): {str(x): steady_state_limbs(h, x) for x in (1, 10, 1000, 10**6)}
         for h in (2**16, 2**20)}
     sizes = sorted({100_000, args.keys})
     out["group_speed"] = [group_speed(n, 2**20, args.repeats) for n in sizes]
-    rate = noise_rate(min(args.reference_keys, 20_000))
-    out["exact_noise_draws_per_s_today"] = rate
-    for g in out["group_speed"]:
-        g["with_exact_noise_today_key_steps_per_s"] = 1 / (
-            1 / g["arithmetic_key_steps_per_s"] + 1 / rate)
-    out["reference_key_steps_per_s"] = {
-        "real_noise": reference_speed(args.reference_keys, 2**20, args.repeats, True),
-        "noise_stand_in": reference_speed(args.reference_keys, 2**20, args.repeats, False)}
+    out["exact_noise_draws_per_s"] = noise_rate(max(sizes))
+    out["reference_key_steps_per_s"] = reference_speed(args.reference_keys, 2**20,
+                                                       args.repeats)
     text = json.dumps(out, indent=2)
     print(text)
     if args.quick:
@@ -253,21 +213,17 @@ def report(out: dict[str, Any]) -> str:
     lines.append("")
     lines.append("## Close-step speed (key-steps/s)")
     lines.append("")
-    lines.append("| engine | keys | arithmetic only | with today's exact noise |")
-    lines.append("|---|---|---|---|")
+    lines.append("| engine | keys | key-steps/s (exact noise included) |")
+    lines.append("|---|---|---|")
     for g in out["group_speed"]:
-        lines.append(f"| BltColumns group | {g['keys']:,} | "
-                     f"{g['arithmetic_key_steps_per_s']:,.0f} | "
-                     f"{g['with_exact_noise_today_key_steps_per_s']:,.0f} |")
-    ref = out["reference_key_steps_per_s"]
+        lines.append(f"| BltColumns group | {g['keys']:,} | {g['key_steps_per_s']:,.0f} |")
     lines.append(f"| reference (KeyStatistics + BltCounter per key) | 20,000 | "
-                 f"{ref['noise_stand_in']:,.0f} | {ref['real_noise']:,.0f} |")
+                 f"{out['reference_key_steps_per_s']:,.0f} |")
     lines.append("")
-    lines.append(f"Exact discrete Gaussian (`bulk_noise.gaussian` of the tree measured, "
-                 f"20k lanes): {out['exact_noise_draws_per_s_today']:,.0f} draws/s; the "
-                 "reference draws one at a time (`gaussian_one`). 'Arithmetic only' replaces "
-                 "the sampler by a numpy stand-in; 'with exact noise' combines the two rates "
-                 "(1 / (1/arithmetic + 1/noise)).")
+    lanes = max(g["keys"] for g in out["group_speed"])
+    lines.append(f"The exact discrete Gaussian alone (`bulk_noise.gaussian`, {lanes:,} "
+                 f"lanes): {out['exact_noise_draws_per_s']:,.0f} draws/s; the reference draws "
+                 "one at a time (`gaussian_one`).")
     return "\n".join(lines) + "\n"
 
 

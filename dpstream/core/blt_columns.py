@@ -47,7 +47,7 @@ from dpstream.core.blt_counter import GRID_BITS, BltCounterSpec, _parameters, _v
 from dpstream.core.noise import TAG_BLT, NoiseKey
 from dpstream.errors import InvalidParameterError
 
-__all__ = ["BltColumns", "BltGroup"]
+__all__ = ["BltColumns", "BltGroup", "CounterGroup"]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]

@@ -11,7 +11,7 @@ draw comes from the same lane and coordinates (:mod:`dpstream.core.bulk_noise`),
 floating-point operation is done in the per-key classes' order.
 
 **Layout.** A :class:`~dpstream.core.key_index.KeyIndex` (an int32 open-addressing table,
-not a dict) maps a key to its row and one list holds the key strings;
+not a dict) maps a key to its row and holds the keys by row;
 everything else is numpy columns (struct of arrays): per row, the key's true count since it
 started (``prefix``, which is also its monitor's count) and a byte of flags (which charges it
 paid, admitted, exhausted, watched by a live monitor); per *watched* row only, the monitor's
