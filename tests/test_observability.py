@@ -325,8 +325,13 @@ def empty(prom: PrometheusServer, exprs: list[str]) -> list[str]:
 
 
 SCENARIO = ['dpstream_budget_exhausted{flow="obs-pmwg",mechanism="pmwg"} == 1',
-            'ALERTS{alertname="DpstreamBudgetExhausted",alertstate="firing"}']
-"""What the feeder drives the flows to: the PMWG histogram exhausted, and paged."""
+            'ALERTS{alertname="DpstreamBudgetExhausted",alertstate="firing"}',
+            'flow_mechanism_unit:dpstream_privacy_exhaustion_seconds:deriv1h'
+            '{flow="obs-pmwg",mechanism="pmwg"} == 0']
+"""What the feeder drives the flows to: the PMWG histogram exhausted, and paged.
+
+The recorded projection is waited for too: a rule evaluation after the exhaustion was scraped
+must have run (the raw gauge can show the exhaustion one evaluation before the rule does)."""
 
 
 def everything(prom: PrometheusServer) -> list[str]:
