@@ -227,12 +227,17 @@ def test_idle_open_shard_skips_empty_steps():
 @pytest.mark.parametrize("budget", [1.0, 0.6, 0.4, 0.2])
 def test_charges_refused_at_admission_or_start(budget):
     """Monitor 1.0 / initial 0.5 / counter 1.0 under small budgets: refusals and statuses."""
-    rng = random.Random(5)
-    pool = [f"k{i}" for i in range(12)]
+    assert_same_in_both_universes(
+        random.Random(5), 12, 16, lambda mode: make_spec(
+            mode, threshold=2, window=4, monitor_eps=0.2, initial=0.3, counter_eps=0.3,
+            budget=budget))
+
+
+def assert_same_in_both_universes(rng, keys, steps, spec_of):
+    """The table and the reference engine agree on one random stream per key universe."""
+    pool = [f"k{i}" for i in range(keys)]
     for mode in ("open", "declared"):
-        spec = make_spec(mode, threshold=2, window=4, monitor_eps=0.2, initial=0.3,
-                         counter_eps=0.3, budget=budget)
-        ref, got = run_both(spec, random_stream(rng, 16, pool),
+        ref, got = run_both(spec_of(mode), random_stream(rng, steps, pool),
                             declared=pool if mode == "declared" else None)
         assert canonical(ref) == canonical(got)
 
@@ -451,14 +456,10 @@ def test_zcdp_open_universe_admission_initial_counts_and_epochs(initial):
 @pytest.mark.parametrize("budget", [0.3, 0.6, 0.75, 1.0])
 def test_zcdp_charges_refused_at_admission_or_start(budget):
     """Monitor eps 0.8 (rho 0.32) / initial rho 0.3 / counter rho 0.4 under small budgets."""
-    rng = random.Random(24)
-    pool = [f"k{i}" for i in range(8)]
-    for mode in ("open", "declared"):
-        spec = make_zcdp_spec(mode, threshold=2, window=4, monitor_eps=0.8, initial_rho=0.3,
-                              counter_rho=0.4, budget=budget)
-        ref, got = run_both(spec, random_stream(rng, 12, pool),
-                            declared=pool if mode == "declared" else None)
-        assert canonical(ref) == canonical(got)
+    assert_same_in_both_universes(
+        random.Random(24), 8, 12, lambda mode: make_zcdp_spec(
+            mode, threshold=2, window=4, monitor_eps=0.8, initial_rho=0.3, counter_rho=0.4,
+            budget=budget))
 
 
 def test_zcdp_budget_lowered_on_restore_exhausts_and_retires_admitted_keys():
