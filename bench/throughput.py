@@ -197,6 +197,19 @@ class PlainTable:
                 mechanism="plain", spent=0.0, budget=0.0, unit="none", delta=0.0))
         return out
 
+    def close_declared(self, step: int, positions: np.ndarray, increments: np.ndarray) -> Any:
+        """:meth:`close` by declared position (the declared keys are the first rows)."""
+        from dpstream.core.key_table import ReleaseColumns, StepOutputs
+
+        if not self._names:
+            self._add(list(self._declared or ()))  # sorted already
+        np.add.at(self._counts, positions, increments)
+        out = StepOutputs(step)
+        out.releases.append(ReleaseColumns(
+            step=step, keys=self._names, values=self._counts.astype(np.float64), std=0.0,
+            mechanism="plain", spent=0.0, budget=0.0, unit="none", delta=0.0))
+        return out
+
     def _rows(self, keys: list[str]) -> np.ndarray:
         if isinstance(self.keys, dict):
             return np.fromiter(map(self.keys.get, keys, repeat(-1)), dtype=np.int64,
@@ -245,6 +258,7 @@ def run_once(path: str, kind: str, universe: str, keys: int, steps: int,
 
     from dpstream.core.noise import NoiseKey
     from dpstream.io.memory import MemorySource
+    from dpstream.io.records import EncodedBatch
     from dpstream.platform import build_flow
 
     shards: list[Any] = []
@@ -255,7 +269,7 @@ def run_once(path: str, kind: str, universe: str, keys: int, steps: int,
     class Count(StatelessSinkPartition[Any]):
         def write_batch(self, items: list[Any]) -> None:
             for item in items:
-                if isinstance(item, list):
+                if isinstance(item, EncodedBatch):
                     counted["records"] += len(item)
                     counted["batches"] += 1
                 else:
@@ -317,7 +331,7 @@ def breakdown_once(kind: str, universe: str, keys: int, steps: int, trace: bool 
     from dpstream.io.records import RecordEncoder
     from dpstream.kinds.counters import event_rules, statistics_spec
     from dpstream.stream.clock import ShardUpdate
-    from dpstream.stream.events import PartitionClock, shard_of
+    from dpstream.stream.events import PartitionClock
 
     batches = workload(keys, steps)
     if trace:
@@ -325,12 +339,7 @@ def breakdown_once(kind: str, universe: str, keys: int, steps: int, trace: bool 
         tracemalloc.start()
     cfg = config(universe, keys)
     spec = statistics_spec(cfg, INSTANCE)
-    declared: dict[int, tuple[str, ...]] | None = None
-    if cfg.admission.mode == "declared":  # as keyed_statistics spreads them
-        lists: dict[int, list[str]] = defaultdict(list)
-        for key in cfg.admission.keys:
-            lists[shard_of(key, cfg.shards)].append(key)
-        declared = {shard: tuple(keys) for shard, keys in lists.items()}
+    declared = cfg.declared_layout  # as keyed_statistics gets it
     shard_class = shard_classes(kind, [])
     clocks = {p: PartitionClock(event_rules(cfg)) for p in range(PARTITIONS)}
     shards = {s: shard_class(spec, PARTITIONS, declared, NoiseKey.for_tests(0), None)

@@ -5,7 +5,7 @@
     input topics (KafkaInput per topic, or an in-memory source)
       -> assign_steps      the kind's StepClock: records -> steps, dead letters
       -> kind.wire         the kind's shards (StepBarrier) -> encoded outputs (records, or
-                           EncodedBatch lists of records: a closed step's, whole)
+                           an EncodedBatch sequence of records: a closed step's, whole)
       -> merge with the encoded dead letters -> KafkaOutput (or an in-memory sink, which
                            gets one record per item unless ``sink_batches``)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import pickle
 from datetime import UTC, datetime
 
 import numpy as np
@@ -17,7 +19,7 @@ from dpstream.core.key_statistics import Alert, BudgetExhausted
 from dpstream.core.key_table import ReleaseColumns, StepOutputs
 from dpstream.core.noise import NoiseKey
 from dpstream.io.kafka import _OutputPartition
-from dpstream.io.records import EncodedBatch, RecordEncoder, flatten
+from dpstream.io.records import EncodedBatch, EncodedColumn, RecordEncoder, flatten
 from dpstream.platform import build_flow
 
 ORIGIN = datetime(2026, 9, 21, 14, 13, 20, tzinfo=UTC)
@@ -239,3 +241,149 @@ def test_metrics_count_closed_steps_without_materializing_them():
     assert samples(whole) == samples(each)
     assert ("dpstream_releases_total", (("flow", "m"), ("mechanism", "tree-laplace")), 3.0) in \
         samples(whole)
+
+
+# Bulk columns: numpy assembly, byte for byte ------------------------------------------------
+
+EXPONENTS = [1e300, -1e300, 5e-324, -5e-324, 1.5e-7, -2.5e16, 1e16, 1e-7, 2.0**53 + 1,
+             1.7976931348623157e308, 2.2250738585072014e-308, 123456789012345.6]
+NOT_FINITE = [math.nan, math.inf, -math.inf]
+COUNTS = [float(v) for v in range(-20, 41)]
+QUARTERS = [v / 4 for v in range(-80, 161)]
+fixed_width = st.integers(0, 10**7 - 1).map(lambda i: f"item-{i:07d}")
+unicode_keys = st.text(st.sampled_from("aZ09-_ é ü キー 😀 , : / %"), max_size=6)
+escaped_keys = st.sampled_from(['a"b', "c\\d", "\n", "\x00", "\u2028", "tab\t"])
+any_values = (st.floats() | st.sampled_from(EXPONENTS + NOT_FINITE + [0.0, -0.0])
+              | st.sampled_from(COUNTS) | st.sampled_from(QUARTERS))
+
+
+def release_column(names, values, step=7, unit="epsilon"):
+    return ReleaseColumns(step, list(names), np.array(values, dtype=np.float64), 1.5,
+                          "tree-laplace", 0.35, 1.0, unit, 0.0)
+
+
+def encoded_per_release(encoder, column):
+    return [encoder.encode(release) for release in column]
+
+
+@st.composite
+def big_columns(draw, key_kind):
+    names = draw(st.lists(key_kind, min_size=1, max_size=80, unique=True))
+    values = [draw(any_values) for _ in names]
+    return release_column(names, values, draw(st.integers(0, 10**9)),
+                          draw(st.sampled_from(["epsilon", "rho"])))
+
+
+@settings(max_examples=150, deadline=None)
+@given(big_columns(fixed_width | unicode_keys | st.text(max_size=12)), flows)
+def test_bulk_columns_are_byte_identical_for_any_keys_and_values(column, flow):
+    encoder = RecordEncoder(flow, ORIGIN, 1.0)
+    batch = encoder.encode_step(StepOutputs(column.step, [], [], [column]))
+    assert batch == encoded_per_release(encoder, column)
+    assert all(type(k) is bytes and type(v) is bytes for _, k, v in batch)
+
+
+@settings(max_examples=60, deadline=None)
+@given(big_columns(fixed_width), big_columns(unicode_keys))
+def test_fixed_width_and_unicode_keys_are_encoded_in_bulk(fixed, varied):
+    encoder = RecordEncoder("bench", ORIGIN, 60.0)
+    for column in (fixed, varied):
+        encoded = encoder.encode_columns(column)
+        assert isinstance(encoded, EncodedColumn)
+        assert list(encoded) == encoded_per_release(encoder, column)
+        assert [key for _, key, _ in encoded] == [k.encode() for k in column.keys]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(fixed_width | escaped_keys, min_size=1, max_size=20, unique=True), flows)
+def test_keys_needing_escapes_fall_back_to_one_by_one(names, flow):
+    encoder = RecordEncoder(flow, ORIGIN, 1.0)
+    column = release_column(names, [float(i) for i in range(len(names))])
+    encoded = encoder.encode_columns(column)
+    if any(k in ('a"b', "c\\d", "\n", "\x00", "tab\t") for k in names):
+        assert not isinstance(encoded, EncodedColumn)
+    assert list(encoded) == encoded_per_release(encoder, column)
+
+
+def test_every_kind_of_value_is_formatted_as_encode_formats_it():
+    values = EXPONENTS + NOT_FINITE + [0.0, -0.0, 0.1, 3.25, -0.5, -20.0, 40.0, 1e22, 1e21,
+                                       123456.789, -1e-5]
+    encoder = RecordEncoder("f", ORIGIN, 1.0)
+    column = release_column([f"k{i:03d}" for i in range(len(values))], values)
+    encoded = encoder.encode_columns(column)
+    assert isinstance(encoded, EncodedColumn)
+    assert list(encoded) == encoded_per_release(encoder, column)
+    texts = [orjson.loads(v)["value"] for _, _, v in encoded]
+    assert texts[len(EXPONENTS):len(EXPONENTS) + 3] == [None, None, None]  # as encode: null
+
+
+@pytest.mark.parametrize("names", [["only"], [""], ["", "a"], ["😀"], [",", ",,"]])
+def test_single_records_and_odd_keys(names):
+    encoder = RecordEncoder("f", ORIGIN, 1.0)
+    column = release_column(names, [-0.0] * len(names))
+    encoded = encoder.encode_columns(column)
+    assert isinstance(encoded, EncodedColumn) and len(encoded) == len(names)
+    assert list(encoded) == encoded_per_release(encoder, column)
+    assert encoded[0] == encoded_per_release(encoder, column)[0]
+
+
+def test_a_column_is_built_at_encoding_into_one_buffer_in_any_order_read_in_its_own():
+    encoder = RecordEncoder("bench", ORIGIN, 1.0)
+    values = [float(v) for v in np.random.default_rng(1).integers(-20, 41, 500)]
+    column = release_column([f"item-{i:07d}" for i in range(500)], values)
+    encoded = encoder.encode_columns(column)
+    assert isinstance(encoded, EncodedColumn)
+    expected = encoded_per_release(encoder, column)
+    records = encoded.records
+    assert type(records.data) is bytes  # built now, not when read
+    spans = sorted(zip(records.starts.tolist(), records.ends.tolist(), strict=True))
+    assert [start for start, _ in spans] == [0] + [end for _, end in spans[:-1]]  # back to
+    assert spans[-1][1] == len(records.data)  # back, nothing else in the buffer
+    assert [records.text(i) for i in range(500)] == [v for _, _, v in expected]
+    assert encoded[-1] == expected[-1] and encoded[10:13] == expected[10:13]
+    assert list(encoded) == expected
+
+
+def test_an_encoded_batch_is_a_sequence_of_triples():
+    encoder = RecordEncoder("f", ORIGIN, 1.0)
+    column = release_column(["a", "bb", "ccc"], [1.0, -2.5, 1e300])
+    status = ("releases", b"z", b"{}")
+    batch = EncodedBatch([status])
+    batch.extend(encoder.encode_columns(column))
+    batch.append(("alerts", b"k", b"[]"))
+    expected = [status, *encoded_per_release(encoder, column), ("alerts", b"k", b"[]")]
+    assert len(batch) == 5 and list(batch) == expected
+    assert batch == expected and expected == batch and batch == EncodedBatch(expected)
+    assert batch != expected[:-1] and expected[:-1] != batch and batch != tuple(expected)
+    assert batch != [*expected[:-1], ("alerts", b"k", b"{}")]
+    assert [batch[i] for i in range(-5, 5)] == expected * 2
+    assert batch[1:4] == expected[1:4] and batch[::-2] == expected[::-2]
+    with pytest.raises(IndexError):
+        batch[5]
+    with pytest.raises(IndexError):
+        batch[-6]
+    copied = pickle.loads(pickle.dumps(batch))
+    assert isinstance(copied, EncodedBatch) and copied == batch
+    assert flatten(batch) == expected and type(flatten(batch)) is list
+    doubled = EncodedBatch(batch)
+    doubled.extend(batch)
+    assert doubled == expected * 2 and batch == expected  # the parts are not shared lists
+    assert repr(EncodedBatch([status])) == f"EncodedBatch({[status]!r})"
+    assert EncodedBatch() == [] and not EncodedBatch()
+
+
+def test_the_kafka_sink_sends_bulk_columns_in_order():
+    encoder = RecordEncoder("f", ORIGIN, 1.0)
+    columns = [release_column([f"item-{i:07d}" for i in range(40)], QUARTERS[:40]),
+               release_column(["é", "キー"], [1.0, -0.0])]
+    out = StepOutputs(7, [BudgetExhausted("z", 7, "tree counter", "refused", 1.0, 0.5,
+                                          "epsilon")],
+                      [Alert("a", 7, 10, 0.1), Alert("b", 7, 10, 0.1)], columns)
+    batch = encoder.encode_step(out)
+    producer = FakeProducer()
+    sink, observed = sink_with(producer)
+    sink.write_batch([batch, ("dead_letters", None, b"0")])
+    topics = {"releases": "r", "alerts": "a", "dead_letters": "d"}
+    expected = [*encoded_per_release(encoder, out), ("dead_letters", None, b"0")]
+    assert producer.sent == [(topics[role], key, value) for role, key, value in expected]
+    assert observed == [(0, {"releases": 43, "alerts": 2, "dead_letters": 1}, 0)]

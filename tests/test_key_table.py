@@ -107,12 +107,28 @@ def roundtrip(state):
     return pickle.loads(pickle.dumps(state))
 
 
-def run_both(spec, stream, declared=None, restore_at=(), respec=None, check_steps=True):
+def declared_close(table, step, declared, bucket):
+    """Close the table by declared position (``close_declared``), each count split in two
+    entries of the same position when it can be (the repeats of several partitions)."""
+    position = {k: i for i, k in enumerate(declared)}
+    where, counts = [], []
+    for key, n in bucket.items():
+        halves = [n // 2, n - n // 2] if n > 1 else [n]
+        where += [position[key]] * len(halves)
+        counts += halves
+    return table.close_declared(step, np.array(where, dtype=np.int64),
+                                np.array(counts, dtype=np.int64))
+
+
+def run_both(spec, stream, declared=None, restore_at=(), respec=None, check_steps=True,
+             by_position=False):
     """Drive the reference and the table over ``stream`` (one dict of increments per step).
 
     At each step of ``restore_at`` both are snapshotted, pickled and restored, under
     ``respec`` (e.g. another budget) if given. Steps are skipped while both are idle and the
-    step has no events, as the step barrier does. Returns both output lists.
+    step has no events, as the step barrier does. With ``by_position`` the table is closed by
+    declared position (events of undeclared keys are dropped for both, as the clock drops
+    them). Returns both output lists.
     """
     ref, table = Reference(spec, KEY, declared), KeyTable(spec, KEY, declared)
     ref_all, table_all = [], []
@@ -122,12 +138,17 @@ def run_both(spec, stream, declared=None, restore_at=(), respec=None, check_step
             ref = Reference(spec, KEY, declared, roundtrip(ref.to_state()))
             table = KeyTable(spec, KEY, declared, roundtrip(table.to_state()))
         assert ref.idle() == table.idle()
+        if by_position:
+            bucket = {k: n for k, n in bucket.items() if k in declared}
         if table.idle() and not bucket:
             continue
         keys = list(bucket)
         increments = np.array([bucket[k] for k in keys], dtype=np.int64)
         expected = ref.close(step, bucket)
-        got = table.close(step, keys, increments)
+        if by_position:
+            got = declared_close(table, step, declared, bucket)
+        else:
+            got = table.close(step, keys, increments)
         assert isinstance(got, StepOutputs) and got.step == step
         listed = list(got)
         assert len(got) == len(listed)
@@ -177,22 +198,26 @@ def random_stream(rng, steps, pool, density=0.5, high=4, undeclared=()):
 # --- seeded scenarios ---------------------------------------------------------------------------
 
 
-def test_declared_without_monitor_over_several_epochs_with_a_restore():
+@pytest.mark.parametrize("by_position", [False, True])
+def test_declared_without_monitor_over_several_epochs_with_a_restore(by_position):
     rng = random.Random(1)
     pool = [f"k{i:02d}" for i in range(25)]
     spec = make_spec("declared", monitor=False, horizon=2)
-    ref, got = run_both(spec, random_stream(rng, 40, pool), declared=pool, restore_at=(13, 29))
+    ref, got = run_both(spec, random_stream(rng, 40, pool), declared=pool, restore_at=(13, 29),
+                        by_position=by_position)
     assert canonical(ref) == canonical(got)
     assert len(got) == 25 * 40  # every declared key releases at every step
 
 
-def test_declared_with_a_monitor_alerts_and_its_horizon():
+@pytest.mark.parametrize("by_position", [False, True])
+def test_declared_with_a_monitor_alerts_and_its_horizon(by_position):
     rng = random.Random(2)
     pool = [f"k{i}" for i in range(20)]
     for horizon in (None, 6):
         spec = make_spec("declared", monitor=True, threshold=4, declared_horizon=horizon,
                          horizon=8)
-        ref, got = run_both(spec, random_stream(rng, 20, pool), declared=pool, restore_at=(5,))
+        ref, got = run_both(spec, random_stream(rng, 20, pool), declared=pool, restore_at=(5,),
+                            by_position=by_position)
         assert canonical(ref) == canonical(got)
         assert any(isinstance(o, Alert) for o in got)
 
@@ -258,21 +283,29 @@ def test_budget_lowered_on_restore_exhausts_and_retires_admitted_keys():
             assert all(s.step == 12 for s in statuses)
 
 
-def test_declared_budget_lowered_then_retired_keys_never_restart():
+@pytest.mark.parametrize("by_position", [False, True])
+def test_declared_budget_lowered_then_retired_keys_never_restart(by_position):
     pool = [f"d{i}" for i in range(6)]
+    ones = dict.fromkeys(pool, 1)
+
+    def close(t, step):
+        if by_position:
+            return declared_close(t, step, pool, ones)
+        return t.close(step, pool, np.ones(6, dtype=np.int64))
+
     spec = make_spec("declared", monitor=False, counter_eps=1.0, budget=2.0)
     table = KeyTable(spec, KEY, pool)
-    table.close(0, pool, np.ones(6, dtype=np.int64))
+    close(table, 0)
     state = roundtrip(table.to_state())
     lowered = dataclasses.replace(spec, budget=0.5)
     table = KeyTable(lowered, KEY, pool, state)
     again = KeyTable(lowered, KEY, pool, roundtrip(table.to_state()))  # pending kept
     for t in (table, again):
-        out = t.close(1, pool, np.ones(6, dtype=np.int64))
+        out = close(t, 1)
         assert out.count() == (0, 0, 6)
         assert [s.key for s in out.statuses] == pool
         assert t.retired == set(pool) and t.live == 0 and not t.idle()
-        assert len(t.close(2, pool, np.ones(6, dtype=np.int64))) == 0  # never restarted
+        assert len(close(t, 2)) == 0  # never restarted
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -297,9 +330,11 @@ def test_property_same_outputs_as_the_reference(data):
         st.dictionaries(st.sampled_from(names + ["x", "y"]), st.integers(0, 6), max_size=6),
         min_size=steps, max_size=steps))
     declared = names if mode == "declared" else None
+    by_position = mode == "declared" and data.draw(st.booleans())
     restore_at = data.draw(st.lists(st.integers(0, steps), max_size=2))
     respec = dataclasses.replace(spec, budget=data.draw(st.sampled_from([0.3, 1.0, 3.0, 10.0])))
     ref, got = run_both(spec, stream, declared=declared, restore_at=set(restore_at),
+                        by_position=by_position,
                         respec=respec)
     assert canonical(ref) == canonical(got)
 
@@ -417,13 +452,15 @@ def test_supports_pure_tree_and_zcdp_blt_specs_only():
 # --- zCDP with BLT counters ---------------------------------------------------------------------
 
 
-def test_zcdp_declared_blt_over_several_epochs_with_restores():
+@pytest.mark.parametrize("by_position", [False, True])
+def test_zcdp_declared_blt_over_several_epochs_with_restores(by_position):
     rng = random.Random(21)
     pool = [f"k{i:02d}" for i in range(12)]
     spec = make_zcdp_spec("declared", monitor=False, horizon=16)
     stream = random_stream(rng, 40, pool)
     stream[5] = {k: (1 << 62) + i for i, k in enumerate(pool)}  # huge increments: wide buffers
-    ref, got = run_both(spec, stream, declared=pool, restore_at=(13, 17, 29))
+    ref, got = run_both(spec, stream, declared=pool, restore_at=(13, 17, 29),
+                        by_position=by_position)
     assert canonical(ref) == canonical(got)
     assert len(got) == 12 * 40
     assert {o.mechanism for o in got} == {"blt-gaussian"} and {o.unit for o in got} == {"rho"}
@@ -504,9 +541,11 @@ def test_property_zcdp_blt_same_outputs_as_the_reference(data):
         st.dictionaries(st.sampled_from(names + ["x", "y"]), counts, max_size=6),
         min_size=steps, max_size=steps))
     declared = names if mode == "declared" else None
+    by_position = mode == "declared" and data.draw(st.booleans())
     restore_at = data.draw(st.lists(st.integers(0, steps), max_size=2))
     respec = dataclasses.replace(spec, budget=data.draw(st.sampled_from([0.3, 1.0, 3.0, 10.0])))
     ref, got = run_both(spec, stream, declared=declared, restore_at=set(restore_at),
+                        by_position=by_position,
                         respec=respec)
     assert canonical(ref) == canonical(got)
 

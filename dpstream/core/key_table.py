@@ -307,6 +307,8 @@ class KeyTable:
         self._window = spec.window if self._open else 0
         self._declared = declared  # not copied (a million keys): the caller's, unchanged
         self._index = KeyIndex()  # key -> row, and the keys by row (``self._index.names``)
+        # declared position -> row (-1: retired), while valid (None after a change)
+        self._by_position: npt.NDArray[np.int32] | None = None
         self._prefix: IntArray = np.zeros(0, dtype=np.int64)
         self._flags: FlagArray = np.zeros(0, dtype=np.uint8)
         # the watched keys only (rows with _WATCHING, ascending): monitor lanes and rho
@@ -429,12 +431,7 @@ class KeyTable:
                 or ``step`` is not the next step of the live keys.
         """
         counts = _checked_increments(increments, len(keys))
-        if len(self._index) and self.next_step is not None and step != self.next_step:
-            raise InvalidParameterError(
-                f"step {step} closed while the live keys are at step {self.next_step}")
-        out = StepOutputs(step)
-        out.statuses.extend(self._pending)
-        self._pending = []
+        out = self._open_step(step)
         rows = self._rows(keys)
         declared = self._declared
         first_declared = declared is not None and not len(self._index) and not self.retired
@@ -462,6 +459,61 @@ class KeyTable:
                 inc[rows] = counts
             else:
                 inc[rows[found]] = counts[found]
+        return self._advance(step, inc, out)
+
+    def close_declared(self, step: int, positions: npt.ArrayLike,
+                       increments: npt.ArrayLike) -> StepOutputs:
+        """:meth:`close` in the declared universe, each key given by its declared position.
+
+        ``positions[i]`` indexes the table's ``declared`` list (repeats are summed: the
+        events of several input partitions); ``increments[i]`` events. The outputs are those
+        of :meth:`close` with the keys' names. No key string is looked up: the declared keys
+        start at the first close in their order, so a position is a row until a key
+        retires (then the positions are mapped to rows once, by name, until the next change).
+
+        Raises:
+            InvalidParameterError: as :meth:`close`; a position outside the declared list;
+                or the table is of the open universe.
+        """
+        declared = self._declared
+        if declared is None:
+            raise InvalidParameterError("close_declared needs the declared universe")
+        counts = _checked_increments(increments, np.size(positions))
+        where = np.asarray(positions, dtype=np.int64).reshape(-1)
+        if where.size and (where.min() < 0 or where.max() >= len(declared)):
+            raise InvalidParameterError("a declared position is outside the declared keys")
+        if self._by_position is None and (len(self._index) or self.retired):
+            # resumed, or keys retired: by name this once
+            distinct, slot = np.unique(where, return_inverse=True)
+            sums = np.zeros(distinct.size, dtype=np.int64)
+            np.add.at(sums, slot, counts)
+            out = self.close(step, [declared[i] for i in distinct.tolist()], sums)
+            self._by_position = self._index.rows(declared).astype(np.int32)
+            return out
+        out = self._open_step(step)
+        if self._by_position is None:  # the first close: every declared key starts, in order
+            self._create(declared, step, out)
+            self._by_position = np.arange(len(declared), dtype=np.int32)
+        rows = self._by_position[where]
+        retired = rows < 0  # a retired key's events are not counted (as in close)
+        if retired.any():
+            rows, counts = rows[~retired], counts[~retired]
+        inc = np.zeros(len(self._index), dtype=np.int64)
+        np.add.at(inc, rows, counts)
+        return self._advance(step, inc, out)
+
+    def _open_step(self, step: int) -> StepOutputs:
+        """Check that ``step`` is the next one; the outputs, with the statuses still due."""
+        if len(self._index) and self.next_step is not None and step != self.next_step:
+            raise InvalidParameterError(
+                f"step {step} closed while the live keys are at step {self.next_step}")
+        out = StepOutputs(step)
+        out.statuses.extend(self._pending)
+        self._pending = []
+        return out
+
+    def _advance(self, step: int, inc: IntArray, out: StepOutputs) -> StepOutputs:
+        """Step every live key by ``inc`` (one increment per row): the close's second half."""
         self._prefix += inc
         fired = self._watch(step, out)
         for group in self._groups:  # open: groups admitted now start at the next step
@@ -480,6 +532,7 @@ class KeyTable:
         """Start ``names`` (sorted, new) at ``step``: KeyStatistics' constructor, in bulk."""
         m, first = len(names), len(self._index)
         self._index.append(names)
+        self._by_position = None
         monitor, code, exhausted, watching = self._monitor, 0, False, False
         if monitor is not None:
             reason = self._refusal(code, _MONITOR_PAID, monitor.charge)
@@ -680,6 +733,7 @@ class KeyTable:
             return
         keep = ~remove
         self._index.rebuild(self._index.names[keep])
+        self._by_position = None
         self._prefix, self._flags = self._prefix[keep], flags[keep]
         position = np.cumsum(keep, dtype=np.int64) - 1
         if self._watched.size:

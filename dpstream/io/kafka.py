@@ -572,7 +572,7 @@ class _OutputPartition(StatelessSinkPartition[Encoded | EncodedBatch]):
 class KafkaOutput(DynamicSink[Encoded | EncodedBatch]):
     """Write ``(role, key, value)`` records to the topic of their role, delivery-checked.
 
-    Items are records, or :class:`~dpstream.io.records.EncodedBatch` lists of them.
+    Items are records, or :class:`~dpstream.io.records.EncodedBatch` sequences of them.
 
     Args:
         clients: the flow's Kafka settings.

@@ -19,10 +19,13 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from collections.abc import Iterable, Mapping
+import io
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
-from itertools import repeat
-from typing import TYPE_CHECKING, Any, Final
+from itertools import accumulate, chain, pairwise, repeat
+from operator import eq
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, overload
 
 import numpy as np
 import orjson
@@ -32,18 +35,24 @@ from dpstream.core.ledger import zcdp_to_approx_dp
 from dpstream.messages import DeadLetter, Encoded, step_window
 
 if TYPE_CHECKING:
-    from dpstream.core.key_table import ReleaseColumns, StepOutputs
+    import numpy.typing as npt
+
+    from dpstream.core.key_table import FloatArray, IntArray, ReleaseColumns, StepOutputs
+
+    ByteArray = npt.NDArray[np.uint8]
 
 __all__ = [
     "ALERT_SCHEMA",
     "DEAD_LETTER_SCHEMA",
     "DeadLetter",
     "EncodedBatch",
+    "EncodedColumn",
     "MAX_ORIGINAL_BYTES",
     "RELEASE_SCHEMA",
     "RecordEncoder",
     "encode_dead_letter",
     "STATUS_SCHEMA",
+    "Texts",
     "identity",
 ]
 
@@ -55,26 +64,155 @@ MAX_ORIGINAL_BYTES: Final = 64 * 1024
 """The most of a bad record's bytes a dead letter carries (base64 makes it 4/3 larger)."""
 
 
-
-class EncodedBatch(list[Encoded]):
-    """The encoded records of one closed step of one shard: a list of ``(role, key, value)``.
+class EncodedBatch(Sequence[Encoded]):
+    """The encoded records of one closed step of one shard: ``(role, key, value)`` triples.
 
     A sink that gets one writes every triple it holds, in order (see
     :class:`~dpstream.io.kafka.KafkaOutput`); :func:`flatten` turns a mixed stream of triples
-    and batches back into triples.
+    and batches back into triples. It holds parts: lists of triples, and
+    :class:`EncodedColumn` blocks (the records of a release column, or of alerts that share
+    their fields), built in bulk when the step was encoded, whose triples are sliced out of
+    their buffers only when read. Built from triples (``EncodedBatch([...])``,
+    :meth:`append`, :meth:`extend`), it compares equal to the list of the same triples, and
+    it pickles with its parts.
     """
 
-    __slots__ = ()
+    __slots__ = ("_parts",)
+
+    def __init__(self, records: Iterable[Encoded] = ()) -> None:
+        self._parts: list[list[Encoded] | EncodedColumn] = []
+        self.extend(records)
+
+    def append(self, record: Encoded) -> None:
+        """Add one triple at the end."""
+        self._open_list().append(record)
+
+    def extend(self, records: Iterable[Encoded]) -> None:
+        """Add records at the end: triples, a column (kept whole) or another batch's."""
+        if isinstance(records, EncodedBatch):
+            for part in records._parts:
+                self.extend(part)
+        elif isinstance(records, EncodedColumn):
+            self._parts.append(records)
+        else:
+            triples = list(records)
+            if triples:
+                self._open_list().extend(triples)
+
+    def _open_list(self) -> list[Encoded]:
+        """The list of triples at the end (a new one after a column)."""
+        if not self._parts or not isinstance(self._parts[-1], list):
+            self._parts.append([])
+        return self._parts[-1]  # type: ignore[return-value]
+
+    def __len__(self) -> int:
+        return sum(map(len, self._parts))
+
+    def __iter__(self) -> Iterator[Encoded]:
+        return chain.from_iterable(self._parts)
+
+    @overload
+    def __getitem__(self, index: int) -> Encoded: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Encoded]: ...
+
+    def __getitem__(self, index: int | slice) -> Encoded | list[Encoded]:
+        if isinstance(index, slice):
+            return list(self)[index]
+        position = index + len(self) if index < 0 else index
+        for part in self._parts:
+            if 0 <= position < len(part):
+                return part[position]
+            position -= len(part)
+        raise IndexError("EncodedBatch index out of range")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, (list, EncodedBatch)):
+            return NotImplemented
+        return len(self) == len(other) and all(map(eq, self, other))
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like a list
+
+    def __repr__(self) -> str:
+        return f"EncodedBatch({list(self)!r})"
+
+    def __getstate__(self) -> list[list[Encoded] | EncodedColumn]:
+        return self._parts
+
+    def __setstate__(self, parts: list[list[Encoded] | EncodedColumn]) -> None:
+        self._parts = parts
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Texts:
+    """Byte strings in one buffer: text ``i`` is ``data[starts[i]:ends[i]]``."""
+
+    data: bytes
+    starts: IntArray
+    ends: IntArray
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def text(self, i: int) -> bytes:
+        """Text ``i``."""
+        return self.data[self.starts[i]:self.ends[i]]
+
+    def lengths(self) -> IntArray:
+        """The length of every text."""
+        return self.ends - self.starts
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class EncodedColumn(Sequence[Encoded]):
+    """The records of one column encoded in bulk, as ``(role, key, value)`` triples.
+
+    Triple ``i`` is ``(role, keys.text(i), records.text(i))``. The records' bytes are built
+    when the step is encoded (:meth:`RecordEncoder.encode_step`), all at once, into one
+    buffer; reading the column only slices each key and record out of its buffer. ``len``
+    costs nothing.
+    """
+
+    role: str
+    keys: Texts
+    """The Kafka message keys (each key's UTF-8 bytes) in ``data``: the keys' JSON strings
+    joined by commas, none of them escaped (so no key holds a quote)."""
+    records: Texts
+    """The Kafka message values (each record's JSON)."""
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __iter__(self) -> Iterator[Encoded]:
+        role, records = self.role, self.records.data
+        keys = self.keys.data[1:-1].split(b'","')  # the keys' slices, as no key holds a quote
+        for key, start, end in zip(keys, self.records.starts.tolist(),
+                                   self.records.ends.tolist(), strict=True):
+            yield role, key, records[start:end]
+
+    @overload
+    def __getitem__(self, index: int) -> Encoded: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Encoded]: ...
+
+    def __getitem__(self, index: int | slice) -> Encoded | list[Encoded]:
+        if isinstance(index, slice):
+            return list(self)[index]
+        return self.role, self.keys.text(index), self.records.text(index)
 
 
 def flatten(item: Encoded | EncodedBatch) -> list[Encoded]:
     """The triples of a stream item: a batch's, or the single triple itself."""
-    return item if isinstance(item, EncodedBatch) else [item]
+    return list(item) if isinstance(item, EncodedBatch) else [item]
 
 
 _KEY_MARK: Final = "\x00dpstream-key\x00"  # JSON-escaped in the template, so never ambiguous
 _VALUE_MARK: Final = "\x00dpstream-value\x00"
 _NUMPY: Final = orjson.OPT_SERIALIZE_NUMPY
+_QUOTE: Final = ord('"')
+_COMMA: Final = ord(",")
 
 
 class RecordEncoder:
@@ -82,8 +220,8 @@ class RecordEncoder:
 
     :meth:`encode` encodes one output; :meth:`encode_step` a whole closed step at once, byte
     for byte as :meth:`encode` would, with every field a release column shares (schema, flow,
-    mechanism, step, window, std, privacy) encoded once per column: per release only the
-    key's bytes and the value are formatted.
+    mechanism, step, window, std, privacy) encoded once per column, and the keys and values
+    of a column formatted by one ``orjson`` call each and put into the records with numpy.
     """
 
     def __init__(self, flow: str, origin: datetime, step_seconds: float,
@@ -138,14 +276,10 @@ class RecordEncoder:
         """Encode a closed step's outputs, in their order, exactly as :meth:`encode` would.
 
         Statuses (rare) go through :meth:`encode`. Alerts that share their step, threshold
-        and epsilon, and each release column, are encoded in bulk: the fields they share
-        make one template (encoded once, by the same code as :meth:`encode`), the values are
-        formatted by one ``orjson`` call over the float64 column (the same shortest
-        round-trip text ``orjson`` writes for a Python float), and so are the keys: when
-        ``orjson`` escaped nothing (no backslash in its output) each key's JSON is its UTF-8
-        bytes in quotes, which are also the record's Kafka key. Per record only the key and
-        the value are formatted into the template. If anything is unusual the records are
-        encoded one by one (the same bytes, slower).
+        and epsilon, and each release column, are encoded in bulk into an
+        :class:`EncodedColumn` (see :func:`_bulk`): the same ``orjson`` texts as
+        :meth:`encode` writes, put together with numpy. If anything is unusual the records
+        are encoded one by one (the same bytes, slower).
         """
         batch = EncodedBatch(map(self.encode, outputs.statuses))
         batch.extend(self.encode_alerts(outputs.alerts))
@@ -153,7 +287,7 @@ class RecordEncoder:
             batch.extend(self.encode_columns(columns))
         return batch
 
-    def encode_alerts(self, alerts: list[Alert]) -> list[Encoded]:
+    def encode_alerts(self, alerts: list[Alert]) -> Sequence[Encoded]:
         """The records of alerts, in their order (in bulk when they share all but the key)."""
         if len(alerts) > 1:
             first = alerts[0]
@@ -165,7 +299,7 @@ class RecordEncoder:
                     return records
         return list(map(self.encode, alerts))
 
-    def encode_columns(self, columns: ReleaseColumns) -> list[Encoded]:
+    def encode_columns(self, columns: ReleaseColumns) -> Sequence[Encoded]:
         """The records of the releases of one :class:`ReleaseColumns`, in its key order."""
         keys = columns.keys
         if not len(keys):
@@ -187,39 +321,231 @@ class RecordEncoder:
         return encode_dead_letter(self.flow, letter)
 
 
-def _bulk(role: str, body: dict[str, Any], keys: list[str], values: np.ndarray | None
-          ) -> list[Encoded] | None:
+def _bulk(role: str, body: dict[str, Any], keys: list[str], values: FloatArray | None
+          ) -> EncodedColumn | list[Encoded] | None:
     """Records whose JSON is ``body`` with each key (and value) in place of the markers.
 
     ``body`` holds :data:`_KEY_MARK` as the key and, if ``values`` is given,
-    :data:`_VALUE_MARK` as the value. None if the bulk path cannot be used (a marker also
-    elsewhere in ``body``, a key ``orjson`` refuses): encode one by one then.
+    :data:`_VALUE_MARK` as the value. The bytes are those :meth:`RecordEncoder.encode` writes:
+
+    * ``body`` is encoded once by ``orjson``, as :meth:`~RecordEncoder.encode` encodes a
+      record's dict, and cut at the markers' JSON into the constant pieces of every record
+      (the template);
+    * all keys are encoded by one ``orjson.dumps(keys)``: when it escaped nothing (no
+      backslash), each key's JSON is its UTF-8 bytes (the Kafka key) in quotes, which go into
+      the template, and every ``"`` is a delimiter, found with numpy;
+    * all values are formatted by one ``orjson.dumps`` of the float64 column, the same
+      shortest round-trip text ``orjson`` writes for a Python float (``null`` for NaN and
+      infinities), delimited by its commas, found with numpy;
+    * :func:`_assemble` puts pieces and texts together, in bulk.
+
+    ``orjson`` writes a dict as its fields' texts one after the other, with nothing between
+    them that depends on the other fields, so a record is exactly the template with the key's
+    and the value's own texts in place of the markers'.
+
+    Keys that need escaping take :func:`_escaped` (the same template, one record at a time).
+    None if the bulk path cannot be used (a marker also elsewhere in ``body``, a key that
+    ``orjson`` refuses): encode one by one then.
     """
-    text = orjson.dumps(body, option=_NUMPY)
-    key_mark, value_mark = orjson.dumps(_KEY_MARK), orjson.dumps(_VALUE_MARK)
-    if text.count(key_mark) != 1 or text.count(value_mark) != (values is not None):
-        return None  # a marker inside another field (e.g. the flow's name)
-    head, tail = text.replace(b"%", b"%%").split(key_mark)
-    if values is not None and value_mark not in tail:
-        return None  # the templates put the key first
-    try:
-        keys_json = orjson.dumps(keys)
-    except (orjson.JSONEncodeError, TypeError):  # e.g. a lone surrogate: as encode fails
+    marks = [orjson.dumps(_KEY_MARK)] + ([] if values is None else [orjson.dumps(_VALUE_MARK)])
+    pieces = _cut(orjson.dumps(body, option=_NUMPY), marks)
+    if pieces is None:
         return None
-    if b"\\" in keys_json:  # some key needed escaping: its JSON differs from its bytes
+    key_texts = _key_texts(keys)
+    if key_texts is None:
+        return _escaped(role, pieces, keys, values)
+    pieces[0] += b'"'  # the key's quotes
+    pieces[1] = b'"' + pieces[1]
+    fields = [key_texts] if values is None else [key_texts, _value_texts(values)]
+    return EncodedColumn(role, key_texts, _assemble(pieces, fields))
+
+
+def _escaped(role: str, pieces: list[bytes], keys: list[str], values: FloatArray | None
+             ) -> list[Encoded] | None:
+    """The records of a column with keys that need escaping: the template, record by record.
+
+    Each key's JSON is its own ``orjson`` text and its Kafka key its UTF-8 bytes; the values'
+    texts come from one ``orjson`` text of the column, as in :func:`_bulk`. None if ``orjson``
+    refuses a key (e.g. a lone surrogate, which :meth:`RecordEncoder.encode` refuses too).
+    """
+    try:
+        quoted = list(map(orjson.dumps, keys))
         names = [key.encode() for key in keys]
-        quoted: list[bytes] = list(map(orjson.dumps, keys))
-        template = head + b"%s" + tail
-    else:
-        names = quoted = keys_json[2:-2].split(b'","')
-        template = head + b'"%s"' + tail
+    except (orjson.JSONEncodeError, TypeError, UnicodeEncodeError):
+        return None
+    template = b"%s".join(piece.replace(b"%", b"%%") for piece in pieces)
     if values is None:
         records = list(map(template.__mod__, quoted))
     else:
-        texts = orjson.dumps(np.ascontiguousarray(values), option=_NUMPY)[1:-1].split(b",")
-        template = template.replace(value_mark, b"%s")
-        records = list(map(template.__mod__, zip(quoted, texts, strict=True)))
+        texts = _value_texts(values)
+        data = texts.data
+        value_texts = [data[a:b] for a, b in zip(texts.starts.tolist(), texts.ends.tolist(),
+                                                 strict=True)]
+        records = list(map(template.__mod__, zip(quoted, value_texts, strict=True)))
     return list(zip(repeat(role), names, records))
+
+
+def _cut(text: bytes, marks: list[bytes]) -> list[bytes] | None:
+    """``text`` cut at each of ``marks``; None unless each occurs once, in this order."""
+    if any(text.count(mark) != 1 for mark in marks):
+        return None  # a marker inside another field (e.g. the flow's name)
+    pieces = []
+    for mark in marks:
+        before, found, text = text.partition(mark)
+        if not found:
+            return None
+        pieces.append(before)
+    return [*pieces, text]
+
+
+def _key_texts(keys: list[str]) -> Texts | None:
+    """Each key's UTF-8 bytes, found in one ``orjson`` text of all the keys.
+
+    None if some key needs escaping in JSON (its JSON is not its bytes in quotes) or is
+    refused by ``orjson`` (e.g. a lone surrogate, which :meth:`RecordEncoder.encode` refuses
+    too).
+    """
+    try:
+        text = orjson.dumps(keys)[1:-1]  # a copy: orjson's buffer is many times the text
+    except (orjson.JSONEncodeError, TypeError):
+        return None
+    if b"\\" in text:
+        return None
+    chars = np.frombuffer(text, np.uint8)
+    width = _common_width(chars, len(keys))
+    if width is not None:
+        starts = np.arange(1, len(text), width + 3)
+        return Texts(text, starts, starts + width)
+    quotes = np.flatnonzero(chars == _QUOTE)
+    if len(quotes) != 2 * len(keys):
+        return None  # a key that is not a string
+    return Texts(text, quotes[0::2] + 1, quotes[1::2])
+
+
+def _common_width(chars: ByteArray, count: int) -> int | None:
+    """The length all ``count`` strings of ``chars`` (``"a","b",...``) share, if they do.
+
+    Then their ``2 * count`` quotes are where that length puts them, which a strided look
+    confirms (no scan): there are no other quotes.
+    """
+    stride, rest = divmod(len(chars) + 1, count)
+    if rest or stride < 3:
+        return None
+    if (chars[::stride] == _QUOTE).all() and (chars[stride - 2::stride] == _QUOTE).all():
+        return stride - 3
+    return None
+
+
+def _value_texts(values: FloatArray) -> Texts:
+    """Each value's JSON, from one ``orjson`` text of the column (``v0,v1,...``)."""
+    text = orjson.dumps(np.ascontiguousarray(values), option=_NUMPY)[1:-1]  # a copy, as above
+    commas = np.flatnonzero(np.frombuffer(text, np.uint8) == _COMMA)
+    starts, ends = np.empty((2, len(values)), np.int64)
+    starts[0], starts[1:] = 0, commas + 1
+    ends[:-1], ends[-1] = commas, len(text)
+    return Texts(text, starts, ends)
+
+
+def _assemble(pieces: list[bytes], fields: list[Texts]) -> Texts:
+    """Record ``i``: ``pieces[0] + fields[0].text(i) + pieces[1] + ... + pieces[-1]``, in bulk.
+
+    Records whose fields have the same lengths share a layout. The records of one layout lie
+    back to back in one block of the buffer, a fixed-width uint8 matrix: each row holds the
+    layout's template (the pieces, with room for the fields), and each field's texts are
+    copied into its columns. The blocks lie back to back, the commonest layout's first; the
+    returned starts and ends list the records in the column's order.
+
+    The buffer is made by repeating the commonest layout's template (the fastest fill there
+    is), so only the other blocks need their template copied in; it is filled in place
+    through an :class:`io.BytesIO`, which hands its buffer over as the ``bytes`` returned
+    (CPython does not copy it).
+    """
+    widths = [field.lengths() for field in fields]
+    sizes = sum(widths[1:], widths[0] + sum(map(len, pieces)))
+    order, bounds = _by_layout(widths)
+    placed = sizes[order]  # the records' sizes, in the buffer's order
+    offsets = np.cumsum(placed) - placed
+    starts = np.empty_like(offsets)
+    starts[order] = offsets
+    blocks = [_block(pieces, widths, int(order[first]), first, end, int(offsets[first]))
+              for first, end in pairwise(bounds)]
+    size = int(offsets[-1] + placed[-1])
+    first = blocks[0].template
+    stream = io.BytesIO(first * -(-size // len(first)))  # its only reference: no copy
+    view = stream.getbuffer()
+    _fill(np.frombuffer(view, np.uint8), blocks, pieces,
+          [(field.data, field.starts[order]) for field in fields])
+    view.release()  # the array on it is gone: the stream can hand its buffer over
+    stream.truncate(size)
+    return Texts(stream.getvalue(), starts, starts + sizes)
+
+
+def _by_layout(widths: list[IntArray]) -> tuple[IntArray, list[int]]:
+    """The records by layout (the same width in every field), the commonest layout first.
+
+    Their positions in the column (in order within a layout), and the bounds of each
+    layout's run in them.
+    """
+    layouts = widths[0]
+    for width in widths[1:]:
+        layouts = layouts * (int(width.max()) + 1) + width
+    layouts = layouts.astype(np.min_scalar_type(layouts.max()))  # a radix sort if small
+    order = np.argsort(layouts, kind="stable")
+    bounds = [0, *(np.flatnonzero(np.diff(layouts[order])) + 1).tolist(), len(order)]
+    runs = sorted(pairwise(bounds), key=lambda run: run[0] - run[1])  # the longest first
+    return (np.concatenate([order[first:end] for first, end in runs]),
+            list(accumulate((end - first for first, end in runs), initial=0)))
+
+
+class _Block(NamedTuple):
+    """The records of one layout: positions ``first:end`` in the buffer's order."""
+
+    first: int
+    end: int
+    base: int
+    """Where in the buffer they start."""
+    lengths: list[int]
+    """The length of each of their fields."""
+    template: bytes
+    """One of them with zeros for its fields."""
+
+
+def _block(pieces: list[bytes], widths: list[IntArray], record: int, first: int, end: int,
+           base: int) -> _Block:
+    """The block of the records ``first:end`` in the buffer's order, laid out as ``record``."""
+    lengths = [int(width[record]) for width in widths]
+    room = [piece + bytes(n) for piece, n in zip(pieces, lengths, strict=False)]
+    return _Block(first, end, base, lengths, b"".join(room) + pieces[-1])
+
+
+def _fill(buffer: ByteArray, blocks: list[_Block], pieces: list[bytes],
+          fields: list[tuple[bytes, IntArray]]) -> None:
+    """Write the records into ``buffer``, which holds the first block's templates already.
+
+    ``fields``: each field's texts, and where each record's text starts in them (the records
+    in the buffer's order). A field's texts are copied as items of their length: numpy copies
+    an item per row far faster than a row of single bytes.
+    """
+    items: dict[tuple[int, int], np.ndarray[Any, Any]] = {}  # by (field, length)
+    for block in blocks:
+        rows, width = block.end - block.first, len(block.template)
+        matrix = buffer[block.base:block.base + rows * width]
+        if block is not blocks[0]:
+            matrix.reshape(rows, width)[:] = np.frombuffer(block.template, np.uint8)
+        column = len(pieces[0])
+        for i, ((data, starts), length, piece) in enumerate(
+                zip(fields, block.lengths, pieces[1:], strict=False)):
+            if length:
+                if (i, length) not in items:
+                    items[i, length] = _as_items(data, length)
+                target = np.ndarray((rows,), items[i, length].dtype, matrix, column, (width,))
+                target[...] = items[i, length][starts[block.first:block.end]]
+            column += length + len(piece)
+
+
+def _as_items(data: bytes, length: int) -> np.ndarray[Any, Any]:
+    """Item ``j`` is ``data[j:j + length]`` (a view: one void item per position)."""
+    return np.ndarray((len(data) - length + 1,), f"V{length}", data, 0, (1,))
 
 
 def _releases(c: ReleaseColumns) -> Iterable[Release]:

@@ -31,7 +31,6 @@ from bytewax.dataflow import Stream
 
 from dpstream.config import FlowConfig, Section, build_spec, parse_common, positive
 from dpstream.core.blt_counter import BltCounterSpec
-from dpstream.core.key_index import KeyIndex
 from dpstream.core.key_statistics import StatisticsSpec
 from dpstream.core.ledger import PrivacyCharge, PrivacyLedger
 from dpstream.core.threshold_monitor import (
@@ -46,6 +45,7 @@ from dpstream.messages import Encoded
 from dpstream.platform import FlowParts
 from dpstream.stream.clock import ShardUpdate
 from dpstream.stream.events import EventRules, PartitionClock
+from dpstream.stream.layout import DeclaredLayout
 from dpstream.stream.operators import keyed_statistics
 from dpstream.stream.shard import ShardState
 
@@ -92,14 +92,6 @@ class AdmissionConfig:
     initial: PrivacyCharge | None = None
     delta: float = 0.0
 
-    @functools.cached_property
-    def key_index(self) -> KeyIndex:
-        """The declared keys' index, built once; every input partition's clock shares it.
-
-        A :class:`~dpstream.core.key_index.KeyIndex` takes about 16 bytes a key (a million
-        keys: 16 MB), where a ``frozenset`` took 33.
-        """
-        return KeyIndex(self.keys)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,6 +103,18 @@ class CountersConfig(FlowConfig):
     admission: AdmissionConfig
     release_every: int = 1
     """``release.every``: publish the periodic releases of every k-th step only (free)."""
+
+    @functools.cached_property
+    def declared_layout(self) -> DeclaredLayout | None:
+        """The declared keys by shard and row, built once (None in the open universe).
+
+        Every input partition's clock and every shard of this process share it: its
+        :class:`~dpstream.core.key_index.KeyIndex` (about 16 bytes a key) checks that a key
+        is declared and gives its row, and each shard's sorted key list is its table's.
+        """
+        if self.admission.mode != "declared":
+            return None
+        return DeclaredLayout(self.admission.keys, self.shards)
 
     def per_key_charges(self) -> list[PrivacyCharge]:
         """Every charge one key's statistics may make, in order."""
@@ -331,11 +335,10 @@ def statistics_spec(config: CountersConfig, instance: str = "") -> StatisticsSpe
 
 def event_rules(config: CountersConfig) -> EventRules:
     """How the flow reads events."""
-    declared = config.admission.key_index if config.admission.mode == "declared" else None
     return EventRules(
         key_field=config.key_field, time_field=config.time_field, origin=config.origin,
         step_seconds=config.step_seconds, lateness_seconds=config.lateness_seconds,
-        shards=config.shards, declared_keys=declared, clock=config.clock,
+        shards=config.shards, declared=config.declared_layout, clock=config.clock,
     )
 
 
@@ -374,10 +377,9 @@ class CountersKind:
             ledger = config.privacy.new_ledger()
             parts.metrics.set_kind(self.name)
             parts.metrics.set_budget(spec.counter.mechanism, ledger.unit, ledger.budget)
-        declared = config.admission.keys if config.admission.mode == "declared" else None
         shard_class = parts.options.get("shard_class", ShardState)
         outputs = keyed_statistics("statistics", updates, spec, parts.partitions,
-                                   config.shards, declared, parts.noise, parts.metrics,
+                                   config.declared_layout, parts.noise, parts.metrics,
                                    shard_class, config.release_every)
         encoder = RecordEncoder(config.name, config.origin, config.step_seconds,
                                 config.privacy.delta)

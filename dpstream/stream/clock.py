@@ -132,7 +132,7 @@ class StepClock:
     # -- what a flow kind provides --
     def decode(self, partition: int, messages: list[RawMessage], dead: list[DeadLetter]
                ) -> tuple[list[Any], np.ndarray | list[float], range | list[int]]:
-        """Decode records: their payloads, event times (Unix seconds) and indexes.
+        """Decode records: their payloads (a list, or an array), event times and indexes.
 
         Records that cannot be used go to ``dead`` (with :meth:`dead_letter`); the third
         element gives, for each payload, the index of its record in ``messages`` (``range``
@@ -215,7 +215,7 @@ class StepClock:
             self.ticks += n - len(messages)
             n = len(messages)
         payloads, times, refs = self.decode(partition, messages, dead) if n else ([], [], [])
-        accepted: list[Any] = []
+        accepted: Any = []
         accepted_steps: list[int] = []
         single_step: int | None = None
         if len(times):
@@ -258,7 +258,9 @@ class StepClock:
                 accepted, kept = payloads, steps
             else:
                 keep = np.flatnonzero(ok)
-                accepted, kept = [payloads[i] for i in keep.tolist()], steps[keep]
+                kept = steps[keep]
+                accepted = (payloads[keep] if isinstance(payloads, np.ndarray)
+                            else [payloads[i] for i in keep.tolist()])
             if kept.size and kept.min() == kept.max():
                 single_step = int(kept[0])  # the usual case: the whole batch lies in one step
             else:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import zlib
 from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -22,7 +21,6 @@ import msgspec
 import numpy as np
 import orjson
 
-from dpstream.core.key_index import KeyIndex
 from dpstream.messages import (
     TICK,
     TIMESTAMP_CREATE_TIME,
@@ -32,12 +30,14 @@ from dpstream.messages import (
     RawMessage,
 )
 from dpstream.stream.clock import MAX_SECONDS, ShardUpdate, StepClock, bad_time
+from dpstream.stream.layout import DeclaredLayout, RowCounts, shard_of, shards_of
 
 __all__ = [
     "EventRules",
     "MAX_SECONDS",
     "PartitionClock",
     "RawMessage",
+    "RowCounts",
     "ShardUpdate",
     "TIMESTAMP_CREATE_TIME",
     "TIMESTAMP_LOG_APPEND_TIME",
@@ -77,17 +77,6 @@ def iso_seconds(text: str) -> float | None:
     return moment.timestamp()
 
 
-def shard_of(key: str, shards: int) -> int:
-    """Return the shard of ``key`` (stable across processes, unlike ``hash``)."""
-    return zlib.crc32(key.encode()) % shards
-
-
-def shards_of(keys: list[str], shards: int) -> np.ndarray:
-    """:func:`shard_of` of every key, as an int64 array (C-speed maps, no Python loop)."""
-    crcs = np.fromiter(map(zlib.crc32, map(str.encode, keys)), dtype=np.int64, count=len(keys))
-    return crcs % shards  # type: ignore[no-any-return]
-
-
 @dataclass(frozen=True)
 class EventRules:
     """How to read an event and place it in a step."""
@@ -98,7 +87,9 @@ class EventRules:
     step_seconds: float
     lateness_seconds: float
     shards: int
-    declared_keys: KeyIndex | None = None
+    declared: DeclaredLayout | None = None
+    """The declared universe's layout: events of other keys are dead letters, and the
+    events of declared keys are routed to their shards as rows (:class:`RowCounts`)."""
     clock: Literal["broker", "producer"] = "broker"
 
     @property
@@ -138,12 +129,16 @@ class PartitionClock(StepClock):
 
         Vectorised over the batch: one ``Counter`` per step, the shards of the distinct keys
         as one array (:func:`shards_of`), and one ``dict(zip(...))`` per shard. No cache: a
-        cache of every key's shard would cost more memory per key than the key's state.
+        cache of every key's shard would cost more memory per key than the key's state. In
+        the declared universe the payloads are positions, and a bucket is a
+        :class:`RowCounts` (the layout fixed every key's shard and row at start-up).
         """
         shards = self.rules.shards
         per_shard: list[dict[int, Any]] = [{} for _ in range(shards)]
-        if not payloads:
+        if not len(payloads):
             return per_shard
+        if isinstance(payloads, np.ndarray):  # declared positions
+            return self._route_positions(payloads, steps, per_shard)
         if isinstance(steps, int):
             by_step = {steps: Counter(payloads)}
         else:
@@ -169,6 +164,22 @@ class PartitionClock(StepClock):
                     per_shard[shard][step] = dict(zip(ordered[lo:hi], values[lo:hi], strict=True))
         return per_shard
 
+    def _route_positions(self, positions: np.ndarray, steps: int | list[int],
+                         per_shard: list[dict[int, Any]]) -> list[dict[int, Any]]:
+        """:meth:`route` in the declared universe: positions counted in bulk, by row."""
+        layout = self.rules.declared
+        assert layout is not None
+        if isinstance(steps, int):
+            by_step = {steps: positions}
+        else:
+            step_of = np.asarray(steps, dtype=np.int64)
+            by_step = {step: positions[step_of == step] for step in np.unique(step_of).tolist()}
+        for step, mine in by_step.items():
+            for shard, bucket in enumerate(layout.route(mine)):
+                if bucket is not None:
+                    per_shard[shard][step] = bucket
+        return per_shard
+
     def _explain(self, raw: bytes | None) -> str:
         """Why a record failed the decoder (the slow path, for dead letters only)."""
         try:
@@ -183,8 +194,11 @@ class PartitionClock(StepClock):
         return _bad_time(self.rules.time_field)
 
     def _decode_batch(self, messages: list[RawMessage]
-                      ) -> tuple[list[str], np.ndarray] | None:
+                      ) -> tuple[list[str] | np.ndarray, np.ndarray] | None:
         """Decode a whole batch in one C call, or return None to take the per-record path.
+
+        The payloads are the keys, or in the declared universe their positions
+        (:class:`~dpstream.stream.layout.DeclaredLayout`).
 
         The records are joined as JSON lines. The join is only trusted when no record
         holds a newline and every line decoded into exactly one event, so each event
@@ -205,17 +219,24 @@ class PartitionClock(StepClock):
             return None
         keys = list(map(_KEY, events))
         times = np.fromiter(map(_TS, events), dtype=np.float64, count=len(events))
-        declared = self.rules.declared_keys
-        if declared is not None and not declared.contains_all(keys):
+        layout = self.rules.declared
+        if layout is None:
+            return keys, times
+        positions = layout.positions(keys)
+        if (positions < 0).any():  # an undeclared key: explained record by record
             return None
-        return keys, times
+        return positions, times
 
     def _decode_each(self, partition: int,
                      messages: list[RawMessage],
-                     dead: list[DeadLetter]) -> tuple[list[str], list[float], list[int]]:
-        """Decode record by record, sending each unusable one to ``dead`` with its reason."""
+                     dead: list[DeadLetter]
+                     ) -> tuple[list[str] | np.ndarray, list[float], list[int]]:
+        """Decode record by record, sending each unusable one to ``dead`` with its reason.
+
+        The payloads are as :meth:`_decode_batch` gives them.
+        """
         rules = self.rules
-        declared = rules.declared_keys
+        layout = rules.declared
         decode = self._decoder.decode
         keys: list[str] = []
         times: list[float] = []
@@ -242,15 +263,16 @@ class PartitionClock(StepClock):
             keys.append(key)
             times.append(ts)  # type: ignore[arg-type]
             refs.append(i)
-        if declared is not None and keys:  # one vectorized lookup for the whole batch
-            known = declared.rows(keys) >= 0
-            if not known.all():
-                for j in np.flatnonzero(~known).tolist():
-                    _, raw, offset, topic, _, _ = messages[refs[j]]
-                    dead.append(DeadLetter("key is not in admission.keys", raw or b"", topic,
-                                           partition, offset))
-                keep = known.tolist()
-                keys = list(itertools.compress(keys, keep))
-                times = list(itertools.compress(times, keep))
-                refs = list(itertools.compress(refs, keep))
-        return keys, times, refs
+        if layout is None:
+            return keys, times, refs
+        positions = layout.positions(keys)  # one vectorized lookup for the whole batch
+        known = positions >= 0
+        if not known.all():
+            for j in np.flatnonzero(~known).tolist():
+                _, raw, offset, topic, _, _ = messages[refs[j]]
+                dead.append(DeadLetter("key is not in admission.keys", raw or b"", topic,
+                                       partition, offset))
+            keep = known.tolist()
+            times = list(itertools.compress(times, keep))
+            refs = list(itertools.compress(refs, keep))
+        return positions[known], times, refs

@@ -33,7 +33,8 @@ from dpstream.messages import DeadLetter
 from dpstream.stream import stopping
 from dpstream.stream.barrier import StepBarrier
 from dpstream.stream.clock import ShardUpdate, StepClock
-from dpstream.stream.events import RawMessage, shard_of
+from dpstream.stream.events import RawMessage
+from dpstream.stream.layout import DeclaredLayout
 from dpstream.stream.shard import ShardState
 
 __all__ = ["FlowObserver", "StepAssignment", "assign_steps", "keyed_statistics", "stepped_shards"]
@@ -254,26 +255,19 @@ def _run_shards(up: Stream[tuple[str, ShardUpdate]],
 
 @operator
 def keyed_statistics(step_id: str, up: Stream[tuple[str, ShardUpdate]], spec: StatisticsSpec,
-                     partitions: int, shards: int, declared_keys: tuple[str, ...] | None,
+                     partitions: int, declared: DeclaredLayout | None,
                      noise: NoiseKey, observer: FlowObserver | None = None,
                      shard_class: type[ShardState] = ShardState,
                      release_every: int = 1) -> Stream[StepOutputs]:
     """Run every key's monitor and counter, shard by shard; emit each closed step's outputs.
 
     One :class:`~dpstream.core.key_table.StepOutputs` per closed step of a shard (releases,
-    alerts, statuses; a step that publishes nothing emits nothing). ``release_every``: see
+    alerts, statuses; a step that publishes nothing emits nothing). ``declared``: the
+    declared universe's keys by shard (None: the open universe). ``release_every``: see
     :class:`ShardState`. ``shard_class`` exists for the non-private baseline of ``bench/``;
     keep the default.
     """
-    declared_by_shard: dict[int, tuple[str, ...]] | None = None
-    if declared_keys is not None:
-        lists: dict[int, list[str]] = defaultdict(list)
-        for key in declared_keys:
-            lists[shard_of(key, shards)].append(key)
-        # tuples: the garbage collector stops tracking them (a long list of keys would be
-        # traversed by every full collection)
-        declared_by_shard = {shard: tuple(keys) for shard, keys in lists.items()}
-
+    declared_by_shard = declared
     seen = observer or _Nobody()
     mechanism = spec.counter.mechanism
     return _run_shards(

@@ -53,6 +53,7 @@ from dpstream.core.noise import NoiseKey
 from dpstream.errors import InvalidParameterError
 from dpstream.stream.barrier import StepBarrier, binding, check_binding
 from dpstream.stream.clock import ShardUpdate
+from dpstream.stream.layout import DeclaredLayout, RowCounts
 
 __all__ = ["ReferenceShardState", "ShardState", "step_outputs"]
 
@@ -97,8 +98,11 @@ class ReferenceShardState(StepBarrier):
             "retired": sorted(self.retired),
         }
 
-    def merge(self, step: int, bucket: dict[str, int]) -> None:
-        """Add one partition's per-key increments for ``step``."""
+    def merge(self, step: int, bucket: dict[str, int] | RowCounts) -> None:
+        """Add one partition's per-key increments for ``step`` (by name, or by row)."""
+        if isinstance(bucket, RowCounts):
+            assert self.declared_keys is not None, "rows name declared keys"
+            bucket = bucket.named(self.declared_keys)
         _merge(self.pending, step, bucket)
 
     def idle(self) -> bool:
@@ -212,6 +216,7 @@ class ShardState(StepBarrier):
         self.spec, self.noise, self.release_every = spec, noise, release_every
         self._declared_by_shard = declared_by_shard
         self.table: Any = None  # a table_class instance, built once the shard is known
+        self._declared_keys: list[str] = []  # this shard's, sorted (declared universe)
         self.reference: ReferenceShardState | None = None
         self._table_state: dict[str, Any] | None = None
         self._batches: list[StepOutputs] | None = None
@@ -242,15 +247,37 @@ class ShardState(StepBarrier):
         """Plain-data snapshot (holds true counts: the recovery store is secret)."""
         own = {**binding(self.spec.instance, self.spec.mechanisms_digest, self.noise),
                **self.barrier_state(), "engine": self.engine,
-               "pending": {s: dict(k) for s, k in self.pending.items()}}
+               "pending": {s: self._named(k) for s, k in self.pending.items()}}
         if self.reference is not None:
             return {**self.reference.to_state(), **own}  # the barrier is this shard's
         own["table"] = self._table_state if self.table is None else self.table.to_state()
         return own
 
-    def merge(self, step: int, bucket: dict[str, int]) -> None:
-        """Add one partition's per-key increments for ``step``."""
+    def merge(self, step: int, bucket: dict[str, int] | RowCounts) -> None:
+        """Add one partition's per-key increments for ``step``.
+
+        Buckets by row (:class:`RowCounts`, the declared universe) are kept as a list until
+        the step closes; a bucket by name (or a pending one restored from a snapshot) makes
+        the step's pending bucket a dict by name.
+        """
+        pending = self.pending.get(step)
+        if isinstance(bucket, RowCounts):
+            if pending is None or isinstance(pending, list):
+                self.pending.setdefault(step, []).append(bucket)
+                return
+            bucket = bucket.named(self._declared_keys)
+        elif isinstance(pending, list):
+            self.pending[step] = self._named(pending)
         _merge(self.pending, step, bucket)
+
+    def _named(self, pending: dict[str, int] | list[RowCounts]) -> dict[str, int]:
+        """A pending bucket by key name (buckets by row summed)."""
+        if not isinstance(pending, list):
+            return dict(pending)
+        named: dict[int, dict[str, int]] = {}
+        for bucket in pending:
+            _merge(named, 0, bucket.named(self._declared_keys))
+        return named.get(0, {})
 
     def idle(self) -> bool:
         """No live key in an open universe: steps without events publish nothing."""
@@ -263,12 +290,15 @@ class ShardState(StepBarrier):
     def bind(self, shard: int | None) -> None:
         """Learn the shard, and with it the declared keys it owns; build the engine."""
         self.shard = shard
+        if self._declared_by_shard is not None and shard is not None:
+            if isinstance(self._declared_by_shard, DeclaredLayout):  # sorted already, shared
+                self._declared_keys = self._declared_by_shard.keys_of(shard)
+            else:
+                self._declared_keys = sorted(self._declared_by_shard.get(shard, ()))
         if self.reference is not None:
             self.reference.bind(shard)
         elif self.table is None and (shard is not None or self._declared_by_shard is None):
-            declared = None
-            if self._declared_by_shard is not None:
-                declared = sorted(self._declared_by_shard.get(shard, ()))  # type: ignore[arg-type]
+            declared = None if self._declared_by_shard is None else self._declared_keys
             self.table = self.table_class(self.spec, self.noise, declared, self._table_state)
             self._table_state = None
 
@@ -322,19 +352,26 @@ class ShardState(StepBarrier):
             return ()
         return outputs
 
-    def close_step(self, step: int, bucket: dict[str, int] | None) -> StepOutputs:
+    def close_step(self, step: int, bucket: dict[str, int] | list[RowCounts] | None
+                   ) -> StepOutputs:
         """What closing ``step`` publishes (after ``release_every``)."""
+        if isinstance(bucket, list) and self.reference is not None:
+            bucket = self._named(bucket)
         if self.reference is not None:
             outputs = step_outputs(step, self.reference.close(step, bucket),
                                    self.spec.mode == "open")
         else:
             assert self.table is not None, "a declared shard closes once it knows its shard"
-            if bucket:
+            if isinstance(bucket, list):  # by row: no key is looked up
+                outputs = self.table.close_declared(
+                    step, np.concatenate([b.rows for b in bucket]),
+                    np.concatenate([b.counts for b in bucket]))
+            elif bucket:
                 keys = list(bucket)
                 increments = np.fromiter(bucket.values(), dtype=np.int64, count=len(keys))
+                outputs = self.table.close(step, keys, increments)
             else:
-                keys, increments = [], _NO_INCREMENTS
-            outputs = self.table.close(step, keys, increments)
+                outputs = self.table.close(step, [], _NO_INCREMENTS)
         every = self.release_every
         if every > 1 and (step + 1) % every and any(c.periodic for c in outputs.releases):
             outputs = dataclasses.replace(

@@ -1,0 +1,122 @@
+"""Where every key lives: its shard, and in the declared universe its row in that shard.
+
+A key's shard is a fixed hash of its UTF-8 bytes (CRC-32, the same in every process and on
+every worker, unlike Python's salted ``hash``). In the declared universe the whole key
+universe is known at start-up, so :class:`DeclaredLayout` also fixes each declared key's
+*position*: the declared keys sorted by shard, then by name within a shard. A shard's keys
+in that order are exactly the order in which its key table starts them (sorted, at the first
+close), so the step clock can hand a shard its events as row numbers
+(:class:`RowCounts`) and neither the shard nor its table has to look a key string up again.
+One :class:`~dpstream.core.key_index.KeyIndex` over the positions serves both as the clock's
+check that a key is declared and as the lookup from key to position.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from dpstream.core.key_index import KeyIndex
+
+__all__ = ["DeclaredLayout", "RowCounts", "shard_of", "shards_of"]
+
+IntArray = npt.NDArray[np.int64]
+
+
+def shard_of(key: str, shards: int) -> int:
+    """Return the shard of ``key`` (stable across processes, unlike ``hash``)."""
+    return zlib.crc32(key.encode()) % shards
+
+
+def shards_of(keys: Sequence[str], shards: int) -> IntArray:
+    """:func:`shard_of` of every key, as an int64 array (C-speed maps, no Python loop)."""
+    crcs = np.fromiter(map(zlib.crc32, map(str.encode, keys)), dtype=np.int64, count=len(keys))
+    return crcs % shards  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True, eq=False)
+class RowCounts:
+    """One shard's events of one step, by row: ``counts[i]`` events of the key at ``rows[i]``.
+
+    ``rows`` are positions in the shard's sorted declared keys (:meth:`DeclaredLayout.keys_of`),
+    distinct and ascending; ``counts`` are >= 1.
+    """
+
+    rows: npt.NDArray[np.int32]
+    counts: IntArray
+
+    def __len__(self) -> int:
+        return int(self.rows.size)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RowCounts):
+            return NotImplemented
+        return bool(np.array_equal(self.rows, other.rows)
+                    and np.array_equal(self.counts, other.counts))
+
+    __hash__ = None  # type: ignore[assignment]  # mutable arrays: unhashable
+
+    def named(self, keys: Sequence[str]) -> dict[str, int]:
+        """The same events by key name (``keys``: the shard's sorted declared keys)."""
+        return dict(zip(map(keys.__getitem__, self.rows.tolist()), self.counts.tolist(),
+                        strict=True))
+
+
+class DeclaredLayout(Mapping[int, list[str]]):
+    """The declared keys by shard, each shard's sorted: a mapping ``shard -> keys``.
+
+    Args:
+        keys: the declared keys (distinct), in any order.
+        shards: how many shards the flow has.
+
+    Attributes:
+        index: key -> position (shard by shard, sorted within a shard); -1 if not declared.
+        bounds: shard ``s`` holds positions ``bounds[s] .. bounds[s + 1] - 1``.
+    """
+
+    def __init__(self, keys: Sequence[str], shards: int) -> None:
+        ordered = sorted(keys)
+        owner = shards_of(ordered, shards)
+        by_shard = np.argsort(owner, kind="stable")  # shard-major, still sorted within
+        names = np.empty(len(ordered), dtype=object)
+        names[:] = ordered
+        names = names[by_shard]
+        self.shards = shards
+        self.index = KeyIndex(names)
+        self.bounds: IntArray = np.searchsorted(owner[by_shard], np.arange(shards + 1))
+        self._lists = {s: names[self.bounds[s]:self.bounds[s + 1]].tolist()
+                       for s in range(shards) if self.bounds[s + 1] > self.bounds[s]}
+
+    # -- the Mapping of declared keys by shard --
+    def __getitem__(self, shard: int) -> list[str]:
+        return self._lists[shard]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._lists)
+
+    def __len__(self) -> int:
+        return len(self._lists)
+
+    def keys_of(self, shard: int) -> list[str]:
+        """The declared keys of ``shard``, sorted (the list is shared: never change it)."""
+        return self._lists.get(shard, [])
+
+    def positions(self, keys: Sequence[str]) -> IntArray:
+        """The position of every key, -1 for a key that is not declared."""
+        return self.index.rows(keys)
+
+    def route(self, positions: IntArray) -> list[RowCounts | None]:
+        """Count events by position; one :class:`RowCounts` per shard (None: no event)."""
+        distinct, counts = np.unique(positions, return_counts=True)
+        cuts = np.searchsorted(distinct, self.bounds).tolist()
+        out: list[RowCounts | None] = []
+        for shard in range(self.shards):
+            lo, hi = cuts[shard], cuts[shard + 1]
+            out.append(None if hi == lo else RowCounts(
+                (distinct[lo:hi] - self.bounds[shard]).astype(np.int32),
+                counts[lo:hi].astype(np.int64)))
+        return out
