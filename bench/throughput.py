@@ -180,8 +180,6 @@ class PlainTable:
 
     def close(self, step: int, keys: list[str], increments: np.ndarray) -> Any:
         """Add the increments, release every key's exact count."""
-        from dpstream.core.key_table import ReleaseColumns, StepOutputs
-
         if self._declared is not None and not self._names:  # the first close: sorted already
             self._add(sorted(self._declared))
         rows = self._rows(keys)
@@ -190,24 +188,24 @@ class PlainTable:
             self._add(sorted({keys[i] for i in missing.tolist()}))
             rows = self._rows(keys)
         self._counts[rows] += increments  # the keys of a bucket are distinct
+        return self._release(step)
+
+    def close_declared(self, step: int, positions: np.ndarray, increments: np.ndarray) -> Any:
+        """:meth:`close` by declared position (the declared keys are the first rows)."""
+        if not self._names:
+            self._add(list(self._declared or ()))  # sorted already
+        np.add.at(self._counts, positions, increments)
+        return self._release(step)
+
+    def _release(self, step: int) -> Any:
+        """Every key's exact count, as the step's outputs."""
+        from dpstream.core.key_table import ReleaseColumns, StepOutputs
+
         out = StepOutputs(step)
         if self._names:
             out.releases.append(ReleaseColumns(
                 step=step, keys=self._names, values=self._counts.astype(np.float64), std=0.0,
                 mechanism="plain", spent=0.0, budget=0.0, unit="none", delta=0.0))
-        return out
-
-    def close_declared(self, step: int, positions: np.ndarray, increments: np.ndarray) -> Any:
-        """:meth:`close` by declared position (the declared keys are the first rows)."""
-        from dpstream.core.key_table import ReleaseColumns, StepOutputs
-
-        if not self._names:
-            self._add(list(self._declared or ()))  # sorted already
-        np.add.at(self._counts, positions, increments)
-        out = StepOutputs(step)
-        out.releases.append(ReleaseColumns(
-            step=step, keys=self._names, values=self._counts.astype(np.float64), std=0.0,
-            mechanism="plain", spent=0.0, budget=0.0, unit="none", delta=0.0))
         return out
 
     def _rows(self, keys: list[str]) -> np.ndarray:

@@ -324,18 +324,25 @@ def test_property_same_outputs_as_the_reference(data):
         initial=data.draw(st.sampled_from([None, 0.5, 1.0])),
         budget=data.draw(st.sampled_from([0.4, 1.0, 3.0, 10.0])),
     )
-    names = [f"k{i}" for i in range(data.draw(st.integers(1, 8)))]
-    steps = data.draw(st.integers(1, 22))
+    assert_same_on_a_drawn_stream(data, spec, mode, keys=8, steps=22, counts=st.integers(0, 6))
+
+
+def assert_same_on_a_drawn_stream(data, spec, mode, keys, steps, counts):
+    """The table and the reference agree on a drawn stream, with drawn restores and budget.
+
+    In the declared universe the table is closed by name or by position (drawn).
+    """
+    names = [f"k{i}" for i in range(data.draw(st.integers(1, keys)))]
+    steps = data.draw(st.integers(1, steps))
     stream = data.draw(st.lists(
-        st.dictionaries(st.sampled_from(names + ["x", "y"]), st.integers(0, 6), max_size=6),
+        st.dictionaries(st.sampled_from(names + ["x", "y"]), counts, max_size=6),
         min_size=steps, max_size=steps))
     declared = names if mode == "declared" else None
     by_position = mode == "declared" and data.draw(st.booleans())
     restore_at = data.draw(st.lists(st.integers(0, steps), max_size=2))
     respec = dataclasses.replace(spec, budget=data.draw(st.sampled_from([0.3, 1.0, 3.0, 10.0])))
     ref, got = run_both(spec, stream, declared=declared, restore_at=set(restore_at),
-                        by_position=by_position,
-                        respec=respec)
+                        by_position=by_position, respec=respec)
     assert canonical(ref) == canonical(got)
 
 
@@ -533,21 +540,9 @@ def test_property_zcdp_blt_same_outputs_as_the_reference(data):
         budget=data.draw(st.sampled_from([0.3, 1.0, 3.0, 10.0])),
         **kwargs,
     )
-    names = [f"k{i}" for i in range(data.draw(st.integers(1, 6)))]
-    steps = data.draw(st.integers(1, 36))
     # large increments widen the BLT buffers (x G up to 2^95); the prefix stays in int64
     counts = st.one_of(st.integers(0, 6), st.integers(0, 1 << 55))
-    stream = data.draw(st.lists(
-        st.dictionaries(st.sampled_from(names + ["x", "y"]), counts, max_size=6),
-        min_size=steps, max_size=steps))
-    declared = names if mode == "declared" else None
-    by_position = mode == "declared" and data.draw(st.booleans())
-    restore_at = data.draw(st.lists(st.integers(0, steps), max_size=2))
-    respec = dataclasses.replace(spec, budget=data.draw(st.sampled_from([0.3, 1.0, 3.0, 10.0])))
-    ref, got = run_both(spec, stream, declared=declared, restore_at=set(restore_at),
-                        by_position=by_position,
-                        respec=respec)
-    assert canonical(ref) == canonical(got)
+    assert_same_on_a_drawn_stream(data, spec, mode, keys=6, steps=36, counts=counts)
 
 
 def test_a_state_of_other_mechanisms_or_kind_is_refused():

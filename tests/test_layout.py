@@ -24,7 +24,8 @@ keys_strategy = st.lists(st.text(min_size=1, max_size=6), min_size=1, max_size=4
 @given(keys=keys_strategy, shards=st.integers(1, 7))
 def test_each_shard_holds_its_keys_sorted_and_a_position_is_a_row(keys, shards):
     layout = DeclaredLayout(keys, shards)
-    expected = {s: sorted(k for k in keys if shard_of(k, shards) == s) for s in range(shards)}
+    expected = {s: tuple(sorted(k for k in keys if shard_of(k, shards) == s))
+                for s in range(shards)}
     assert dict(layout) == {s: ks for s, ks in expected.items() if ks}
     assert all(layout.keys_of(s) == expected[s] for s in range(shards))
     positions = layout.positions(keys)

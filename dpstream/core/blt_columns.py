@@ -36,7 +36,9 @@ and the high-theta ones 3 (12 bytes).
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Sequence
 from typing import Any, Final
 
 import numpy as np
@@ -202,7 +204,7 @@ class CounterGroup:
 
     __slots__ = ("start", "code", "rows", "keys", "lanes", "initial", "initial_var")
 
-    def __init__(self, start: int, code: int, rows: RowArray, keys: list[str],
+    def __init__(self, start: int, code: int, rows: RowArray, keys: Sequence[str],
                  lanes: WordArray, initial: FloatArray | None, initial_var: float) -> None:
         self.start = start  # the counter's start step (part of its lane)
         self.code = code  # the charges its keys paid (their ledger stage)
@@ -211,6 +213,23 @@ class CounterGroup:
         self.lanes = lanes
         self.initial = initial  # the initial counts (open universe), else None (0.0)
         self.initial_var = initial_var
+
+    def keep(self, mask: npt.NDArray[np.bool_]) -> None:
+        """Keep only the keys where ``mask`` is True (a new key list: the old one is shared).
+
+        A subclass keeps its counters' columns too.
+        """
+        self.rows = self.rows[mask]
+        self.keys = list(itertools.compress(self.keys, mask.tolist()))
+        self.lanes = self.lanes[mask]
+        if self.initial is not None:
+            self.initial = self.initial[mask]
+
+    def shared_state(self) -> dict[str, Any]:
+        """The state fields every group has (never the lanes: they derive from the key)."""
+        return {"start": self.start, "code": self.code, "rows": self.rows.copy(),
+                "initial": None if self.initial is None else self.initial.copy(),
+                "initial_var": self.initial_var}
 
 
 class BltGroup(CounterGroup):
@@ -224,7 +243,7 @@ class BltGroup(CounterGroup):
     __slots__ = ("counter",)
 
     def __init__(self, spec: BltCounterSpec, start: int, code: int, rows: RowArray,
-                 keys: list[str], lanes: WordArray, initial: FloatArray | None,
+                 keys: Sequence[str], lanes: WordArray, initial: FloatArray | None,
                  initial_var: float, counter: dict[str, Any] | None = None) -> None:
         super().__init__(start, code, rows, keys, lanes, initial, initial_var)
         self.counter = BltColumns(spec, len(keys), counter)
@@ -233,11 +252,7 @@ class BltGroup(CounterGroup):
 
     def keep(self, mask: npt.NDArray[np.bool_]) -> None:
         """Keep only the keys where ``mask`` is True (a new key list: the old one is shared)."""
-        self.rows = self.rows[mask]
-        self.keys = [k for k, m in zip(self.keys, mask.tolist(), strict=True) if m]
-        self.lanes = self.lanes[mask]
-        if self.initial is not None:
-            self.initial = self.initial[mask]
+        super().keep(mask)
         self.counter.keep(mask)
 
     def step(self, noise: NoiseKey, inc: IntArray) -> tuple[FloatArray, float]:
@@ -253,8 +268,4 @@ class BltGroup(CounterGroup):
 
     def to_state(self) -> dict[str, Any]:
         """Plain data (the key table's group state; never the lanes)."""
-        return {
-            "kind": "blt", "start": self.start, "code": self.code, "rows": self.rows.copy(),
-            "initial": None if self.initial is None else self.initial.copy(),
-            "initial_var": self.initial_var, "counter": self.counter.to_state(),
-        }
+        return {"kind": "blt", **self.shared_state(), "counter": self.counter.to_state()}

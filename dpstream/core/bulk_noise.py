@@ -760,7 +760,8 @@ def _gaussian_chunk(noise: NoiseKey, sub: WordArray, g: _GaussianParameters) -> 
 
 def _fit_int64(value: int, g: _GaussianParameters) -> int:
     if not -(1 << 63) <= value < 1 << 63:  # probability below e^-4000 (module doc, "Range")
-        raise InvalidParameterError(f"a discrete Gaussian draw {value} does not fit int64 "
+        # the draw itself stays out of the message: with its release it would give the count
+        raise InvalidParameterError("a discrete Gaussian draw does not fit int64 "
                                     f"(sigma2 = {g.sigma2}); gaussian_one returns Python ints")
     return value
 

@@ -79,10 +79,6 @@ class KeyIndex:
         view.flags.writeable = False
         return view
 
-    def contains_all(self, keys: Sequence[str]) -> bool:
-        """Whether every one of ``keys`` is indexed (one vectorized lookup)."""
-        return bool((self.rows(keys) >= 0).all())
-
     @property
     def nbytes(self) -> int:
         """The bytes of the index's arrays (the key strings themselves not included)."""

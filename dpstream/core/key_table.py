@@ -146,7 +146,7 @@ class ReleaseColumns:
     """
 
     step: int
-    keys: list[str]
+    keys: Sequence[str]
     values: FloatArray
     std: float
     mechanism: str
@@ -244,7 +244,7 @@ class _Group(CounterGroup):
 
     __slots__ = ("steps", "base_value", "base_var", "stack")
 
-    def __init__(self, start: int, code: int, rows: RowArray, keys: list[str],
+    def __init__(self, start: int, code: int, rows: RowArray, keys: Sequence[str],
                  lanes: WordArray, initial: FloatArray | None, initial_var: float) -> None:
         super().__init__(start, code, rows, keys, lanes, initial, initial_var)
         self.steps = 0  # counter steps done (the next one's index)
@@ -254,11 +254,7 @@ class _Group(CounterGroup):
 
     def keep(self, mask: npt.NDArray[np.bool_]) -> None:
         """Keep only the keys where ``mask`` is True (a new key list: the old one is shared)."""
-        self.rows = self.rows[mask]
-        self.keys = list(itertools.compress(self.keys, mask.tolist()))
-        self.lanes = self.lanes[mask]
-        if self.initial is not None:
-            self.initial = self.initial[mask]
+        super().keep(mask)
         if self.base_value is not None:
             self.base_value = self.base_value[mask]
         for node in self.stack:
@@ -266,9 +262,7 @@ class _Group(CounterGroup):
 
     def to_state(self) -> dict[str, Any]:
         return {
-            "start": self.start, "code": self.code, "rows": self.rows.copy(),
-            "initial": None if self.initial is None else self.initial.copy(),
-            "initial_var": self.initial_var, "steps": self.steps,
+            **self.shared_state(), "steps": self.steps,
             "base_value": None if self.base_value is None else self.base_value.copy(),
             "base_var": self.base_var,
             "stack": [[n.height, n.true.copy(), n.est.copy(), n.var] for n in self.stack],
@@ -282,10 +276,11 @@ class KeyTable:
     """The keyed statistics of one shard, as columns (see the module docstring).
 
     Args:
-        spec: what to compute per key (pure accounting, a tree counter: :meth:`supports`).
+        spec: what to compute per key (pure with a tree counter, zCDP with a BLT counter:
+            :meth:`supports`).
         noise: the secret noise key (never stored in the state, nor anything derived from it).
         declared: the shard's declared keys (declared universe), started at the first close
-            (kept, not copied: the caller must not change the list).
+            (kept, not copied: the caller must not change them).
         state: a :meth:`to_state` snapshot to resume from, possibly under another budget.
 
     Raises:
@@ -294,7 +289,7 @@ class KeyTable:
     """
 
     def __init__(self, spec: StatisticsSpec, noise: NoiseKey,
-                 declared: list[str] | None = None,
+                 declared: Sequence[str] | None = None,
                  state: dict[str, Any] | None = None) -> None:
         if not self.supports(spec):
             raise InvalidParameterError(
@@ -389,13 +384,13 @@ class KeyTable:
             self._refusals[code, bit] = reason
         return self._refusals[code, bit]
 
-    def _statuses(self, names: list[str], step: int, label: str, reason: str,
+    def _statuses(self, names: Sequence[str], step: int, label: str, reason: str,
                   code: int) -> list[BudgetExhausted]:
         ledger = self._ledger(code)
         return [BudgetExhausted(k, step, label, reason, ledger.spent, ledger.budget, ledger.unit)
                 for k in names]
 
-    def _columns(self, step: int, keys: list[str], values: FloatArray, variance: float,
+    def _columns(self, step: int, keys: Sequence[str], values: FloatArray, variance: float,
                  code: int, periodic: bool) -> ReleaseColumns:
         ledger = self._ledger(code)
         return ReleaseColumns(step, keys, values, math.sqrt(variance), self._counter.mechanism,
@@ -528,7 +523,7 @@ class KeyTable:
         """The rows of ``keys``, -1 for a key that is not live."""
         return self._index.rows(keys)
 
-    def _create(self, names: list[str], step: int, out: StepOutputs) -> None:
+    def _create(self, names: Sequence[str], step: int, out: StepOutputs) -> None:
         """Start ``names`` (sorted, new) at ``step``: KeyStatistics' constructor, in bulk."""
         m, first = len(names), len(self._index)
         self._index.append(names)
@@ -652,7 +647,7 @@ class KeyTable:
         values = np.zeros(len(names)) if initial_values is None else initial_values.copy()
         out.releases.append(self._columns(step, list(names), values, initial_var, code, False))
 
-    def _new_group(self, start: int, code: int, rows: RowArray, names: list[str],
+    def _new_group(self, start: int, code: int, rows: RowArray, names: Sequence[str],
                    lanes: WordArray, initial: FloatArray | None,
                    initial_var: float) -> _Group | BltGroup:
         """The group of counters of ``names``, started at ``start`` (tree or BLT)."""
@@ -810,8 +805,7 @@ class KeyTable:
         start = int(state["start"])
         lanes = self._lanes(keys, "counter", self.spec.counter_digest, start)
         initial = state["initial"]
-        blt = isinstance(self._counter, BltCounterSpec)
-        if blt != (state.get("kind") == "blt"):
+        if isinstance(self._counter, BltCounterSpec) != (state.get("kind") == "blt"):
             raise InvalidParameterError("malformed key table state: a group of another counter")
         if isinstance(self._counter, BltCounterSpec):
             return BltGroup(self._counter, start, int(state["code"]), rows, keys, lanes,

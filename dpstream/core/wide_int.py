@@ -34,7 +34,7 @@ and scaled back by an exact power of two.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Final
 
 import numpy as np
@@ -51,7 +51,6 @@ __all__ = [
     "to_float",
     "to_ints",
     "trim",
-    "zeros",
 ]
 
 LIMB_BITS: Final = 32
@@ -61,11 +60,6 @@ _U32: Final = np.uint64(LIMB_BITS)
 Limbs = npt.NDArray[np.uint64]
 AnyLimbs = npt.NDArray[np.uint64] | npt.NDArray[np.uint32]
 FloatArray = npt.NDArray[np.float64]
-
-
-def zeros(width: int, n: int) -> Limbs:
-    """``n`` zeros on ``width`` limbs."""
-    return np.zeros((max(width, 1), n), dtype=np.uint64)
 
 
 def from_ints(values: Sequence[int], width: int | None = None) -> Limbs:
@@ -273,7 +267,3 @@ def signed_to_float(a: AnyLimbs, z: npt.NDArray[np.int64]) -> FloatArray:
     np.negative(result, out=result, where=negative)
     return result
 
-
-def limbs_needed(values: Iterable[int]) -> int:
-    """How many limbs the largest of ``values`` needs (for tests)."""
-    return max([1, *((int(v).bit_length() + LIMB_BITS - 1) // LIMB_BITS for v in values)])

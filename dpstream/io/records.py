@@ -159,6 +159,12 @@ class Texts:
         """Text ``i``."""
         return self.data[self.starts[i]:self.ends[i]]
 
+    def texts(self) -> list[bytes]:
+        """Every text, in order (one slice each)."""
+        data = self.data
+        return [data[a:b] for a, b in zip(self.starts.tolist(), self.ends.tolist(),
+                                           strict=True)]
+
     def lengths(self) -> IntArray:
         """The length of every text."""
         return self.ends - self.starts
@@ -185,11 +191,10 @@ class EncodedColumn(Sequence[Encoded]):
         return len(self.records)
 
     def __iter__(self) -> Iterator[Encoded]:
-        role, records = self.role, self.records.data
         keys = self.keys.data[1:-1].split(b'","')  # the keys' slices, as no key holds a quote
-        for key, start, end in zip(keys, self.records.starts.tolist(),
-                                   self.records.ends.tolist(), strict=True):
-            yield role, key, records[start:end]
+        role = self.role
+        return ((role, key, record)
+                for key, record in zip(keys, self.records.texts(), strict=True))
 
     @overload
     def __getitem__(self, index: int) -> Encoded: ...
@@ -377,11 +382,8 @@ def _escaped(role: str, pieces: list[bytes], keys: list[str], values: FloatArray
     if values is None:
         records = list(map(template.__mod__, quoted))
     else:
-        texts = _value_texts(values)
-        data = texts.data
-        value_texts = [data[a:b] for a, b in zip(texts.starts.tolist(), texts.ends.tolist(),
-                                                 strict=True)]
-        records = list(map(template.__mod__, zip(quoted, value_texts, strict=True)))
+        texts = _value_texts(values).texts()
+        records = list(map(template.__mod__, zip(quoted, texts, strict=True)))
     return list(zip(repeat(role), names, records))
 
 

@@ -93,7 +93,6 @@ class AdmissionConfig:
     delta: float = 0.0
 
 
-
 @dataclass(frozen=True, kw_only=True)
 class CountersConfig(FlowConfig):
     """The whole configuration of a counters flow."""

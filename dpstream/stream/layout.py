@@ -66,8 +66,11 @@ class RowCounts:
                         strict=True))
 
 
-class DeclaredLayout(Mapping[int, list[str]]):
+class DeclaredLayout(Mapping[int, tuple[str, ...]]):
     """The declared keys by shard, each shard's sorted: a mapping ``shard -> keys``.
+
+    A shard's keys are a tuple: the garbage collector does not track it, where a long list
+    would be traversed by every full collection.
 
     Args:
         keys: the declared keys (distinct), in any order.
@@ -88,22 +91,22 @@ class DeclaredLayout(Mapping[int, list[str]]):
         self.shards = shards
         self.index = KeyIndex(names)
         self.bounds: IntArray = np.searchsorted(owner[by_shard], np.arange(shards + 1))
-        self._lists = {s: names[self.bounds[s]:self.bounds[s + 1]].tolist()
-                       for s in range(shards) if self.bounds[s + 1] > self.bounds[s]}
+        self._by_shard = {s: tuple(names[self.bounds[s]:self.bounds[s + 1]].tolist())
+                          for s in range(shards) if self.bounds[s + 1] > self.bounds[s]}
 
     # -- the Mapping of declared keys by shard --
-    def __getitem__(self, shard: int) -> list[str]:
-        return self._lists[shard]
+    def __getitem__(self, shard: int) -> tuple[str, ...]:
+        return self._by_shard[shard]
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self._lists)
+        return iter(self._by_shard)
 
     def __len__(self) -> int:
-        return len(self._lists)
+        return len(self._by_shard)
 
-    def keys_of(self, shard: int) -> list[str]:
-        """The declared keys of ``shard``, sorted (the list is shared: never change it)."""
-        return self._lists.get(shard, [])
+    def keys_of(self, shard: int) -> tuple[str, ...]:
+        """The declared keys of ``shard``, sorted."""
+        return self._by_shard.get(shard, ())
 
     def positions(self, keys: Sequence[str]) -> IntArray:
         """The position of every key, -1 for a key that is not declared."""
@@ -118,5 +121,5 @@ class DeclaredLayout(Mapping[int, list[str]]):
             lo, hi = cuts[shard], cuts[shard + 1]
             out.append(None if hi == lo else RowCounts(
                 (distinct[lo:hi] - self.bounds[shard]).astype(np.int32),
-                counts[lo:hi].astype(np.int64)))
+                counts[lo:hi]))
         return out

@@ -267,10 +267,9 @@ def keyed_statistics(step_id: str, up: Stream[tuple[str, ShardUpdate]], spec: St
     :class:`ShardState`. ``shard_class`` exists for the non-private baseline of ``bench/``;
     keep the default.
     """
-    declared_by_shard = declared
     seen = observer or _Nobody()
     mechanism = spec.counter.mechanism
     return _run_shards(
-        up, lambda state: shard_class(spec, partitions, declared_by_shard, noise, state,
+        up, lambda state: shard_class(spec, partitions, declared, noise, state,
                                       release_every=release_every), seen,
         lambda out: seen.observe_outputs(out, mechanism))

@@ -216,7 +216,7 @@ class ShardState(StepBarrier):
         self.spec, self.noise, self.release_every = spec, noise, release_every
         self._declared_by_shard = declared_by_shard
         self.table: Any = None  # a table_class instance, built once the shard is known
-        self._declared_keys: list[str] = []  # this shard's, sorted (declared universe)
+        self._declared_keys: Sequence[str] = ()  # this shard's, sorted (declared universe)
         self.reference: ReferenceShardState | None = None
         self._table_state: dict[str, Any] | None = None
         self._batches: list[StepOutputs] | None = None
@@ -355,10 +355,9 @@ class ShardState(StepBarrier):
     def close_step(self, step: int, bucket: dict[str, int] | list[RowCounts] | None
                    ) -> StepOutputs:
         """What closing ``step`` publishes (after ``release_every``)."""
-        if isinstance(bucket, list) and self.reference is not None:
-            bucket = self._named(bucket)
         if self.reference is not None:
-            outputs = step_outputs(step, self.reference.close(step, bucket),
+            named = self._named(bucket) if isinstance(bucket, list) else bucket
+            outputs = step_outputs(step, self.reference.close(step, named),
                                    self.spec.mode == "open")
         else:
             assert self.table is not None, "a declared shard closes once it knows its shard"

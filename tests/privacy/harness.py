@@ -29,7 +29,7 @@ from dpstream.core.noise import NoiseKey
 from dpstream.io.records import RecordEncoder
 from dpstream.kinds.counters import event_rules, statistics_spec
 from dpstream.platform import build_flow
-from dpstream.stream.events import TIMESTAMP_LOG_APPEND_TIME, PartitionClock, RawMessage, shard_of
+from dpstream.stream.events import TIMESTAMP_LOG_APPEND_TIME, PartitionClock, RawMessage
 from dpstream.stream.shard import ShardState
 
 ORIGIN = 1_790_000_000  # 2026-09-21T14:13:20Z
@@ -97,12 +97,7 @@ class CoreFlow:
                  states: dict[str, Any] | None = None) -> None:
         self.config, self.partitions = config, partitions
         spec = statistics_spec(config, instance)
-        declared = None
-        if config.admission.mode == "declared":
-            declared = defaultdict(list)
-            for key in config.admission.keys:
-                declared[shard_of(key, config.shards)].append(key)
-            declared = dict(declared)
+        declared = config.declared_layout  # as the flow wires its shards
         rules = event_rules(config)
         states = states or {"clocks": {}, "shards": {}}
         self.clocks = {p: PartitionClock(rules, states["clocks"].get(p))
