@@ -67,15 +67,16 @@ def key_names(keys: int) -> list[str]:
     return [f"item-{i:07d}" for i in range(keys)]
 
 
-def workload(keys: int, steps: int, partitions: int = PARTITIONS
-             ) -> list[list[tuple[int, bytes, int, str, int, int]]]:
+def workload(keys: int, steps: int, partitions: int = PARTITIONS) -> list[Any]:
     """Batches of raw events: every key has one event in every one-second step.
 
     Key ``i`` goes to partition ``i % partitions``; within a step a partition's events are
     spread evenly over the second. Each raw message carries a broker timestamp
     (LogAppendTime) equal to the event time, truncated to the millisecond so that it stays in
-    the event's step: every event is counted at its own time.
+    the event's step: every event is counted at its own time. Each batch is a ``RawBatch``
+    (a partition's records as columns, as the Kafka source hands them over).
     """
+    from dpstream.messages import RawBatch
     from dpstream.stream.events import TIMESTAMP_LOG_APPEND_TIME
 
     names = [name.encode() for name in key_names(keys)]
@@ -85,13 +86,16 @@ def workload(keys: int, steps: int, partitions: int = PARTITIONS
         for p in range(partitions):
             mine = names[p::partitions]
             n = len(mine)
-            rows = []
-            for j, name in enumerate(mine):
-                ts = ORIGIN + step + j / n
-                rows.append((p, b'{"key":"%s","ts":%.6f}' % (name, ts), offsets[p] + j,
-                             "events", int(ts * 1000), TIMESTAMP_LOG_APPEND_TIME))
+            times = [ORIGIN + step + j / n for j in range(n)]
+            values = [b'{"key":"%s","ts":%.6f}' % pair for pair in zip(mine, times, strict=True)]
+            stamps = np.floor(np.array(times) * 1000)
+            for i in range(0, n, BATCH):  # columns built directly: no tuple per record
+                size = min(BATCH, n - i)
+                batches.append(RawBatch(
+                    p, values[i:i + size], list(range(offsets[p] + i, offsets[p] + i + size)),
+                    ["events"] * size, stamps[i:i + size].copy(),
+                    np.full(size, TIMESTAMP_LOG_APPEND_TIME, dtype=np.int64)))
             offsets[p] += n
-            batches += [rows[i:i + BATCH] for i in range(0, len(rows), BATCH)]
     return batches
 
 
@@ -370,7 +374,7 @@ def breakdown_once(kind: str, universe: str, keys: int, steps: int, trace: bool 
             seconds["encode"] += t3 - t2
 
     for batch in batches:
-        p = batch[0][0]
+        p = batch.partition
         t0 = time.perf_counter()
         updates, _dead = clocks[p].process(p, batch)
         seconds["clock"] += time.perf_counter() - t0

@@ -32,7 +32,7 @@ from dpstream.core.noise import NoiseKey
 from dpstream.io.kafka import KafkaClients, KafkaInput, KafkaOutput, wait_for_topics
 from dpstream.io.records import encode_dead_letter, flatten
 from dpstream.kinds import flow_kind
-from dpstream.messages import RawMessage
+from dpstream.messages import RawBatch, RawMessage
 from dpstream.metrics import FlowMetrics
 from dpstream.stream.operators import assign_steps
 
@@ -85,7 +85,7 @@ def build_flow(
     *,
     instance: str,
     partitions: int | Mapping[str, int] | None = None,
-    source: Source[RawMessage] | None = None,
+    source: Source[RawBatch | RawMessage] | None = None,
     sink: Sink[Any] | None = None,
     metrics: FlowMetrics | None = None,
     sink_batches: bool = False,
@@ -100,7 +100,8 @@ def build_flow(
             coordinate starts with it.
         partitions: input partitions per input topic (or their total with an in-memory
             source); looked up from the broker (waiting for it) when None and reading Kafka.
-        source: in-memory input of :data:`~dpstream.messages.RawMessage`; Kafka if None.
+        source: in-memory input (:class:`~dpstream.messages.RawBatch` items, or
+            :data:`~dpstream.messages.RawMessage` tuples); Kafka if None.
         sink: in-memory output of ``(topic_role, key, value)``; Kafka if None.
         metrics: where to count; nothing is counted if None.
         sink_batches: give the in-memory ``sink`` the kind's encoded items as they are
@@ -122,7 +123,7 @@ def build_flow(
             partitions = {topics[0]: partitions}
         counts = [partitions[topic] for topic in topics]
         observe_lag = metrics.observe_input_lag if metrics is not None else None
-        streams: list[Stream[RawMessage]] = []
+        streams: list[Stream[RawBatch]] = []
         first = 0
         for i, (topic, count) in enumerate(zip(topics, counts, strict=True)):
             reader = KafkaInput(clients, topic, count, group_id=kafka.group_id,

@@ -66,13 +66,28 @@ def test_non_string_is_not_contained() -> None:
     assert 1 not in index and None not in index and "1" in index
 
 
-def test_the_index_costs_at_most_24_bytes_a_key_at_a_million_keys() -> None:
-    """The slots (int32, at most half full) and the row references; a dict costs about 70."""
+def test_the_index_costs_at_most_36_bytes_a_key_at_a_million_keys() -> None:
+    """The slots (int64 row and tag, at most half full) and the row references; a dict: ~70."""
     names = [f"k{i}" for i in range(1_000_000)]
     index = KeyIndex(names)
-    assert index.nbytes / len(names) <= 24
+    assert index.nbytes / len(names) <= 36
     index2 = KeyIndex()
     for start in range(0, len(names), 62_500):  # grown by appends
         index2.append(names[start:start + 62_500])
-    assert index2.nbytes / len(names) <= 24
+    assert index2.nbytes / len(names) <= 36
     assert index2.rows(names[::99_999]).tolist() == list(range(0, 1_000_000, 99_999))
+
+
+def test_keys_that_share_slot_and_tag_are_still_told_apart(monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    """With every hash equal (same first slot, same tag), only the string comparison decides:
+    each key still finds its own row, and an absent key finds none."""
+    monkeypatch.setattr(key_index, "_hashes",
+                        lambda keys: np.full(len(keys), 12345, dtype=np.uint64))
+    names = [f"key-{i}" for i in range(40)]
+    index = KeyIndex(names[:25])
+    index.append(names[25:])
+    fresh = ["".join(["key-", str(i)]) for i in (39, 0, 17, 25)] + ["key-40", "other"]
+    assert index.rows(fresh).tolist() == [39, 0, 17, 25, -1, -1]
+    index.rebuild(names[::-1])
+    assert index.rows(["key-0", "key-39", "nope"]).tolist() == [39, 0, -1]

@@ -3,20 +3,25 @@
 A Python ``dict`` from a million key strings to their rows costs about 70 bytes a key beyond
 the strings: its hash table (about 40 bytes an entry) and one ``int`` object per row (28-32
 bytes). :class:`KeyIndex` keeps a numpy array of references to the rows' key strings (8 bytes
-a key, plus growth room) and one ``int32`` slot array of a power-of-two size at most half
-full (8-16 bytes a key): about 20 bytes a key (measured in ``tests/test_key_index.py``).
+a key, plus growth room) and one ``int64`` slot array of a power-of-two size at most half
+full (16-32 bytes a key): about 30 bytes a key (measured in ``tests/test_key_index.py``).
+A slot holds a row (low 32 bits) and a *tag*: 31 further bits of the key's hash.
 
 **Lookup** is linear probing, vectorized over a batch of keys: a key's first slot is its
 Python ``str`` hash masked to the table size (the hash is cached in the string object, so the
-keys the step clock has already counted in a ``Counter`` cost nothing to hash again); a slot
-holding a row whose string *equals* the key (a real string comparison, never a hash alone,
-so two keys are never merged) ends the probe, an empty slot means "absent", anything else
-moves to the next slot. At most half of the slots are used, so a probe visits fewer than two
-slots on average. The string comparisons are one numpy comparison of two object arrays.
+keys the step clock has already counted in a ``Counter`` cost nothing to hash again). The
+probe moves on over slots whose tag differs (integer comparisons, in bulk) and stops at an
+empty slot ("absent") or at a slot with the key's tag. That slot's row is then checked with
+a real string comparison, never a hash alone, so two keys are never merged: if its string
+differs (two keys share 31 tag bits as well as their slot, about one in 2^31), the probe
+goes on. At most half of the slots are used, so a probe visits fewer than two slots on
+average; the string comparisons are one numpy comparison of two object arrays.
 
 **Rows are appended** in order (row ``i`` is the ``i``-th name); removing rows (the key table
 compacts expired or retired keys, keeping the order of the rest) rebuilds the slots from the
-names, in one vectorized pass. The index holds no state of its own worth saving: a snapshot
+names, in one vectorized pass. Appended rows get their slots lazily, at the next lookup: a
+table read only by row (the declared universe, where the step clock hands the shards row
+numbers) never builds them. The index holds no state of its own worth saving: a snapshot
 keeps the names, and a restore rebuilds the slots (Python's string hash is salted per
 process, so slots are never stored).
 
@@ -38,6 +43,8 @@ IntArray = npt.NDArray[np.int64]
 
 _EMPTY: Final = -1
 _MIN_SLOTS: Final = 16
+_TAG_SHIFT: Final = np.uint64(33)  # a slot's tag: the hash's top 31 bits, above the row's 32
+_ROW_BITS: Final = np.int64(0xFFFF_FFFF)
 
 
 def _hashes(keys: Sequence[str]) -> npt.NDArray[np.uint64]:
@@ -51,13 +58,14 @@ class KeyIndex:
         names: the first rows' keys (distinct).
     """
 
-    __slots__ = ("_names", "_slots", "_mask", "_size")
+    __slots__ = ("_names", "_slots", "_mask", "_size", "_indexed")
 
     def __init__(self, names: Sequence[str] = ()) -> None:
         self._names: npt.NDArray[np.object_] = np.empty(0, dtype=object)
-        self._slots = np.full(_MIN_SLOTS, _EMPTY, dtype=np.int32)
+        self._slots = np.full(_MIN_SLOTS, _EMPTY, dtype=np.int64)
         self._mask = np.uint64(_MIN_SLOTS - 1)
         self._size = 0
+        self._indexed = 0
         self.rebuild(names)
 
     # -- a read-only set of the live keys --
@@ -91,26 +99,32 @@ class KeyIndex:
         rows = np.full(n, _EMPTY, dtype=np.int64)
         if n == 0 or self._size == 0:
             return rows
-        mask = self._mask
-        position = _hashes(keys) & mask
-        wanted = np.empty(n, dtype=object)
-        wanted[:] = keys
-        names, slots = self._names, self._slots
-        candidate = slots[position]  # the first probe, over every key
-        same = names[candidate] == wanted  # an empty slot (-1) is masked out below
-        same &= candidate >= 0
-        rows[same] = candidate[same]
-        pending = np.flatnonzero(~same & (candidate >= 0))
-        while pending.size:  # the rare keys whose first slot holds another key
-            position[pending] = (position[pending] + np.uint64(1)) & mask
-            candidate = slots[position[pending]]
-            occupied = candidate >= 0
-            if not occupied.all():
-                pending, candidate = pending[occupied], candidate[occupied]
-            same = names[candidate] == wanted[pending]
-            rows[pending[same]] = candidate[same]
-            pending = pending[~same]
-        return rows
+        self._index_pending()
+        mask, slots = self._mask, self._slots
+        hashes = _hashes(keys)
+        position = hashes & mask
+        tags = (hashes >> _TAG_SHIFT).astype(np.int64)
+        entries = slots[position]  # the first probe, over every key
+        tagged = (entries >> 32) == tags  # an empty slot (-1) has no tag (-1)
+        pending = np.flatnonzero(~tagged & (entries >= 0))
+        while True:
+            while pending.size:  # keys whose slot holds another tag: integers only
+                position[pending] = (position[pending] + np.uint64(1)) & mask
+                found = slots[position[pending]]
+                entries[pending] = found
+                match = (found >> 32) == tags[pending]
+                tagged[pending[match]] = True
+                pending = pending[~match & (found >= 0)]
+            check = np.flatnonzero(tagged)
+            if not check.size:
+                return rows
+            candidate = entries[check] & _ROW_BITS
+            wanted = np.empty(check.size, dtype=object)
+            wanted[:] = keys if check.size == n else list(map(keys.__getitem__, check.tolist()))
+            same = self._names[candidate] == wanted
+            rows[check[same]] = candidate[same]
+            tagged[check] = False
+            pending = check[~same]  # another key with the same tag (rare): probe on
 
     # -- changes --
     def append(self, names: Sequence[str]) -> None:
@@ -118,29 +132,39 @@ class KeyIndex:
         first, last = self._size, self._size + len(names)
         if last == first:
             return
-        if 2 * last > self._slots.size:
-            self.rebuild([*self._names[:first].tolist(), *names])
-            return
         if last > self._names.size:  # grow the references by half again (amortised O(1))
             grown = np.empty(max(last, self._names.size * 3 // 2), dtype=object)
             grown[:first] = self._names[:first]
             self._names = grown
         self._names[first:last] = names
         self._size = last
-        self._insert(np.arange(first, last, dtype=np.int64))
 
     def rebuild(self, names: Sequence[str] | npt.NDArray[np.object_]) -> None:
         """Index ``names`` afresh as rows ``0..`` (after rows were removed, or on restore)."""
-        size = len(names)
-        slots = _MIN_SLOTS
-        while slots < 2 * size:
-            slots *= 2
-        self._names = np.empty(size, dtype=object)
+        self._names = np.empty(len(names), dtype=object)
         self._names[:] = names
-        self._slots = np.full(slots, _EMPTY, dtype=np.int32)
-        self._mask = np.uint64(slots - 1)
-        self._size = size
-        self._insert(np.arange(size, dtype=np.int64))
+        self._size = len(names)
+        self._indexed = 0
+        self._index_pending()
+
+    def _index_pending(self) -> None:
+        """Put the rows appended since the last lookup in slots (growing the slots if needed).
+
+        Slots are only needed by lookups: a table that is only ever read by row (the declared
+        universe, routed by position) never pays for them.
+        """
+        first, size = self._indexed, self._size
+        if first == size:
+            return
+        if 2 * size > self._slots.size or first == 0:
+            slots = _MIN_SLOTS
+            while slots < 2 * size:
+                slots *= 2
+            self._slots = np.full(slots, _EMPTY, dtype=np.int64)
+            self._mask = np.uint64(slots - 1)
+            first = 0
+        self._insert(np.arange(first, size, dtype=np.int64))
+        self._indexed = size
 
     def _insert(self, new_rows: IntArray) -> None:
         """Put ``new_rows`` (named, not in a slot yet) in free slots, probing linearly.
@@ -151,7 +175,9 @@ class KeyIndex:
         if not new_rows.size:
             return
         slots, mask = self._slots, self._mask
-        position = _hashes(self._names[new_rows].tolist()) & mask
+        hashes = _hashes(self._names[new_rows].tolist())
+        position = hashes & mask
+        entries = ((hashes >> _TAG_SHIFT).astype(np.int64) << 32) | new_rows
         pending = np.arange(new_rows.size, dtype=np.int64)
         while pending.size:
             wanted = position[pending]
@@ -162,7 +188,7 @@ class KeyIndex:
                 # the first pending row of each free slot takes it
                 _, first = np.unique(wanted[candidates], return_index=True)
                 winners = candidates[first]
-                slots[wanted[winners]] = new_rows[pending[winners]]
+                slots[wanted[winners]] = entries[pending[winners]]
                 taken[winners] = True
             pending = pending[~taken]
             position[pending] = (position[pending] + np.uint64(1)) & mask

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
+import numpy as np
 import orjson
 from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 from bytewax.outputs import DynamicSink, StatelessSinkPartition
@@ -57,7 +58,7 @@ from confluent_kafka.admin import AdminClient
 
 from dpstream.errors import ConfigError, DpstreamError
 from dpstream.io.records import EncodedBatch
-from dpstream.messages import TICK, Encoded, RawMessage
+from dpstream.messages import TICK, Encoded, RawBatch
 from dpstream.stream import stopping
 
 __all__ = [
@@ -334,7 +335,7 @@ Observer = Callable[[int, int], None]  # partition, records not yet read
 _IDLE_WAIT: Final = timedelta(milliseconds=20)
 
 
-class _InputPartition(StatefulSourcePartition[RawMessage, int]):
+class _InputPartition(StatefulSourcePartition[RawBatch, int]):
     """One input partition, read from an explicit offset (no group rebalancing)."""
 
     def __init__(self, config: dict[str, Any], topic: str, partition: int, offset: int,
@@ -362,12 +363,14 @@ class _InputPartition(StatefulSourcePartition[RawMessage, int]):
         if isinstance(lag, int) and lag >= 0:
             self.observe_lag(self.flow_partition, lag)
 
-    def next_batch(self) -> list[RawMessage]:
+    def next_batch(self) -> list[RawBatch]:
         if self._eof or stopping.stop_requested():
             raise StopIteration
         messages = self.consumer.consume(self.batch_size, 0.001)
-        batch: list[RawMessage] = []
-        topic, partition, flow_partition = self.topic, self.partition, self.flow_partition
+        values: list[bytes | None] = []
+        offsets: list[int | None] = []
+        stamps: list[tuple[int, int]] = []
+        topic, partition = self.topic, self.partition
         for m in messages:
             error = m.error()
             if error is not None:
@@ -378,12 +381,16 @@ class _InputPartition(StatefulSourcePartition[RawMessage, int]):
                 self.errors(f"consume:{error.code()}", logging.WARNING,
                             "input %s[%d]: %s", topic, partition, error.str())
                 continue
-            kind, ms = m.timestamp()
-            batch.append((flow_partition, m.value(), m.offset(), topic, ms, kind))
-        if batch:
-            self.offset = batch[-1][2] + 1  # type: ignore[operator]
-        self._idle = not batch
-        return batch
+            values.append(m.value())
+            offsets.append(m.offset())
+            stamps.append(m.timestamp())
+        self._idle = not values
+        if not values:
+            return []
+        self.offset = offsets[-1] + 1  # type: ignore[operator]
+        kinds_ms = np.array(stamps, dtype=np.int64).reshape(-1, 2)
+        return [RawBatch(self.flow_partition, values, offsets, [topic] * len(values),
+                         kinds_ms[:, 1].astype(np.float64), kinds_ms[:, 0].copy())]
 
     def next_awake(self) -> datetime | None:
         if self._idle:  # nothing arrived: do not spin on the broker
@@ -404,8 +411,8 @@ class _InputPartition(StatefulSourcePartition[RawMessage, int]):
         self.consumer.close()
 
 
-class KafkaInput(FixedPartitionedSource[RawMessage, int]):
-    """Every partition of one topic, as :data:`~dpstream.stream.events.RawMessage` tuples.
+class KafkaInput(FixedPartitionedSource[RawBatch, int]):
+    """Every partition of one topic, one :class:`~dpstream.messages.RawBatch` per read batch.
 
     Args:
         clients: the flow's Kafka settings.

@@ -1,7 +1,9 @@
-"""An in-memory, batched, resumable source of raw messages (tests, benchmarks, notebooks).
+"""An in-memory, batched, resumable source of raw records (tests, benchmarks, notebooks).
 
-It feeds the counters flow exactly what the Kafka source would, as
-``(partition, value, offset, topic)`` tuples, one prepared batch at a time.
+It feeds a flow what the Kafka source would: each prepared batch is a
+:class:`~dpstream.messages.RawBatch` (one input partition's records as columns, handed over
+as one item, as the Kafka source does) or a list of
+:data:`~dpstream.messages.RawMessage` tuples (handed over one item per record).
 """
 
 from __future__ import annotations
@@ -10,30 +12,32 @@ from collections.abc import Sequence
 
 from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 
-from dpstream.messages import RawMessage
+from dpstream.messages import RawBatch, RawMessage
 
 __all__ = ["MemorySource"]
 
+Prepared = RawBatch | list[RawMessage]
 
-class _BatchPartition(StatefulSourcePartition[RawMessage, int]):
-    def __init__(self, batches: Sequence[list[RawMessage]], resume: int | None) -> None:
+
+class _BatchPartition(StatefulSourcePartition[RawBatch | RawMessage, int]):
+    def __init__(self, batches: Sequence[Prepared], resume: int | None) -> None:
         self._batches, self._next = batches, resume or 0
 
-    def next_batch(self) -> list[RawMessage]:
+    def next_batch(self) -> list[RawBatch | RawMessage]:
         if self._next >= len(self._batches):
             raise StopIteration
         batch = self._batches[self._next]
         self._next += 1
-        return batch
+        return [batch] if isinstance(batch, RawBatch) else list(batch)
 
     def snapshot(self) -> int:
         return self._next
 
 
-class MemorySource(FixedPartitionedSource[RawMessage, int]):
-    """Replays prepared batches of raw messages; resumes by batch index after recovery."""
+class MemorySource(FixedPartitionedSource[RawBatch | RawMessage, int]):
+    """Replays prepared batches of raw records; resumes by batch index after recovery."""
 
-    def __init__(self, batches: Sequence[list[RawMessage]]) -> None:
+    def __init__(self, batches: Sequence[Prepared]) -> None:
         self._batches = batches
 
     def list_parts(self) -> list[str]:

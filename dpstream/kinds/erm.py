@@ -48,7 +48,7 @@ from dpstream.core.key_statistics import parameter_digest
 from dpstream.core.noise import NoiseKey
 from dpstream.errors import BudgetExhaustedError, ConfigError
 from dpstream.estimator import MODEL_SCHEMA
-from dpstream.messages import DeadLetter, Encoded, RawMessage, step_window
+from dpstream.messages import DeadLetter, Encoded, RawBatch, step_window
 from dpstream.platform import FlowParts
 from dpstream.stream.barrier import MechanismShard
 from dpstream.stream.clock import ShardUpdate, StepClock, bad_time
@@ -360,7 +360,7 @@ class ErmClock(StepClock):
         self._streams = np.empty(0, dtype=np.int64)
         self._order = np.empty((0, 2), dtype=np.int64)
 
-    def decode(self, partition: int, messages: list[RawMessage], dead: list[DeadLetter]
+    def decode(self, partition: int, messages: RawBatch, dead: list[DeadLetter]
                ) -> tuple[list[Any], list[float], list[int]]:
         """Events with usable features, label, stream and time; the rest are dead letters."""
         config = self.config

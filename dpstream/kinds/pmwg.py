@@ -50,7 +50,7 @@ from dpstream.core.schedulers import BBScheduler, BBSchedulerSpec
 from dpstream.core.tree_counter import TreeCounter, TreeCounterSpec
 from dpstream.core.universe import Universe, UniverseError
 from dpstream.errors import ConfigError, InvalidParameterError
-from dpstream.messages import DeadLetter, Encoded, RawMessage, step_window
+from dpstream.messages import DeadLetter, Encoded, RawBatch, RawMessage, step_window
 from dpstream.metrics import FlowMetrics
 from dpstream.platform import FlowParts
 from dpstream.stream.barrier import MechanismShard
@@ -303,14 +303,14 @@ class PmwgClock(StepClock):
         return DeadLetter(reason, raw or b"", topic, partition - self.bases.get(topic or "", 0),
                           offset)
 
-    def decode(self, partition: int, messages: list[RawMessage], dead: list[DeadLetter]
+    def decode(self, partition: int, messages: RawBatch, dead: list[DeadLetter]
                ) -> tuple[list[Any], np.ndarray | list[float], range | list[int]]:
         """Events: their cells in every histogram; queries: id, histogram and body."""
         if partition >= self.first_query_partition:
             return self._decode_queries(messages, dead)
         return self._decode_events(messages, dead)
 
-    def _decode_events(self, messages: list[RawMessage], dead: list[DeadLetter]
+    def _decode_events(self, messages: RawBatch, dead: list[DeadLetter]
                        ) -> tuple[list[Any], np.ndarray | list[float], list[int]]:
         time_field = self.config.time_field
         records: list[dict[str, Any]] = []
@@ -354,7 +354,7 @@ class PmwgClock(StepClock):
         return (list(range(len(keep))), [times[j] for j in keep.tolist()],
                 [refs[j] for j in keep.tolist()])
 
-    def _decode_queries(self, messages: list[RawMessage], dead: list[DeadLetter]
+    def _decode_queries(self, messages: RawBatch, dead: list[DeadLetter]
                         ) -> tuple[list[Any], np.ndarray | list[float], list[int]]:
         payloads: list[Any] = []
         times: list[float] = []

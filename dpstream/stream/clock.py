@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from operator import countOf, itemgetter
+from operator import countOf
 from typing import Any, Final, Protocol
 
 import numpy as np
@@ -45,15 +45,13 @@ from dpstream.messages import (
     TIMESTAMP_CREATE_TIME,
     TIMESTAMP_LOG_APPEND_TIME,
     DeadLetter,
+    RawBatch,
     RawMessage,
 )
 
 __all__ = ["ClockRules", "MAX_SECONDS", "ShardUpdate", "StepClock", "bad_time"]
 
 MAX_SECONDS: Final = 253_402_300_799.0  # 9999-12-31T23:59:59Z: keeps every step index in int64
-_VALUE = itemgetter(1)
-_BROKER_MS = itemgetter(4)
-_KIND = itemgetter(5)
 
 
 def bad_time(field: str) -> str:
@@ -130,13 +128,14 @@ class StepClock:
         self.ticks = 0
 
     # -- what a flow kind provides --
-    def decode(self, partition: int, messages: list[RawMessage], dead: list[DeadLetter]
+    def decode(self, partition: int, messages: RawBatch, dead: list[DeadLetter]
                ) -> tuple[list[Any], np.ndarray | list[float], range | list[int]]:
         """Decode records: their payloads (a list, or an array), event times and indexes.
 
-        Records that cannot be used go to ``dead`` (with :meth:`dead_letter`); the third
-        element gives, for each payload, the index of its record in ``messages`` (``range``
-        when every record decoded).
+        ``messages`` is read as columns (``messages.values``) or as :data:`RawMessage`
+        tuples. Records that cannot be used go to ``dead`` (with :meth:`dead_letter`); the
+        third element gives, for each payload, the index of its record in ``messages``
+        (``range`` when every record decoded).
         """
         raise NotImplementedError
 
@@ -178,24 +177,29 @@ class StepClock:
         return [ShardUpdate(s, self.partition, self.frontier(), {})
                 for s in range(self.rules.shards)]
 
-    def process(self, partition: int, messages: list[RawMessage]
+    def process(self, partition: int, messages: RawBatch | list[RawMessage]
                 ) -> tuple[list[ShardUpdate], list[DeadLetter]]:
-        """Place a batch of raw messages of ``partition`` (see :data:`RawMessage`) in steps.
+        """Place a batch of raw records of ``partition`` in steps.
 
-        Placing records in steps and detecting late ones is vectorised over the batch,
-        exactly as if the records were processed one by one: a record is late if its step is
-        before the partition's frontier as it stood just before the record.
+        ``messages`` is a :class:`~dpstream.messages.RawBatch` (what the sources hand over)
+        or a list of :data:`RawMessage` tuples. Placing records in steps and detecting late
+        ones is vectorised over the batch, exactly as if the records were processed one by
+        one: a record is late if its step is before the partition's frontier as it stood
+        just before the record.
 
         Returns:
             One update per shard (it carries the frontier even without increments) and
             the dead letters, in offset order.
         """
+        if not isinstance(messages, RawBatch):
+            messages = RawBatch.of(messages) if messages else RawBatch(
+                partition, [], [], [], np.empty(0, np.float64), np.empty(0, np.int64))
         self.partition = partition
         rules = self.rules
         dead: list[DeadLetter] = []
         n = len(messages)
-        broker = np.fromiter(map(_BROKER_MS, messages), dtype=np.float64, count=n) / 1000.0
-        kinds = np.fromiter(map(_KIND, messages), dtype=np.int64, count=n)
+        broker = messages.broker_ms / 1000.0
+        kinds = messages.kinds
         if rules.clock == "broker":
             trusted = kinds == TIMESTAMP_LOG_APPEND_TIME
         else:
@@ -207,9 +211,10 @@ class StepClock:
         if running[-1] > start:
             self.watermark = float(running[-1])
         before_all = running[:-1]
-        if countOf(map(_VALUE, messages), TICK):  # heartbeats: clock only
-            keep = np.fromiter((m[1] != TICK for m in messages), dtype=bool, count=n)
-            messages = [m for m in messages if m[1] != TICK]
+        if countOf(messages.values, TICK):  # heartbeats: clock only
+            keep = np.fromiter((value != TICK for value in messages.values), dtype=bool,
+                               count=n)
+            messages = messages.keep(keep)
             broker, trusted, kinds, before_all = broker[keep], trusted[keep], kinds[keep], \
                 before_all[keep]
             self.ticks += n - len(messages)

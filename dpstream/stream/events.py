@@ -14,7 +14,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from operator import attrgetter, itemgetter
+from operator import attrgetter
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -27,6 +27,7 @@ from dpstream.messages import (
     TIMESTAMP_LOG_APPEND_TIME,
     TIMESTAMP_NONE,
     DeadLetter,
+    RawBatch,
     RawMessage,
 )
 from dpstream.stream.clock import MAX_SECONDS, ShardUpdate, StepClock, bad_time
@@ -47,7 +48,6 @@ __all__ = [
 ]
 
 MAX_KEY_LENGTH = 256
-_VALUE = itemgetter(1)
 _KEY = attrgetter("key")
 _TS = attrgetter("ts")
 _bad_time = bad_time
@@ -115,7 +115,7 @@ class PartitionClock(StepClock):
             rename={"key": rules.key_field, "ts": rules.time_field}, gc=False)
         self._strict_decoder = msgspec.json.Decoder(strict_type)
 
-    def decode(self, partition: int, messages: list[RawMessage], dead: list[DeadLetter]
+    def decode(self, partition: int, messages: RawBatch, dead: list[DeadLetter]
                ) -> tuple[list[Any], np.ndarray | list[float], range | list[int]]:
         """Decode the whole batch in one C call, else record by record (explaining failures)."""
         fast = self._decode_batch(messages)
@@ -193,7 +193,7 @@ class PartitionClock(StepClock):
             return _bad_key(self.rules.key_field)
         return _bad_time(self.rules.time_field)
 
-    def _decode_batch(self, messages: list[RawMessage]
+    def _decode_batch(self, messages: RawBatch
                       ) -> tuple[list[str] | np.ndarray, np.ndarray] | None:
         """Decode a whole batch in one C call, or return None to take the per-record path.
 
@@ -205,7 +205,7 @@ class PartitionClock(StepClock):
         is exactly one record; any invalid, blank or odd record sends the whole batch
         to :meth:`_decode_each`, which explains each failure.
         """
-        values = list(map(_VALUE, messages))
+        values = messages.values
         if not values or None in values:
             return None
         buf = b"\n".join(values)  # type: ignore[arg-type]
@@ -228,7 +228,7 @@ class PartitionClock(StepClock):
         return positions, times
 
     def _decode_each(self, partition: int,
-                     messages: list[RawMessage],
+                     messages: RawBatch,
                      dead: list[DeadLetter]
                      ) -> tuple[list[str] | np.ndarray, list[float], list[int]]:
         """Decode record by record, sending each unusable one to ``dead`` with its reason.

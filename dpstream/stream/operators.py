@@ -19,7 +19,6 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from operator import itemgetter
 from typing import Any, Protocol
 
 import bytewax.operators as op
@@ -29,11 +28,10 @@ from bytewax.operators import StatefulBatchLogic
 from dpstream.core.key_statistics import StatisticsSpec
 from dpstream.core.key_table import StepOutputs
 from dpstream.core.noise import NoiseKey
-from dpstream.messages import DeadLetter
+from dpstream.messages import DeadLetter, RawBatch, RawMessage
 from dpstream.stream import stopping
 from dpstream.stream.barrier import StepBarrier
 from dpstream.stream.clock import ShardUpdate, StepClock
-from dpstream.stream.events import RawMessage
 from dpstream.stream.layout import DeclaredLayout
 from dpstream.stream.shard import ShardState
 
@@ -81,16 +79,16 @@ class _Nobody:
         return None
 
 
-class _PartitionLogic(StatefulBatchLogic[list[RawMessage], Any, dict[str, Any]]):
+class _PartitionLogic(StatefulBatchLogic[RawBatch, Any, dict[str, Any]]):
     def __init__(self, clock: StepClock, observer: FlowObserver) -> None:
         self.clock, self.observer = clock, observer
 
-    def on_batch(self, values: list[list[RawMessage]]) -> tuple[list[Any], bool]:
+    def on_batch(self, values: list[RawBatch]) -> tuple[list[Any], bool]:
         out: list[Any] = []
         clock, observer = self.clock, self.observer
         for batch in values:
             before = clock.events
-            updates, dead = clock.process(batch[0][0], batch)
+            updates, dead = clock.process(batch.partition, batch)
             out.extend((str(update.shard), update) for update in updates)
             out.extend(dead)
             observer.observe_input("events", clock.events - before)
@@ -120,18 +118,28 @@ class StepAssignment:
     dead_letters: Stream[DeadLetter]
 
 
-def _group_by_partition(batch: list[RawMessage]) -> list[tuple[str, list[RawMessage]]]:
-    partitions = set(map(itemgetter(0), batch))
-    if len(partitions) == 1:  # the usual case: a Kafka source batch comes from one partition
-        return [(str(partitions.pop()), batch)]
-    groups: dict[int, list[RawMessage]] = defaultdict(list)
-    for message in batch:
-        groups[message[0]].append(message)
-    return [(str(p), msgs) for p, msgs in groups.items()]
+def _group_by_partition(items: list[RawBatch | RawMessage]) -> list[tuple[str, RawBatch]]:
+    """Key the source's items by input partition, as :class:`RawBatch` columns.
+
+    The sources hand over whole batches (one :class:`RawBatch` per consumed batch); loose
+    :data:`RawMessage` tuples (e.g. a test's ``TestingSource``) are grouped into batches, in
+    their order within each partition.
+    """
+    if all(type(item) is RawBatch for item in items):  # the sources' case
+        return [(str(item.partition), item) for item in items]  # type: ignore[union-attr]
+    out: list[tuple[str, RawBatch]] = []
+    loose: dict[int, list[RawMessage]] = defaultdict(list)
+    for item in items:
+        if isinstance(item, RawBatch):
+            out.append((str(item.partition), item))
+        else:
+            loose[item[0]].append(item)
+    out.extend((str(p), RawBatch.of(msgs)) for p, msgs in loose.items())
+    return out
 
 
 @operator
-def assign_steps(step_id: str, up: Stream[RawMessage],
+def assign_steps(step_id: str, up: Stream[RawBatch | RawMessage],
                  make_clock: Callable[[dict[str, Any] | None], StepClock],
                  observer: FlowObserver | None = None) -> StepAssignment:
     """Parse raw messages per input partition and route each step's buckets to shards.
