@@ -421,6 +421,9 @@ def _reset_peak_rss() -> None:
 
 
 def child(args: argparse.Namespace) -> None:
+    from dpstream.runner import keep_freed_memory
+
+    keep_freed_memory()  # as `dpstream run` does (DP and baseline alike)
     topics = json.loads(args.topics) if args.topics else None
     if args.one in ("breakdown", "state"):
         result = breakdown_once(args.kind, args.universe, int(args.keys), args.steps,

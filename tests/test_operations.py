@@ -463,3 +463,14 @@ def test_a_stop_during_an_outage_exits_and_the_restart_resends(tmp_path):
         by_coordinate = values_by_coordinate(releases)
         assert len(by_coordinate) == expected  # nothing lost
         assert all(len(v) == 1 for v in by_coordinate.values())  # replays never re-noise
+
+
+def test_malloc_tuning_is_skipped_when_the_operator_chose_or_disabled_it():
+    from dpstream.runner import keep_freed_memory
+
+    assert keep_freed_memory({"DPSTREAM_MALLOC_TUNING": "0"}) is False
+    assert keep_freed_memory({"MALLOC_TRIM_THRESHOLD_": "1000"}) is False
+    assert keep_freed_memory({"MALLOC_MMAP_THRESHOLD_": "1000"}) is False
+    import sys
+    if sys.platform.startswith("linux"):  # glibc here: the thresholds are accepted
+        assert keep_freed_memory({}) is True

@@ -415,7 +415,7 @@ def laplace(noise: NoiseKey, lanes: WordArray, scale: Fraction, tag: int, epoch:
         # a tie (u = L_k) or the tail (u < L_K), goes to the exact slow path
         with np.errstate(divide="ignore"):
             guess = np.log(u.astype(np.float64) * 2.0**-_WORD) / log_p
-        g = np.minimum(np.nan_to_num(guess, posinf=size), size).astype(np.int64)
+        g = np.minimum(guess, size).astype(np.int64)  # u = 0: guess = +inf, so g = size
         ok = ((g == 0) | (u < padded[g])) & (u > padded[g + 1]) & (g < size)
         geometric[:, which] = g
         for row in np.flatnonzero(~ok).tolist():  # a wrong guess, a tie or the tail: rare

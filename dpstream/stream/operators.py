@@ -277,6 +277,7 @@ def keyed_statistics(step_id: str, up: Stream[tuple[str, ShardUpdate]], spec: St
     """
     seen = observer or _Nobody()
     mechanism = spec.counter.mechanism
+    noise.prepare()  # the building thread's ciphers (run_main's worker): not at the first step
     return _run_shards(
         up, lambda state: shard_class(spec, partitions, declared, noise, state,
                                       release_every=release_every), seen,
