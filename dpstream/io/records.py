@@ -64,7 +64,27 @@ MAX_ORIGINAL_BYTES: Final = 64 * 1024
 """The most of a bad record's bytes a dead letter carries (base64 makes it 4/3 larger)."""
 
 
-class EncodedBatch(Sequence[Encoded]):
+class _Records(Sequence[Encoded]):
+    """A sequence of ``(role, key, value)`` triples (a slice gives a list)."""
+
+    __slots__ = ()
+
+    @overload
+    def __getitem__(self, index: int) -> Encoded: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Encoded]: ...
+
+    def __getitem__(self, index: int | slice) -> Encoded | list[Encoded]:
+        if isinstance(index, slice):
+            return list(self)[index]
+        return self._record(index)
+
+    def _record(self, index: int) -> Encoded:
+        raise NotImplementedError
+
+
+class EncodedBatch(_Records):
     """The encoded records of one closed step of one shard: ``(role, key, value)`` triples.
 
     A sink that gets one writes every triple it holds, in order (see
@@ -111,15 +131,7 @@ class EncodedBatch(Sequence[Encoded]):
     def __iter__(self) -> Iterator[Encoded]:
         return chain.from_iterable(self._parts)
 
-    @overload
-    def __getitem__(self, index: int) -> Encoded: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[Encoded]: ...
-
-    def __getitem__(self, index: int | slice) -> Encoded | list[Encoded]:
-        if isinstance(index, slice):
-            return list(self)[index]
+    def _record(self, index: int) -> Encoded:
         position = index + len(self) if index < 0 else index
         for part in self._parts:
             if 0 <= position < len(part):
@@ -171,7 +183,7 @@ class Texts:
 
 
 @dataclass(frozen=True, slots=True, eq=False)
-class EncodedColumn(Sequence[Encoded]):
+class EncodedColumn(_Records):
     """The records of one column encoded in bulk, as ``(role, key, value)`` triples.
 
     Triple ``i`` is ``(role, keys.text(i), records.text(i))``. The records' bytes are built
@@ -196,15 +208,7 @@ class EncodedColumn(Sequence[Encoded]):
         return ((role, key, record)
                 for key, record in zip(keys, self.records.texts(), strict=True))
 
-    @overload
-    def __getitem__(self, index: int) -> Encoded: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[Encoded]: ...
-
-    def __getitem__(self, index: int | slice) -> Encoded | list[Encoded]:
-        if isinstance(index, slice):
-            return list(self)[index]
+    def _record(self, index: int) -> Encoded:
         return self.role, self.keys.text(index), self.records.text(index)
 
 
