@@ -16,7 +16,7 @@ from support.messages import message
 
 from dpstream.config import parse_config
 from dpstream.core.key_statistics import Alert, BudgetExhausted
-from dpstream.core.key_table import ReleaseColumns, StepOutputs
+from dpstream.core.key_table import AlertColumns, ReleaseColumns, StepOutputs
 from dpstream.core.noise import NoiseKey
 from dpstream.io.kafka import _OutputPartition
 from dpstream.io.records import EncodedBatch, EncodedColumn, RecordEncoder, flatten
@@ -214,6 +214,10 @@ def test_alerts_are_encoded_in_bulk_byte_for_byte(names, step, flow, monitor, mi
         alerts.append(Alert("other", step + 1, *monitor))
     out = StepOutputs(step, [], alerts, [])
     assert encoder.encode_step(out) == [encoder.encode(a) for a in alerts]
+    columns = AlertColumns(step, list(names), *monitor)  # as the key table makes them
+    assert list(columns) == alerts[:len(names)]
+    assert encoder.encode_step(StepOutputs(step, [], columns, [])) == [
+        encoder.encode(a) for a in alerts[:len(names)]]
 
 
 def test_metrics_count_closed_steps_without_materializing_them():

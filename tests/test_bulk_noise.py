@@ -247,6 +247,24 @@ def test_bulk_lanes_across_block_boundaries_and_as_words() -> None:
     assert KEY.lane_words(("i",), [], ("j",)).shape == (0, 2)
 
 
+@pytest.mark.parametrize("names", [
+    [f"item-{i:07d}" for i in range(50)],  # one length: the joined bytes read in place
+    ["é" * 6, "ab" * 3 + "é" * 3, "x" * 12],  # one byte length, other character counts
+    ["a\0b", "\0cd", "ef\0"],  # NUL inside every name: encoded one by one, one length
+    ["\0", "", "\0\0", "a"],  # NULs and empty names of several lengths
+    ["", ""], [""], ["\ud800" * 4, "k" * 12],  # empty names; a lone surrogate (3 bytes)
+])
+def test_bulk_lanes_of_joined_names_equal_the_one_by_one_lanes(names: list[str]) -> None:
+    words = KEY.lane_words(("inst",), names, ("counter", "d1", 7))
+    assert np.array_equal(words, lanes_array(
+        [KEY.lane("inst", name, "counter", "d1", 7) for name in names]))
+
+
+def test_bulk_lanes_refuse_a_name_that_is_not_a_str() -> None:
+    with pytest.raises(InvalidParameterError, match="must be a str, got b'k'"):
+        KEY.lane_words(("i",), ["a", b"k"], ())  # type: ignore[list-item]
+
+
 def test_lane_is_the_documented_ecbc_mac() -> None:
     """An independent computation of NoiseKey.lane's docstring: ECBC-MAC over padded units."""
     import hashlib

@@ -17,7 +17,7 @@ from dpstream.core.key_statistics import (
     Release,
     StatisticsSpec,
 )
-from dpstream.core.key_table import KeyTable, ReleaseColumns, StepOutputs
+from dpstream.core.key_table import AlertColumns, KeyTable, ReleaseColumns, StepOutputs
 from dpstream.core.ledger import PrivacyCharge
 from dpstream.core.noise import NoiseKey
 from dpstream.core.threshold_monitor import ThresholdMonitorSpec
@@ -436,6 +436,17 @@ def test_step_outputs_is_a_sequence_statuses_alerts_then_releases():
     with pytest.raises(IndexError):
         out[5]
     assert StepOutputs(0).count() == (0, 0, 0) and list(StepOutputs(0)) == []
+
+
+def test_alert_columns_make_their_alerts_when_read():
+    columns = AlertColumns(4, ["a", "b", "c"], 9, 0.5)
+    alerts = [Alert(k, 4, 9, 0.5) for k in "abc"]
+    assert len(columns) == 3 and list(columns) == alerts
+    assert columns[1] == alerts[1] and columns[-1] == alerts[-1] and columns[1:] == alerts[1:]
+    out = StepOutputs(4, [], columns, [])
+    assert out.count() == (0, 3, 0) and list(out) == alerts and out[2] == alerts[2]
+    with pytest.raises(IndexError):
+        columns[3]
 
 
 def test_supports_pure_tree_and_zcdp_blt_specs_only():

@@ -74,7 +74,7 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any, Final, overload
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -101,11 +101,12 @@ from dpstream.core.noise import (
     discrete_gaussian_variance,
     discrete_laplace_variance,
 )
+from dpstream.core.sequences import IndexedSequence
 from dpstream.core.threshold_monitor import ThresholdMonitorSpec
 from dpstream.core.tree_counter import TreeCounterSpec
 from dpstream.errors import BudgetExhaustedError, InvalidParameterError
 
-__all__ = ["KeyTable", "ReleaseColumns", "StepOutputs"]
+__all__ = ["AlertColumns", "KeyTable", "ReleaseColumns", "StepOutputs"]
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -172,7 +173,32 @@ class ReleaseColumns:
 
 
 @dataclass(eq=False)
-class StepOutputs(Sequence[Output]):
+class AlertColumns(IndexedSequence[Alert]):
+    """The alerts of one step's fired monitors, which share every field but ``key``.
+
+    Item ``i`` is the :class:`Alert` of ``keys[i]``, made only when read (a step of an open
+    universe can fire a monitor for most of its keys at once).
+    """
+
+    step: int
+    keys: Sequence[str]
+    threshold: int
+    epsilon: float
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def _item(self, index: int) -> Alert:
+        return Alert(self.keys[index], self.step, self.threshold, self.epsilon)
+
+    def __iter__(self) -> Iterator[Alert]:
+        step, threshold, epsilon = self.step, self.threshold, self.epsilon
+        for key in self.keys:
+            yield Alert(key, step, threshold, epsilon)
+
+
+@dataclass(eq=False)
+class StepOutputs(IndexedSequence[Output]):
     """Everything one closed step publishes, in a deterministic order.
 
     As a sequence it holds the statuses, then the alerts, then every release of every
@@ -181,7 +207,7 @@ class StepOutputs(Sequence[Output]):
 
     step: int
     statuses: list[BudgetExhausted] = field(default_factory=list)
-    alerts: list[Alert] = field(default_factory=list)
+    alerts: Sequence[Alert] = field(default_factory=list)  # a list, or AlertColumns
     releases: list[ReleaseColumns] = field(default_factory=list)
 
     def count(self) -> tuple[int, int, int]:  # type: ignore[override]
@@ -198,20 +224,7 @@ class StepOutputs(Sequence[Output]):
         for columns in self.releases:
             yield from columns
 
-    @overload
-    def __getitem__(self, index: int) -> Output: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[Output]: ...
-
-    def __getitem__(self, index: int | slice) -> Output | list[Output]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        size = len(self)
-        if index < 0:
-            index += size
-        if not 0 <= index < size:
-            raise IndexError("StepOutputs index out of range")
+    def _item(self, index: int) -> Output:
         if index < len(self.statuses):
             return self.statuses[index]
         index -= len(self.statuses)
@@ -597,8 +610,8 @@ class KeyTable:
         fired = watched[hit]
         self._watch_only(~hit)
         flags[fired] &= _clear(_WATCHING)  # halted
-        out.alerts.extend(Alert(key, step, monitor.threshold, monitor.epsilon)
-                          for key in self._index.names[fired].tolist())
+        out.alerts = AlertColumns(step, self._index.names[fired].tolist(), monitor.threshold,
+                                  monitor.epsilon)
         return fired if self._open else None
 
     def _admit(self, rows: IntArray, step: int, out: StepOutputs) -> None:

@@ -153,30 +153,63 @@ def _unit(coordinate: Coordinate) -> bytes:
     return unit + bytes(-len(unit) % 16)
 
 
-def _units_matrix(encoded: list[bytes], lengths: Any, rows: Any, size: int) -> Any:
-    """The string units of the names ``encoded[rows]`` (all of ``size`` blocks).
+def _name_bytes(names: tuple[str, ...]) -> tuple[Any, Any, Any, int]:
+    """The names' UTF-8 bytes (lone surrogates kept, as :func:`_tagged` keeps them).
 
-    An ``(len(rows), 16 size)`` uint8 matrix; the names of one byte length are copied in one
-    vectorized assignment.
+    Returns ``(data, starts, lengths, gap)``: name ``i`` is ``data[starts[i]:starts[i] +
+    lengths[i]]`` and ``gap`` bytes separate consecutive names. The names are joined with
+    NUL in one C call and cut where the NUL bytes are (UTF-8 writes byte 0 for U+0000 only);
+    names that hold a NUL themselves are encoded one by one instead.
+
+    Raises:
+        InvalidParameterError: a name is not a str.
+    """
+    import numpy as np
+
+    try:
+        text = "\0".join(names)
+    except TypeError:
+        bad = next(name for name in names if not isinstance(name, str))
+        raise InvalidParameterError(f"a lane name must be a str, got {bad!r}") from None
+    if text.count("\0") == len(names) - 1:  # no name holds a NUL: the NULs are the cuts
+        data = np.frombuffer(text.encode("utf-8", "surrogatepass") + b"\0", dtype=np.uint8)
+        ends = np.flatnonzero(data == 0)
+        starts = np.zeros(len(names), dtype=np.int64)
+        starts[1:] = ends[:-1] + 1
+        return data, starts, ends - starts, 1
+    encoded = [name.encode("utf-8", "surrogatepass") for name in names]
+    lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+    starts = np.zeros(len(names), dtype=np.int64)
+    np.cumsum(lengths[:-1], out=starts[1:])
+    return np.frombuffer(b"".join(encoded), dtype=np.uint8), starts, lengths, 0
+
+
+def _units_matrix(data: Any, starts: Any, lengths: Any, gap: int, rows: Any,
+                  size: int) -> Any:
+    """The string units of the names at ``rows`` (all of ``size`` blocks), from :func:`_name_bytes`.
+
+    An ``(len(rows), 16 size)`` uint8 matrix: tag, 4-byte big-endian length, the bytes, zero
+    padding. The names of one byte length are copied in one vectorized gather; when every
+    name is in ``rows`` and all have one length, the joined bytes are read in place, as a
+    matrix with a row stride of the length plus the gap.
     """
     import numpy as np
 
     units = np.zeros((rows.size, 16 * size), dtype=np.uint8)
     units[:, 0] = _STR_TAG[0]
-    units[:, 1:5] = lengths[rows].astype(">u4").view(np.uint8).reshape(-1, 4)
     mine = lengths[rows]
-    if rows.size == len(encoded):  # every name (``rows`` is then 0..n-1, ascending)
-        picked = encoded
-    else:
-        picked = list(map(encoded.__getitem__, rows.tolist()))
+    units[:, 1:5] = mine.astype(">u4").view(np.uint8).reshape(-1, 4)
+    shortest, longest = int(mine.min()), int(mine.max())
+    if shortest == longest and rows.size == lengths.size:  # every name, one length
+        if shortest:
+            units[:, 5:5 + shortest] = np.lib.stride_tricks.as_strided(
+                data, shape=(rows.size, shortest), strides=(shortest + gap, 1),
+                writeable=False)
+        return units
     for length in np.unique(mine).tolist():
-        if not length:
-            continue
-        same = np.flatnonzero(mine == length)
-        chosen = picked if same.size == len(picked) else list(
-            map(picked.__getitem__, same.tolist()))
-        data = b"".join(chosen)
-        units[same, 5:5 + length] = np.frombuffer(data, dtype=np.uint8).reshape(-1, length)
+        if length:
+            same = np.flatnonzero(mine == length)
+            units[same, 5:5 + length] = data[starts[rows[same], None] + np.arange(length)]
     return units
 
 
@@ -403,36 +436,35 @@ class NoiseKey:
                    after: tuple[Coordinate, ...]) -> Any:
         """:meth:`lanes` as an ``(n, 2)`` array of little-endian uint64 words.
 
-        The CBC state after ``V || units(before)`` is computed once; the names are grouped by
-        their number of blocks, and each group is chained through its own blocks and the units
-        of ``after`` with one AES call per block position, on all its names at once.
+        The CBC state after ``V || units(before)`` is computed once; the names are encoded
+        together (:func:`_name_bytes`), grouped by their number of blocks, and each group is
+        chained through its own blocks and the units of ``after`` with one AES call per block
+        position, on all its names at once.
         """
         import numpy as np  # the core's one array library; only the bulk path needs it
 
         names = tuple(names)
-        if not set(map(type, names)) <= {str}:  # one C pass (a generator costs ~0.2 µs a name)
-            bad = next(name for name in names if type(name) is not str)
-            raise InvalidParameterError(f"a lane name must be a str, got {bad!r}")
         tail = b"".join(map(_unit, check_coordinates(after)))
         head = self._cbc(_LANE_VERSION_BLOCK + b"".join(map(_unit, check_coordinates(before))),
                          bytes(16))
-        try:
-            encoded = list(map(str.encode, names))
-        except UnicodeEncodeError:  # a lone surrogate somewhere: keep it, as everywhere
-            encoded = [name.encode("utf-8", "surrogatepass") for name in names]
-        lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
-        sizes = (lengths + 5 + 15) // 16  # tag, 4 length bytes, the bytes, zero padding
         out = np.empty((len(names), 16), dtype=np.uint8)
+        if not names:
+            return out.view("<u8").astype(np.uint64)
+        data, starts, lengths, gap = _name_bytes(names)
+        sizes = (lengths + 5 + 15) // 16  # tag, 4 length bytes, the bytes, zero padding
         head_row = np.frombuffer(head, dtype=np.uint8)
         tail_rows = np.frombuffer(tail, dtype=np.uint8).reshape(-1, 16)
-        for size in np.unique(sizes).tolist():
-            rows = np.flatnonzero(sizes == size)
-            units = _units_matrix(encoded, lengths, rows, size)
-            state = head_row ^ units[:, :16]
+        smallest, largest = int(sizes.min()), int(sizes.max())
+        for size in [smallest] if smallest == largest else np.unique(sizes).tolist():
+            rows = (np.arange(len(names)) if smallest == largest
+                    else np.flatnonzero(sizes == size))
+            units = _units_matrix(data, starts, lengths, gap, rows, size)
+            state = head_row ^ units[:, :16]  # contiguous: the AES calls read it in place
             for j in range(1, size):
-                state = self._aes_rows(0, state) ^ units[:, 16 * j:16 * (j + 1)]
+                np.bitwise_xor(self._aes_rows(0, state), units[:, 16 * j:16 * (j + 1)],
+                               out=state)
             for block in tail_rows:
-                state = self._aes_rows(0, state) ^ block
+                np.bitwise_xor(self._aes_rows(0, state), block, out=state)
             out[rows] = self._aes_rows(1, self._aes_rows(0, state))
         return out.view("<u8").astype(np.uint64)
 
@@ -451,7 +483,7 @@ class NoiseKey:
         """AES of every 16-byte row of a uint8 array under lane key ``which``."""
         import numpy as np
 
-        data = self._lane_encryptor(which).update(np.ascontiguousarray(rows).tobytes())
+        data = self._lane_encryptor(which).update(np.ascontiguousarray(rows))
         return np.frombuffer(data, dtype=np.uint8).reshape(-1, 16)
 
     def _cbc(self, message: bytes, state: bytes) -> bytes:

@@ -25,13 +25,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from itertools import accumulate, chain, pairwise, repeat
 from operator import eq
-from typing import TYPE_CHECKING, Any, Final, NamedTuple, overload
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 import numpy as np
 import orjson
 
 from dpstream.core.key_statistics import Alert, BudgetExhausted, Release
+from dpstream.core.key_table import AlertColumns
 from dpstream.core.ledger import zcdp_to_approx_dp
+from dpstream.core.sequences import IndexedSequence
 from dpstream.messages import DeadLetter, Encoded, step_window
 
 if TYPE_CHECKING:
@@ -64,27 +66,7 @@ MAX_ORIGINAL_BYTES: Final = 64 * 1024
 """The most of a bad record's bytes a dead letter carries (base64 makes it 4/3 larger)."""
 
 
-class _Records(Sequence[Encoded]):
-    """A sequence of ``(role, key, value)`` triples (a slice gives a list)."""
-
-    __slots__ = ()
-
-    @overload
-    def __getitem__(self, index: int) -> Encoded: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[Encoded]: ...
-
-    def __getitem__(self, index: int | slice) -> Encoded | list[Encoded]:
-        if isinstance(index, slice):
-            return list(self)[index]
-        return self._record(index)
-
-    def _record(self, index: int) -> Encoded:
-        raise NotImplementedError
-
-
-class EncodedBatch(_Records):
+class EncodedBatch(IndexedSequence[Encoded]):
     """The encoded records of one closed step of one shard: ``(role, key, value)`` triples.
 
     A sink that gets one writes every triple it holds, in order (see
@@ -131,8 +113,8 @@ class EncodedBatch(_Records):
     def __iter__(self) -> Iterator[Encoded]:
         return chain.from_iterable(self._parts)
 
-    def _record(self, index: int) -> Encoded:
-        position = index + len(self) if index < 0 else index
+    def _item(self, index: int) -> Encoded:
+        position = index
         for part in self._parts:
             if 0 <= position < len(part):
                 return part[position]
@@ -183,7 +165,7 @@ class Texts:
 
 
 @dataclass(frozen=True, slots=True, eq=False)
-class EncodedColumn(_Records):
+class EncodedColumn(IndexedSequence[Encoded]):
     """The records of one column encoded in bulk, as ``(role, key, value)`` triples.
 
     Triple ``i`` is ``(role, keys.text(i), records.text(i))``. The records' bytes are built
@@ -208,7 +190,7 @@ class EncodedColumn(_Records):
         return ((role, key, record)
                 for key, record in zip(keys, self.records.texts(), strict=True))
 
-    def _record(self, index: int) -> Encoded:
+    def _item(self, index: int) -> Encoded:
         return self.role, self.keys.text(index), self.records.text(index)
 
 
@@ -296,14 +278,20 @@ class RecordEncoder:
             batch.extend(self.encode_columns(columns))
         return batch
 
-    def encode_alerts(self, alerts: list[Alert]) -> Sequence[Encoded]:
+    def encode_alerts(self, alerts: Sequence[Alert]) -> Sequence[Encoded]:
         """The records of alerts, in their order (in bulk when they share all but the key)."""
         if len(alerts) > 1:
-            first = alerts[0]
-            shared = (first.step, first.threshold, first.epsilon)
-            if all((a.step, a.threshold, a.epsilon) == shared for a in alerts):
-                body = self._alert_body(_KEY_MARK, *shared)
-                records = _bulk("alerts", body, [a.key for a in alerts], None)
+            if isinstance(alerts, AlertColumns):  # shared by construction: no Alert made
+                shared = (alerts.step, alerts.threshold, alerts.epsilon)
+                keys = list(alerts.keys)
+            else:
+                first = alerts[0]
+                shared = (first.step, first.threshold, first.epsilon)
+                keys = [a.key for a in alerts]
+                if not all((a.step, a.threshold, a.epsilon) == shared for a in alerts):
+                    keys = []
+            if keys:
+                records = _bulk("alerts", self._alert_body(_KEY_MARK, *shared), keys, None)
                 if records is not None:
                     return records
         return list(map(self.encode, alerts))
