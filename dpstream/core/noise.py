@@ -153,13 +153,13 @@ def _unit(coordinate: Coordinate) -> bytes:
     return unit + bytes(-len(unit) % 16)
 
 
-def _name_bytes(names: tuple[str, ...]) -> tuple[Any, Any, Any, int]:
+def _name_bytes(names: tuple[str, ...]) -> tuple[bytes, Any, Any]:
     """The names' UTF-8 bytes (lone surrogates kept, as :func:`_tagged` keeps them).
 
-    Returns ``(data, starts, lengths, gap)``: name ``i`` is ``data[starts[i]:starts[i] +
-    lengths[i]]`` and ``gap`` bytes separate consecutive names. The names are joined with
-    NUL in one C call and cut where the NUL bytes are (UTF-8 writes byte 0 for U+0000 only);
-    names that hold a NUL themselves are encoded one by one instead.
+    Returns ``(data, starts, lengths)``: name ``i`` is ``data[starts[i]:starts[i] +
+    lengths[i]]``. The names are joined with NUL in one C call and cut where the NUL bytes are
+    (UTF-8 writes byte 0 for U+0000 only); names that hold a NUL themselves are encoded one
+    by one.
 
     Raises:
         InvalidParameterError: a name is not a str.
@@ -172,45 +172,50 @@ def _name_bytes(names: tuple[str, ...]) -> tuple[Any, Any, Any, int]:
         bad = next(name for name in names if not isinstance(name, str))
         raise InvalidParameterError(f"a lane name must be a str, got {bad!r}") from None
     if text.count("\0") == len(names) - 1:  # no name holds a NUL: the NULs are the cuts
-        data = np.frombuffer(text.encode("utf-8", "surrogatepass") + b"\0", dtype=np.uint8)
-        ends = np.flatnonzero(data == 0)
+        data = text.encode("utf-8", "surrogatepass") + b"\0"
+        ends = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 0)
         starts = np.zeros(len(names), dtype=np.int64)
         starts[1:] = ends[:-1] + 1
-        return data, starts, ends - starts, 1
+        return data, starts, ends - starts
     encoded = [name.encode("utf-8", "surrogatepass") for name in names]
     lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
     starts = np.zeros(len(names), dtype=np.int64)
     np.cumsum(lengths[:-1], out=starts[1:])
-    return np.frombuffer(b"".join(encoded), dtype=np.uint8), starts, lengths, 0
+    return b"".join(encoded), starts, lengths
 
 
-def _units_matrix(data: Any, starts: Any, lengths: Any, gap: int, rows: Any,
-                  size: int) -> Any:
+def _units_matrix(data: bytes, starts: Any, lengths: Any, rows: Any, size: int) -> Any:
     """The string units of the names at ``rows`` (all of ``size`` blocks), from :func:`_name_bytes`.
 
     An ``(len(rows), 16 size)`` uint8 matrix: tag, 4-byte big-endian length, the bytes, zero
-    padding. The names of one byte length are copied in one vectorized gather; when every
-    name is in ``rows`` and all have one length, the joined bytes are read in place, as a
-    matrix with a row stride of the length plus the gap.
+    padding. Every part is copied as whole items (numpy copies an item per row far faster
+    than a row of single bytes): the tag and length as 5-byte items, and the names of each
+    byte length as items of that length, gathered from the joined bytes where they start.
     """
     import numpy as np
 
-    units = np.zeros((rows.size, 16 * size), dtype=np.uint8)
-    units[:, 0] = _STR_TAG[0]
-    mine = lengths[rows]
-    units[:, 1:5] = mine.astype(">u4").view(np.uint8).reshape(-1, 4)
+    every = rows.size == lengths.size  # then ``rows`` is 0..n-1
+    mine, first = (lengths, starts) if every else (lengths[rows], starts[rows])
+    width = 16 * size
+
+    def field(length: int, offset: int) -> Any:
+        return np.dtype({"names": ["f"], "formats": [f"V{length}"], "offsets": [offset],
+                         "itemsize": width})
+
+    units = np.zeros(rows.size, dtype=field(5, 0))
+    heads = ((_STR_TAG[0] << 32) | mine).astype(">u8")  # the last 5 of 8 big-endian bytes
+    units["f"] = np.ndarray((rows.size,), "V5", heads, 3, (8,))
     shortest, longest = int(mine.min()), int(mine.max())
-    if shortest == longest and rows.size == lengths.size:  # every name, one length
-        if shortest:
-            units[:, 5:5 + shortest] = np.lib.stride_tricks.as_strided(
-                data, shape=(rows.size, shortest), strides=(shortest + gap, 1),
-                writeable=False)
-        return units
-    for length in np.unique(mine).tolist():
+    for length in [shortest] if shortest == longest else np.unique(mine).tolist():
         if length:
-            same = np.flatnonzero(mine == length)
-            units[same, 5:5 + length] = data[starts[rows[same], None] + np.arange(length)]
-    return units
+            items = np.ndarray((len(data) - length + 1,), f"V{length}", data, 0, (1,))
+            names = units.view(field(length, 5))["f"]
+            if shortest == longest:
+                names[...] = items[first]
+            else:
+                same = np.flatnonzero(mine == length)
+                names[same] = items[first[same]]
+    return units.view(np.uint8).reshape(rows.size, width)
 
 
 class _PrfStream:
@@ -447,26 +452,33 @@ class NoiseKey:
         tail = b"".join(map(_unit, check_coordinates(after)))
         head = self._cbc(_LANE_VERSION_BLOCK + b"".join(map(_unit, check_coordinates(before))),
                          bytes(16))
-        out = np.empty((len(names), 16), dtype=np.uint8)
+        out = np.empty(len(names), dtype="V16")  # a lane per name, as one 16-byte item
         if not names:
-            return out.view("<u8").astype(np.uint64)
-        data, starts, lengths, gap = _name_bytes(names)
+            return out.view("<u8").reshape(-1, 2).astype(np.uint64)
+        data, starts, lengths = _name_bytes(names)
         sizes = (lengths + 5 + 15) // 16  # tag, 4 length bytes, the bytes, zero padding
-        head_row = np.frombuffer(head, dtype=np.uint8)
-        tail_rows = np.frombuffer(tail, dtype=np.uint8).reshape(-1, 16)
+        encrypt, finish = self._lane_encryptor(0).update, self._lane_encryptor(1).update
+        tail_blocks = [tail[j:j + 16] for j in range(0, len(tail), 16)]
         smallest, largest = int(sizes.min()), int(sizes.max())
         for size in [smallest] if smallest == largest else np.unique(sizes).tolist():
-            rows = (np.arange(len(names)) if smallest == largest
-                    else np.flatnonzero(sizes == size))
-            units = _units_matrix(data, starts, lengths, gap, rows, size)
-            state = head_row ^ units[:, :16]  # contiguous: the AES calls read it in place
+            every = smallest == largest
+            rows = np.arange(len(names)) if every else np.flatnonzero(sizes == size)
+            # block j of every name as one contiguous array (16-byte items: copies in C
+            # loops, XORs on flat uint64), so no operation works row by row
+            blocks = _units_matrix(data, starts, lengths, rows, size).view("V16")
+            state = np.bitwise_xor(np.ascontiguousarray(blocks[:, 0]).view("<u8"),
+                                   np.frombuffer(head * rows.size, dtype="<u8"))
             for j in range(1, size):
-                np.bitwise_xor(self._aes_rows(0, state), units[:, 16 * j:16 * (j + 1)],
-                               out=state)
-            for block in tail_rows:
-                np.bitwise_xor(self._aes_rows(0, state), block, out=state)
-            out[rows] = self._aes_rows(1, self._aes_rows(0, state))
-        return out.view("<u8").astype(np.uint64)
+                np.bitwise_xor(np.frombuffer(encrypt(state.view(np.uint8)), dtype="<u8"),
+                               np.ascontiguousarray(blocks[:, j]).view("<u8"), out=state)
+            for block in tail_blocks:
+                np.bitwise_xor(np.frombuffer(encrypt(state.view(np.uint8)), dtype="<u8"),
+                               np.frombuffer(block * rows.size, dtype="<u8"), out=state)
+            lanes = np.frombuffer(finish(encrypt(state.view(np.uint8))), dtype="V16")
+            if every:
+                return lanes.view("<u8").reshape(-1, 2).astype(np.uint64)
+            out[rows] = lanes
+        return out.view("<u8").reshape(-1, 2).astype(np.uint64)
 
     def _lane_encryptor(self, which: int) -> Any:
         """The thread's AES-256 ECB encryptor under lane key ``which`` (0: K1, 1: K2)."""
@@ -478,13 +490,6 @@ class NoiseKey:
                            for k in self._lane_keys)
             self._local.lane_encryptors = cached
         return cached[which]
-
-    def _aes_rows(self, which: int, rows: Any) -> Any:
-        """AES of every 16-byte row of a uint8 array under lane key ``which``."""
-        import numpy as np
-
-        data = self._lane_encryptor(which).update(np.ascontiguousarray(rows))
-        return np.frombuffer(data, dtype=np.uint8).reshape(-1, 16)
 
     def _cbc(self, message: bytes, state: bytes) -> bytes:
         """The CBC-MAC state under K1 after ``message`` (whole blocks), from ``state``."""
