@@ -195,6 +195,31 @@ def test_the_vectorized_path_sends_ties_and_tails_to_the_exact_resolution(
     assert drawn.tolist() == expected
 
 
+@pytest.mark.parametrize("scale", [Fraction(1), Fraction(3, 2), Fraction(30), Fraction(10**4)])
+def test_the_float_guess_decides_only_what_the_thresholds_decide(scale: Fraction) -> None:
+    """Where ``_decided`` says decided, G = #{k : L_k > u} exactly; ties and the tail never are.
+
+    The words sit on every threshold and one either side of it, at both ends of the range and
+    at the float guess's blind spots (u below 2^11, whose top 53 bits are 0; u = 2^64 - 1).
+    """
+    _, descending = bulk_noise._thresholds(scale)
+    top = (1 << 64) - 1
+    words = {0, 1, (1 << 11) - 1, 1 << 11, (1 << 53) + 1, top - 1, top}
+    for threshold in descending[::max(1, len(descending) // 200)] + descending[-1:]:
+        words.update({threshold - 1, threshold, min(threshold + 1, top)})
+    uniform = np.random.default_rng(7).integers(0, 2**63, 2000, dtype=np.uint64) * 2
+    words.update(uniform.tolist())
+    u = np.array(sorted(words), dtype=np.uint64)
+    g, ok = bulk_noise._decided(u, scale)
+    table = np.array(descending, dtype=np.uint64)
+    exact = (table[None, :] > u[:, None]).sum(axis=1)  # #{k : L_k > u}, by definition
+    tie = np.isin(u, table)
+    assert np.array_equal(g[ok], exact[ok])
+    assert not (ok & (tie | (exact == len(descending)))).any()
+    assert bulk_noise._decided(uniform, scale)[1].mean() > 0.99  # nearly every uniform word
+    assert not ok[u == top].any()  # G = 0, left to the exact slow path
+
+
 def test_coordinates_out_of_range_are_refused() -> None:
     lanes = lanes_array([KEY.lane("x")])
     with pytest.raises(InvalidParameterError, match="index"):

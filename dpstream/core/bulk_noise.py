@@ -320,12 +320,18 @@ def _blocks(noise: NoiseKey, lanes: WordArray, tag: int, epoch: Index, height: I
     _check_range("epoch", epoch, 1 << 32)
     _check_range("index", index, 1 << 64)
     n = lanes.shape[0]
-    words = np.empty((n, 2), dtype=np.uint64)
     first = (np.asarray(epoch, dtype=np.uint64) << np.uint64(32)) | (
         np.asarray(height, dtype=np.uint64) << np.uint64(8)) | np.uint64(tag)
-    np.bitwise_xor(lanes[:, 0], first, out=words[:, 0])
-    np.bitwise_xor(lanes[:, 1], np.asarray(index, dtype=np.uint64), out=words[:, 1])
-    out = noise.encrypt_blocks(words.astype("<u8", copy=False).tobytes())
+    second = np.asarray(index, dtype=np.uint64)
+    if first.ndim == second.ndim == 0:  # one coordinate block for all: XORed as flat words
+        block = np.array([first, second], dtype=np.uint64).tobytes()
+        words = np.ascontiguousarray(lanes, dtype=np.uint64).reshape(-1) ^ np.frombuffer(
+            block * n, dtype=np.uint64)
+    else:
+        words = np.empty((n, 2), dtype=np.uint64)
+        np.bitwise_xor(lanes[:, 0], first, out=words[:, 0])
+        np.bitwise_xor(lanes[:, 1], second, out=words[:, 1])
+    out = noise.encrypt_blocks(words.astype("<u8", copy=False).reshape(-1).view(np.uint8))
     return np.frombuffer(out, dtype="<u8").reshape(n, 2).astype(np.uint64, copy=False)
 
 
@@ -402,28 +408,43 @@ def laplace(noise: NoiseKey, lanes: WordArray, scale: Fraction, tag: int, epoch:
         index: the draws' index coordinate (a scalar or a length-n array).
     """
     scale = _positive_scale(scale)
-    ascending, descending = _thresholds(scale)
-    padded = _padded(scale)
-    size = ascending.shape[0]
+    _, descending = _thresholds(scale)
     words = _blocks(noise, lanes, tag, epoch, height, index)
-    geometric = np.empty((lanes.shape[0], 2), dtype=np.int64)
-    log_p = -float(1 / scale)
-    for which in (0, 1):
-        u = np.ascontiguousarray(words[:, which])
-        # a floating-point guess of G = floor(ln U / ln p), then checked exactly against the
-        # integer thresholds: L_g > u > L_{g+1} (L_0 = 2^64) decides G = g; anything else,
-        # a tie (u = L_k) or the tail (u < L_K), goes to the exact slow path
-        with np.errstate(divide="ignore"):
-            guess = np.log(u.astype(np.float64) * 2.0**-_WORD) / log_p
-        g = np.minimum(guess, size).astype(np.int64)  # u = 0: guess = +inf, so g = size
-        ok = ((g == 0) | (u < padded[g])) & (u > padded[g + 1]) & (g < size)
-        geometric[:, which] = g
-        for row in np.flatnonzero(~ok).tolist():  # a wrong guess, a tie or the tail: rare
-            coordinates = (tag, _at(epoch, row), _at(height, row), _at(index, row))
-            geometric[row, which] = _geometric_one(noise, _lane_bytes(lanes, row), coordinates,
-                                                   which, int(u[row]), scale, descending)
-    result: IntArray = geometric[:, 0] - geometric[:, 1]
+    u = words.reshape(-1)  # both words of every draw, as one flat array
+    geometric, ok = _decided(u, scale)
+    for j in np.flatnonzero(~ok).tolist():  # a wrong guess, a tie or the tail: rare
+        row, which = divmod(j, 2)
+        coordinates = (tag, _at(epoch, row), _at(height, row), _at(index, row))
+        geometric[j] = _geometric_one(noise, _lane_bytes(lanes, row), coordinates, which,
+                                      int(u[j]), scale, descending)
+    pairs = geometric.reshape(-1, 2)
+    result: IntArray = pairs[:, 0] - pairs[:, 1]
     return result
+
+
+def _decided(u: WordArray, scale: Fraction) -> tuple[IntArray, npt.NDArray[np.bool_]]:
+    """``G = #{k : L_k > u}`` of every word ``u`` where the thresholds decide it, and where.
+
+    A floating-point guess ``g`` of ``floor(ln(u / 2^64) / ln p)`` is checked exactly against
+    the integer thresholds: ``L_g > u > L_{g+1}`` (``L_0 = 2^64``) decides ``G = g``. The
+    table is :func:`_bounds`: both its ends are ``2^64 - 1``, so every word the check cannot
+    place fails it and goes to the exact slow path: a tie (``u = L_k``), the tail (``u <
+    L_K``, guessed ``K`` or more), a wrong guess, and ``u = 2^64 - 1`` (``G = 0``, which the
+    slow path finds as exactly).
+    """
+    bounds, slope, offset = _bounds(scale)
+    size = bounds.shape[0] - 2
+    # u's top 53 bits, exact as a float (a signed conversion: numpy's unsigned one is slow)
+    guess = (u >> np.uint64(11)).view(np.int64).astype(np.float64)
+    with np.errstate(divide="ignore"):
+        np.log(guess, out=guess)  # u < 2^11: -inf, hence a guess of +inf, clipped to the tail
+    guess *= slope
+    guess += offset
+    np.minimum(guess, size, out=guess)
+    g = guess.astype(np.int64)
+    ok = u < bounds[g]
+    ok &= u > bounds[1:][g]
+    return g, ok
 
 
 def laplace_one(noise: NoiseKey, lane: bytes, scale: Fraction, tag: int, epoch: int,
@@ -456,19 +477,25 @@ def _negated(scale: Fraction) -> list[int]:
 
 
 @functools.lru_cache(maxsize=64)
-def _padded(scale: Fraction) -> WordArray:
-    """``[2^64 - 1, L_1, ..., L_K, 0]``: the thresholds with sentinels, indexed by ``k``."""
+def _bounds(scale: Fraction) -> tuple[WordArray, float, float]:
+    """The thresholds ``[2^64 - 1, L_1, ..., L_K, 2^64 - 1]`` indexed by ``k``, and the guess.
+
+    The guess of ``G`` from a word ``u`` is ``ln(floor(u / 2^11)) * slope + offset``, about
+    ``ln(u / 2^64) / ln p`` with ``ln p = -1/scale`` (floating point: it is only a guess,
+    checked against the thresholds by :func:`_decided`).
+    """
     _, descending = _thresholds(scale)
-    padded = np.array([(1 << _WORD) - 1, *descending, 0], dtype=np.uint64)
-    padded.setflags(write=False)
-    return padded
+    bounds = np.array([(1 << _WORD) - 1, *descending, (1 << _WORD) - 1], dtype=np.uint64)
+    bounds.setflags(write=False)
+    ln_p = -float(1 / scale)
+    return bounds, 1 / ln_p, -_LN_2_53 / ln_p
 
 
 # --- the discrete Gaussian ---------------------------------------------------------------------
 
 _ONE: Final = Fraction(1)
 """The scale of ``V``'s thresholds: ``L_k = floor(2^64 e^-k)``."""
-_LN_2_64: Final = 64 * math.log(2)
+_LN_2_53: Final = 53 * math.log(2)
 _TWO_53: Final = 2.0**53
 _vector_exp: Callable[[npt.NDArray[np.float64]], npt.NDArray[np.float64]] = np.exp
 """The platform exp the vectorized screen uses (a module attribute so a test can replace it)."""
@@ -688,14 +715,8 @@ def _round_one(noise: NoiseKey, sub: bytes, g: _GaussianParameters, r: int,
 
 
 def _geometric_words(w: WordArray) -> tuple[IntArray, npt.NDArray[np.bool_]]:
-    """``V = #{k : L_k > w}`` (scale 1) where decided, and where it is (not a tie or the tail)."""
-    padded = _padded(_ONE)
-    size = padded.shape[0] - 2
-    with np.errstate(divide="ignore"):
-        guess = _LN_2_64 - np.log(w.astype(np.float64))  # -ln(w / 2^64), checked below
-    v = np.minimum(guess, size).astype(np.int64)
-    ok = ((v == 0) | (w < padded[v])) & (w > padded[v + 1]) & (v < size)
-    return v, ok
+    """``V = #{k : L_k > w}`` (scale 1) where :func:`_decided` decides it, and where it does."""
+    return _decided(np.ascontiguousarray(w), _ONE)
 
 
 def _round_bulk(words: WordArray, g: _GaussianParameters
