@@ -331,7 +331,8 @@ def _blocks(noise: NoiseKey, lanes: WordArray, tag: int, epoch: Index, height: I
         words = np.empty((n, 2), dtype=np.uint64)
         np.bitwise_xor(lanes[:, 0], first, out=words[:, 0])
         np.bitwise_xor(lanes[:, 1], second, out=words[:, 1])
-    out = noise.encrypt_blocks(words.astype("<u8", copy=False).reshape(-1).view(np.uint8))
+    data = words.astype("<u8", copy=False).reshape(-1).view(np.uint8)
+    out = noise.encrypt_blocks(memoryview(data))  # read in place: no copy
     return np.frombuffer(out, dtype="<u8").reshape(n, 2).astype(np.uint64, copy=False)
 
 

@@ -514,7 +514,7 @@ class NoiseKey:
         self.encrypt_blocks(bytes(16))
         self.encrypt_gaussian_blocks(bytes(16))
 
-    def encrypt_blocks(self, data: bytes) -> bytes:
+    def encrypt_blocks(self, data: bytes | memoryview) -> bytes:
         """Encrypt ``data``, whole 16-byte blocks, with AES-256 (ECB) under a derived key.
 
         This is the block PRF of :mod:`dpstream.core.bulk_noise`; the AES key is BLAKE2b of
@@ -535,7 +535,7 @@ class NoiseKey:
         """
         return self._ecb("gaussian_encryptor", self._gaussian_key, data)
 
-    def _ecb(self, name: str, key: bytes, data: bytes) -> bytes:
+    def _ecb(self, name: str, key: bytes, data: bytes | memoryview) -> bytes:
         """AES-256-ECB of whole blocks under ``key``, with this thread's encryptor ``name``."""
         encryptor = getattr(self._local, name, None)
         if encryptor is None:  # ECB keeps no state between blocks: one encryptor serves all
