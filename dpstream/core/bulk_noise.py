@@ -332,7 +332,7 @@ def _blocks(noise: NoiseKey, lanes: WordArray, tag: int, epoch: Index, height: I
         np.bitwise_xor(lanes[:, 0], first, out=words[:, 0])
         np.bitwise_xor(lanes[:, 1], second, out=words[:, 1])
     data = words.astype("<u8", copy=False).reshape(-1).view(np.uint8)
-    out = noise.encrypt_blocks(memoryview(data))  # read in place: no copy
+    out = noise.encrypt_blocks(data.data)  # a memoryview, read in place: no copy
     return np.frombuffer(out, dtype="<u8").reshape(n, 2).astype(np.uint64, copy=False)
 
 
