@@ -94,6 +94,35 @@ def test_empty_steps_and_columns_encode_to_nothing():
     assert encoder.encode_step(StepOutputs(0)) == []
 
 
+def test_key_texts_are_kept_for_tuples_only_and_for_a_bounded_number_of_them():
+    from dpstream.io import records
+
+    encoder = RecordEncoder("f", ORIGIN, 1.0)
+
+    def column(keys, step):
+        return ReleaseColumns(step, keys, np.arange(len(keys), dtype=np.float64) + 0.5, 1.0,
+                              "tree-laplace", 0.5, 1.0, "epsilon", 0.0)
+
+    def one_by_one(c):
+        return [encoder.encode(r) for r in c]
+
+    shared = ("a", "bb", "c")
+    for step in range(3):  # a group's tuple, every step: kept, the same bytes as one by one
+        assert encoder.encode_step(StepOutputs(step, [], [], [column(shared, step)])) == \
+            one_by_one(column(shared, step))
+    assert id(shared) in encoder._key_cache
+    mutable = ["x", "y"]
+    encoder.encode_step(StepOutputs(0, [], [], [column(mutable, 0)]))
+    mutable[0] = "z"  # a list may change: never kept
+    assert encoder.encode_step(StepOutputs(1, [], [], [column(mutable, 1)])) == \
+        one_by_one(column(mutable, 1))
+    tuples = [(f"k{i}",) for i in range(records._KEY_CACHE + 5)]
+    for keys in tuples:
+        encoder.encode_step(StepOutputs(0, [], [], [column(keys, 0)]))
+    assert len(encoder._key_cache) == records._KEY_CACHE  # the oldest are dropped
+    assert id(tuples[-1]) in encoder._key_cache and id(shared) not in encoder._key_cache
+
+
 def test_encode_item_takes_outputs_and_steps_and_flatten_undoes_batches():
     encoder = RecordEncoder("f", ORIGIN, 1.0)
     alert = Alert("k", 2, 10, 0.1)

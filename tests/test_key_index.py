@@ -20,16 +20,18 @@ def expected_rows(names: list[str], queries: list[str]) -> list[int]:
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.lists(KEYS, max_size=40), max_size=8), st.lists(KEYS, max_size=60),
-       st.integers(0, 7))
+       st.integers(0, 7), st.booleans())
 def test_appends_rebuilds_and_lookups_agree_with_a_dict(batches: list[list[str]],
                                                         queries: list[str],
-                                                        drop_every: int) -> None:
+                                                        drop_every: int,
+                                                        as_tuples: bool) -> None:
     names: list[str] = []
     index = KeyIndex()
     for batch in batches:
         fresh = list(dict.fromkeys(k for k in batch if k not in set(names)))
         names.extend(fresh)
-        index.append(fresh)
+        index.append(tuple(fresh) if as_tuples else fresh)  # a tuple may be kept as it is
+        assert list(index) == names and len(index) == len(names)
         if drop_every and len(names) > drop_every:  # remove some rows, keep the order
             names = [k for i, k in enumerate(names) if i % drop_every]
             index.rebuild(names)

@@ -178,7 +178,7 @@ def check_invariants(table):
     grouped = np.concatenate([g.rows for g in table._groups] + [np.zeros(0, dtype=np.int64)])
     assert len(set(grouped.tolist())) == len(grouped)
     for group in table._groups:
-        assert group.keys == [names[i] for i in group.rows.tolist()]
+        assert group.keys == tuple(names[i] for i in group.rows.tolist())
         assert ((flags[group.rows] & 12) == 4).all()  # counter paid, not exhausted
 
 

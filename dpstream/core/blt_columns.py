@@ -209,18 +209,20 @@ class CounterGroup:
         self.start = start  # the counter's start step (part of its lane)
         self.code = code  # the charges its keys paid (their ledger stage)
         self.rows = rows  # the keys' rows in the table
-        self.keys = keys  # their names (shared by every release: never mutated)
+        # their names, shared by every release of the group: a tuple, so never mutated (an
+        # encoder may keep what it made of them by the tuple's identity)
+        self.keys = keys if isinstance(keys, tuple) else tuple(keys)
         self.lanes = lanes
         self.initial = initial  # the initial counts (open universe), else None (0.0)
         self.initial_var = initial_var
 
     def keep(self, mask: npt.NDArray[np.bool_]) -> None:
-        """Keep only the keys where ``mask`` is True (a new key list: the old one is shared).
+        """Keep only the keys where ``mask`` is True (a new key tuple: the old one is shared).
 
         A subclass keeps its counters' columns too.
         """
         self.rows = self.rows[mask]
-        self.keys = list(itertools.compress(self.keys, mask.tolist()))
+        self.keys = tuple(itertools.compress(self.keys, mask.tolist()))
         self.lanes = self.lanes[mask]
         if self.initial is not None:
             self.initial = self.initial[mask]

@@ -17,13 +17,15 @@ differs (two keys share 31 tag bits as well as their slot, about one in 2^31), t
 goes on. At most half of the slots are used, so a probe visits fewer than two slots on
 average; the string comparisons are one numpy comparison of two object arrays.
 
-**Rows are appended** in order (row ``i`` is the ``i``-th name); removing rows (the key table
-compacts expired or retired keys, keeping the order of the rest) rebuilds the slots from the
-names, in one vectorized pass. Appended rows get their slots lazily, at the next lookup: a
-table read only by row (the declared universe, where the step clock hands the shards row
-numbers) never builds them. The index holds no state of its own worth saving: a snapshot
-keeps the names, and a restore rebuilds the slots (Python's string hash is salted per
-process, so slots are never stored).
+**Rows are appended** in order (row ``i`` is the ``i``-th name). A tuple appended to an empty
+index is kept as it is until a row is read by number or a key looked up (a declared table,
+read by position, holds its shard's declared tuple and nothing more). Removing rows (the
+key table compacts expired or retired keys, keeping the order of the rest) rebuilds the
+slots from the names, in one vectorized pass. Appended rows get their slots lazily, at
+the next lookup: a table read only by row (the declared universe, where the step clock
+hands the shards row numbers) never builds them. The index holds no state of its own
+worth saving: a snapshot keeps the names, and a restore rebuilds the slots (Python's
+string hash is salted per process, so slots are never stored).
 
 The index is exact whatever the hash function does: collisions cost probes, never
 correctness. An adversary who could predict the salted hash could only slow lookups down.
@@ -58,10 +60,12 @@ class KeyIndex:
         names: the first rows' keys (distinct).
     """
 
-    __slots__ = ("_names", "_slots", "_mask", "_size", "_indexed")
+    __slots__ = ("_names_array", "_first_names", "_slots", "_mask", "_size", "_indexed")
 
     def __init__(self, names: Sequence[str] = ()) -> None:
-        self._names: npt.NDArray[np.object_] = np.empty(0, dtype=object)
+        self._names_array: npt.NDArray[np.object_] = np.empty(0, dtype=object)
+        # the first rows' names as appended (a tuple), until the references are needed
+        self._first_names: tuple[str, ...] | None = None
         self._slots = np.full(_MIN_SLOTS, _EMPTY, dtype=np.int64)
         self._mask = np.uint64(_MIN_SLOTS - 1)
         self._size = 0
@@ -78,7 +82,18 @@ class KeyIndex:
         return bool(self.rows([key])[0] >= 0)
 
     def __iter__(self) -> Iterator[str]:
+        if self._first_names is not None:
+            return iter(self._first_names)
         return iter(self._names[: self._size].tolist())
+
+    @property
+    def _names(self) -> npt.NDArray[np.object_]:
+        """The references to the keys by row (made from the first tuple appended, if any)."""
+        if self._first_names is not None:
+            first, self._first_names = self._first_names, None
+            self._names_array = np.empty(len(first), dtype=object)
+            self._names_array[:] = first
+        return self._names_array
 
     @property
     def names(self) -> npt.NDArray[np.object_]:
@@ -132,17 +147,21 @@ class KeyIndex:
         first, last = self._size, self._size + len(names)
         if last == first:
             return
+        if first == 0 and isinstance(names, tuple):  # kept as it is until a row is read: a
+            self._first_names, self._size = names, last  # declared table may never read one
+            return
         if last > self._names.size:  # grow the references by half again (amortised O(1))
             grown = np.empty(max(last, self._names.size * 3 // 2), dtype=object)
             grown[:first] = self._names[:first]
-            self._names = grown
+            self._names_array = grown
         self._names[first:last] = names
         self._size = last
 
     def rebuild(self, names: Sequence[str] | npt.NDArray[np.object_]) -> None:
         """Index ``names`` afresh as rows ``0..`` (after rows were removed, or on restore)."""
-        self._names = np.empty(len(names), dtype=object)
-        self._names[:] = names
+        self._first_names = None
+        self._names_array = np.empty(len(names), dtype=object)
+        self._names_array[:] = names
         self._size = len(names)
         self._indexed = 0
         self._index_pending()

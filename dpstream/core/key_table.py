@@ -759,7 +759,7 @@ class KeyTable:
             "kind": _STATE_KIND, "version": _STATE_VERSION,
             "mechanisms": self.spec.mechanisms_digest,
             "next_step": self.next_step,
-            "keys": self._index.names.tolist(),
+            "keys": list(self._index),
             "prefix": self._prefix.copy(),
             "flags": self._flags.copy(),
             "groups": [group.to_state() for group in self._groups],

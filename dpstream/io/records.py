@@ -199,6 +199,8 @@ def flatten(item: Encoded | EncodedBatch) -> list[Encoded]:
     return list(item) if isinstance(item, EncodedBatch) else [item]
 
 
+_KEY_CACHE: Final = 64
+"""How many key tuples' texts a :class:`RecordEncoder` keeps (a group's keys are a tuple)."""
 _KEY_MARK: Final = "\x00dpstream-key\x00"  # JSON-escaped in the template, so never ambiguous
 _VALUE_MARK: Final = "\x00dpstream-value\x00"
 _NUMPY: Final = orjson.OPT_SERIALIZE_NUMPY
@@ -219,6 +221,27 @@ class RecordEncoder:
                  conversion_delta: float = 1e-6) -> None:
         self.flow, self.origin, self.step_seconds = flow, origin, step_seconds
         self.conversion_delta = conversion_delta
+        # the key texts of the latest key tuples, by identity (each tuple kept alive here)
+        self._key_cache: dict[int, tuple[tuple[str, ...], Texts | None]] = {}
+
+    def _keys_texts(self, keys: Sequence[str]) -> Texts | None:
+        """:func:`_key_texts`, remembered for the last :data:`_KEY_CACHE` key tuples.
+
+        A counter group releases the same tuple of keys at every step; a tuple never changes,
+        and the cache holds a reference to it, so its identity cannot be reused by another.
+        Lists (and any other sequence) are encoded afresh every time.
+        """
+        if type(keys) is not tuple:
+            return _key_texts(keys)
+        cache = self._key_cache
+        hit = cache.pop(id(keys), None)
+        texts = _key_texts(keys) if hit is None else hit[1]
+        if hit is None and texts is not None:
+            texts.starts.flags.writeable = texts.ends.flags.writeable = False
+        cache[id(keys)] = (keys, texts)  # the most recent last
+        while len(cache) > _KEY_CACHE:
+            del cache[next(iter(cache))]
+        return texts
 
     def window(self, step: int) -> dict[str, str]:
         """The event-time window [start, end) of a global step."""
@@ -308,7 +331,7 @@ class RecordEncoder:
         c = columns
         body = self._release_body(_KEY_MARK, c.step, _VALUE_MARK, c.std, c.mechanism, c.spent,
                                   c.budget, c.unit, c.delta)
-        records = _bulk("releases", body, keys, values)
+        records = _bulk("releases", body, keys, values, self._keys_texts(keys))
         if records is None:
             return [self.encode(release) for release in _releases(c)]
         return records
@@ -318,8 +341,8 @@ class RecordEncoder:
         return encode_dead_letter(self.flow, letter)
 
 
-def _bulk(role: str, body: dict[str, Any], keys: list[str], values: FloatArray | None
-          ) -> EncodedColumn | list[Encoded] | None:
+def _bulk(role: str, body: dict[str, Any], keys: Sequence[str], values: FloatArray | None,
+          key_texts: Texts | None = None) -> EncodedColumn | list[Encoded] | None:
     """Records whose JSON is ``body`` with each key (and value) in place of the markers.
 
     ``body`` holds :data:`_KEY_MARK` as the key and, if ``values`` is given,
@@ -340,7 +363,9 @@ def _bulk(role: str, body: dict[str, Any], keys: list[str], values: FloatArray |
     them that depends on the other fields, so a record is exactly the template with the key's
     and the value's own texts in place of the markers'.
 
-    Keys that need escaping take :func:`_escaped` (the same template, one record at a time).
+    ``key_texts``, if given, is what :func:`_key_texts` makes of ``keys`` (kept from an
+    earlier step). Keys that need escaping take :func:`_escaped` (the same template, one
+    record at a time).
     None if the bulk path cannot be used (a marker also elsewhere in ``body``, a key that
     ``orjson`` refuses): encode one by one then.
     """
@@ -348,7 +373,8 @@ def _bulk(role: str, body: dict[str, Any], keys: list[str], values: FloatArray |
     pieces = _cut(orjson.dumps(body, option=_NUMPY), marks)
     if pieces is None:
         return None
-    key_texts = _key_texts(keys)
+    if key_texts is None:
+        key_texts = _key_texts(keys)
     if key_texts is None:
         return _escaped(role, pieces, keys, values)
     pieces[0] += b'"'  # the key's quotes
@@ -357,7 +383,7 @@ def _bulk(role: str, body: dict[str, Any], keys: list[str], values: FloatArray |
     return EncodedColumn(role, key_texts, _assemble(pieces, fields))
 
 
-def _escaped(role: str, pieces: list[bytes], keys: list[str], values: FloatArray | None
+def _escaped(role: str, pieces: list[bytes], keys: Sequence[str], values: FloatArray | None
              ) -> list[Encoded] | None:
     """The records of a column with keys that need escaping: the template, record by record.
 
@@ -392,7 +418,7 @@ def _cut(text: bytes, marks: list[bytes]) -> list[bytes] | None:
     return [*pieces, text]
 
 
-def _key_texts(keys: list[str]) -> Texts | None:
+def _key_texts(keys: Sequence[str]) -> Texts | None:
     """Each key's UTF-8 bytes, found in one ``orjson`` text of all the keys.
 
     None if some key needs escaping in JSON (its JSON is not its bytes in quotes) or is
