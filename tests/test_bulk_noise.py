@@ -24,6 +24,7 @@ from dpstream.core.noise import (
     TAG_INITIAL,
     TAG_MONITOR_QUERY,
     TAG_TREE,
+    JoinedNames,
     NoiseKey,
     discrete_gaussian_variance,
 )
@@ -283,6 +284,18 @@ def test_bulk_lanes_of_joined_names_equal_the_one_by_one_lanes(names: list[str])
     words = KEY.lane_words(("inst",), names, ("counter", "d1", 7))
     assert np.array_equal(words, lanes_array(
         [KEY.lane("inst", name, "counter", "d1", 7) for name in names]))
+
+
+@pytest.mark.parametrize("names", [
+    [f"item-{i:07d}" for i in range(50)], ["é" * 6, "x", "", "\ud800k"], ["a\0b", "c"], []])
+def test_joined_names_give_the_lanes_of_their_names(names: list[str]) -> None:
+    joined = JoinedNames(names)
+    assert joined == tuple(names) and isinstance(joined, tuple)
+    assert (joined.joined is None) == any("\0" in n for n in names)  # NUL inside: not joined
+    assert np.array_equal(KEY.lane_words(("inst",), joined, ("counter", "d1", 7)),
+                          KEY.lane_words(("inst",), list(names), ("counter", "d1", 7)))
+    with pytest.raises(InvalidParameterError, match="must be a str"):
+        JoinedNames(["a", 3])  # type: ignore[list-item]
 
 
 def test_bulk_lanes_refuse_a_name_that_is_not_a_str() -> None:

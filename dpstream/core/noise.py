@@ -42,6 +42,7 @@ __all__ = [
     "TAG_TREE",
     "check_coordinates",
     "encode_coordinates",
+    "JoinedNames",
     "NOISE_KEY_ENV",
     "NOISE_KEY_FILE_ENV",
     "NoiseKey",
@@ -153,26 +154,58 @@ def _unit(coordinate: Coordinate) -> bytes:
     return unit + bytes(-len(unit) % 16)
 
 
+class JoinedNames(tuple[str, ...]):
+    """A tuple of key names that also holds their UTF-8 bytes, joined once.
+
+    ``joined`` is every name encoded (lone surrogates kept, as :func:`_tagged` keeps them) and
+    followed by a NUL, or None if a name holds a NUL itself. Made once for keys known in
+    advance (a shard's declared keys, at start-up): :meth:`NoiseKey.lane_words` then reads
+    these bytes instead of the string objects, which a table of a million keys has not
+    touched since (a read from memory for each, about 100 ns).
+
+    Raises:
+        InvalidParameterError: a name is not a str.
+    """
+
+    joined: bytes | None
+
+    def __new__(cls, names: Iterable[str] = ()) -> JoinedNames:
+        """The tuple of ``names``, with their bytes joined."""
+        self = super().__new__(cls, names)
+        text = _joined_text(self)
+        self.joined = (text.encode("utf-8", "surrogatepass") + b"\0" * bool(self)
+                       if text.count("\0") == max(len(self) - 1, 0) else None)
+        return self
+
+
+def _joined_text(names: tuple[str, ...]) -> str:
+    """The names joined with NUL (one C call), refusing a name that is not a str."""
+    try:
+        return "\0".join(names)
+    except TypeError:
+        bad = next(name for name in names if not isinstance(name, str))
+        raise InvalidParameterError(f"a lane name must be a str, got {bad!r}") from None
+
+
 def _name_bytes(names: tuple[str, ...]) -> tuple[bytes, Any, Any]:
     """The names' UTF-8 bytes (lone surrogates kept, as :func:`_tagged` keeps them).
 
     Returns ``(data, starts, lengths)``: name ``i`` is ``data[starts[i]:starts[i] +
-    lengths[i]]``. The names are joined with NUL in one C call and cut where the NUL bytes are
-    (UTF-8 writes byte 0 for U+0000 only); names that hold a NUL themselves are encoded one
-    by one.
+    lengths[i]]``. The names are joined with NUL in one C call (or were, by
+    :class:`JoinedNames`) and cut where the NUL bytes are (UTF-8 writes byte 0 for U+0000
+    only); names that hold a NUL themselves are encoded one by one.
 
     Raises:
         InvalidParameterError: a name is not a str.
     """
     import numpy as np
 
-    try:
-        text = "\0".join(names)
-    except TypeError:
-        bad = next(name for name in names if not isinstance(name, str))
-        raise InvalidParameterError(f"a lane name must be a str, got {bad!r}") from None
-    if text.count("\0") == len(names) - 1:  # no name holds a NUL: the NULs are the cuts
-        data = text.encode("utf-8", "surrogatepass") + b"\0"
+    data = names.joined if isinstance(names, JoinedNames) else None
+    if data is None:
+        text = _joined_text(names)
+        if text.count("\0") == len(names) - 1:  # no name holds a NUL: the NULs are the cuts
+            data = text.encode("utf-8", "surrogatepass") + b"\0"
+    if data is not None:
         ends = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 0)
         starts = np.zeros(len(names), dtype=np.int64)
         starts[1:] = ends[:-1] + 1
@@ -448,7 +481,7 @@ class NoiseKey:
         """
         import numpy as np  # the core's one array library; only the bulk path needs it
 
-        names = tuple(names)
+        names = names if isinstance(names, tuple) else tuple(names)  # JoinedNames kept
         tail = b"".join(map(_unit, check_coordinates(after)))
         head = self._cbc(_LANE_VERSION_BLOCK + b"".join(map(_unit, check_coordinates(before))),
                          bytes(16))

@@ -33,6 +33,7 @@ import orjson
 from dpstream.core.key_statistics import Alert, BudgetExhausted, Release
 from dpstream.core.key_table import AlertColumns
 from dpstream.core.ledger import zcdp_to_approx_dp
+from dpstream.core.noise import JoinedNames
 from dpstream.core.sequences import IndexedSequence
 from dpstream.messages import DeadLetter, Encoded, step_window
 
@@ -205,6 +206,7 @@ _KEY_MARK: Final = "\x00dpstream-key\x00"  # JSON-escaped in the template, so ne
 _VALUE_MARK: Final = "\x00dpstream-value\x00"
 _NUMPY: Final = orjson.OPT_SERIALIZE_NUMPY
 _QUOTE: Final = ord('"')
+_BACKSLASH: Final = ord("\\")
 _COMMA: Final = ord(",")
 
 
@@ -231,7 +233,7 @@ class RecordEncoder:
         and the cache holds a reference to it, so its identity cannot be reused by another.
         Lists (and any other sequence) are encoded afresh every time.
         """
-        if type(keys) is not tuple:
+        if not isinstance(keys, tuple):
             return _key_texts(keys)
         cache = self._key_cache
         hit = cache.pop(id(keys), None)
@@ -425,6 +427,10 @@ def _key_texts(keys: Sequence[str]) -> Texts | None:
     refused by ``orjson`` (e.g. a lone surrogate, which :meth:`RecordEncoder.encode` refuses
     too).
     """
+    if isinstance(keys, JoinedNames) and keys.joined is not None:
+        return _joined_key_texts(keys.joined, len(keys))
+    if type(keys) not in (list, tuple):  # orjson takes lists and tuples, no subclasses
+        keys = list(keys)
     try:
         text = orjson.dumps(keys)[1:-1]  # a copy: orjson's buffer is many times the text
     except (orjson.JSONEncodeError, TypeError):
@@ -442,12 +448,40 @@ def _key_texts(keys: Sequence[str]) -> Texts | None:
     return Texts(text, quotes[0::2] + 1, quotes[1::2])
 
 
+def _joined_key_texts(joined: bytes, count: int) -> Texts | None:
+    """:func:`_key_texts` of ``count`` keys from their joined bytes (:class:`JoinedNames`).
+
+    A key's JSON is its bytes in quotes unless it holds a quote, a backslash or a control
+    character (then ``orjson`` escapes it) or a lone surrogate (then ``orjson`` refuses it;
+    UTF-8 with surrogates kept writes ``ED A0``-``ED BF`` for those only): None then. The
+    text is the joined bytes with each NUL made ``","``, read without touching the keys'
+    string objects.
+    """
+    if not count:
+        return Texts(b"", np.zeros(0, np.int64), np.zeros(0, np.int64))
+    chars = np.frombuffer(joined, np.uint8)[:-1]  # the last NUL ends the last key
+    separators = chars == 0
+    if ((chars < 0x20) & ~separators).any() or (chars == _QUOTE).any() or (
+            chars == _BACKSLASH).any() or ((chars[:-1] == 0xED) & (chars[1:] >= 0xA0)).any():
+        return None
+    cuts = np.flatnonzero(separators)
+    if cuts.size != count - 1:
+        return None
+    starts, ends = np.zeros(count, np.int64), np.full(count, len(chars), np.int64)
+    starts[1:], ends[:-1] = cuts + 1, cuts
+    shift = 1 + 2 * np.arange(count)  # the first quote; each cut before grew to 3 bytes
+    return Texts(b'"' + joined[:-1].replace(b"\0", b'","') + b'"', starts + shift,
+                 ends + shift)
+
+
 def _common_width(chars: ByteArray, count: int) -> int | None:
     """The length all ``count`` strings of ``chars`` (``"a","b",...``) share, if they do.
 
     Then their ``2 * count`` quotes are where that length puts them, which a strided look
     confirms (no scan): there are no other quotes.
     """
+    if not count:
+        return None
     stride, rest = divmod(len(chars) + 1, count)
     if rest or stride < 3:
         return None

@@ -21,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dpstream.core.key_index import KeyIndex
+from dpstream.core.noise import JoinedNames
 
 __all__ = ["DeclaredLayout", "RowCounts", "shard_of", "shards_of"]
 
@@ -69,8 +70,12 @@ class RowCounts:
 class DeclaredLayout(Mapping[int, tuple[str, ...]]):
     """The declared keys by shard, each shard's sorted: a mapping ``shard -> keys``.
 
-    A shard's keys are a tuple: the garbage collector does not track it, where a long list
-    would be traversed by every full collection.
+    A shard's keys are a :class:`~dpstream.core.noise.JoinedNames` tuple, which also holds
+    their UTF-8 bytes joined (about 14 bytes a key of 12 characters), so the lanes of the
+    shard's counters are derived without reading a million string objects again. Being a
+    tuple subclass with an attribute, the garbage collector tracks it: a full collection
+    traverses it, about 17 ms more at a million keys (measured), and full collections are
+    rare in a flow.
 
     Args:
         keys: the declared keys (distinct), in any order.
@@ -91,7 +96,8 @@ class DeclaredLayout(Mapping[int, tuple[str, ...]]):
         self.shards = shards
         self.index = KeyIndex(names)
         self.bounds: IntArray = np.searchsorted(owner[by_shard], np.arange(shards + 1))
-        self._by_shard = {s: tuple(names[self.bounds[s]:self.bounds[s + 1]].tolist())
+        # each shard's keys with their bytes joined now, for the lanes of its counters
+        self._by_shard = {s: JoinedNames(names[self.bounds[s]:self.bounds[s + 1]].tolist())
                           for s in range(shards) if self.bounds[s + 1] > self.bounds[s]}
 
     # -- the Mapping of declared keys by shard --
