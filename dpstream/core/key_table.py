@@ -454,8 +454,11 @@ class KeyTable:
                              if k not in self.retired)
             missing = np.flatnonzero(rows < 0)
             if missing.size:
-                retired = self.retired
-                fresh.update(k for k in (keys[i] for i in missing.tolist()) if k not in retired)
+                new = keys if missing.size == len(keys) else list(
+                    map(keys.__getitem__, missing.tolist()))
+                fresh.update(new)
+                if self.retired:  # a retired key never starts again (CPython's set
+                    fresh = fresh - self.retired  # difference walks the smaller side)
             if fresh:
                 self._create(sorted(fresh), step, out)
                 if missing.size:
