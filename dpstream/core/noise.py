@@ -497,16 +497,17 @@ class NoiseKey:
             every = smallest == largest
             rows = np.arange(len(names)) if every else np.flatnonzero(sizes == size)
             # block j of every name as one contiguous array (16-byte items: copies in C
-            # loops, XORs on flat uint64), so no operation works row by row
+            # loops, XORs on flat native words: bytewise, whatever the byte order), so no
+            # operation works row by row
             blocks = _units_matrix(data, starts, lengths, rows, size).view("V16")
-            state = np.bitwise_xor(np.ascontiguousarray(blocks[:, 0]).view("<u8"),
-                                   np.frombuffer(head * rows.size, dtype="<u8"))
+            state = np.bitwise_xor(np.ascontiguousarray(blocks[:, 0]).view(np.uint64),
+                                   np.frombuffer(head * rows.size, dtype=np.uint64))
             for j in range(1, size):
-                np.bitwise_xor(np.frombuffer(encrypt(state.view(np.uint8)), dtype="<u8"),
-                               np.ascontiguousarray(blocks[:, j]).view("<u8"), out=state)
+                np.bitwise_xor(np.frombuffer(encrypt(state.view(np.uint8)), dtype=np.uint64),
+                               np.ascontiguousarray(blocks[:, j]).view(np.uint64), out=state)
             for block in tail_blocks:
-                np.bitwise_xor(np.frombuffer(encrypt(state.view(np.uint8)), dtype="<u8"),
-                               np.frombuffer(block * rows.size, dtype="<u8"), out=state)
+                np.bitwise_xor(np.frombuffer(encrypt(state.view(np.uint8)), dtype=np.uint64),
+                               np.frombuffer(block * rows.size, dtype=np.uint64), out=state)
             lanes = np.frombuffer(finish(encrypt(state.view(np.uint8))), dtype="V16")
             if every:
                 return lanes.view("<u8").reshape(-1, 2).astype(np.uint64)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -223,8 +224,10 @@ class RecordEncoder:
                  conversion_delta: float = 1e-6) -> None:
         self.flow, self.origin, self.step_seconds = flow, origin, step_seconds
         self.conversion_delta = conversion_delta
-        # the key texts of the latest key tuples, by identity (each tuple kept alive here)
+        # the key texts of the latest key tuples, by identity (each tuple kept alive here);
+        # the workers of a process share the encoder, so the cache has a lock
         self._key_cache: dict[int, tuple[tuple[str, ...], Texts | None]] = {}
+        self._key_lock = threading.Lock()
 
     def _keys_texts(self, keys: Sequence[str]) -> Texts | None:
         """:func:`_key_texts`, remembered for the last :data:`_KEY_CACHE` key tuples.
@@ -236,13 +239,18 @@ class RecordEncoder:
         if not isinstance(keys, tuple):
             return _key_texts(keys)
         cache = self._key_cache
-        hit = cache.pop(id(keys), None)
-        texts = _key_texts(keys) if hit is None else hit[1]
-        if hit is None and texts is not None:
+        with self._key_lock:
+            hit = cache.pop(id(keys), None)
+            if hit is not None:
+                cache[id(keys)] = hit  # the most recent last
+                return hit[1]
+        texts = _key_texts(keys)
+        if texts is not None:
             texts.starts.flags.writeable = texts.ends.flags.writeable = False
-        cache[id(keys)] = (keys, texts)  # the most recent last
-        while len(cache) > _KEY_CACHE:
-            del cache[next(iter(cache))]
+        with self._key_lock:
+            cache[id(keys)] = (keys, texts)
+            while len(cache) > _KEY_CACHE:
+                del cache[next(iter(cache))]
         return texts
 
     def window(self, step: int) -> dict[str, str]:
