@@ -287,11 +287,17 @@ def test_bulk_lanes_of_joined_names_equal_the_one_by_one_lanes(names: list[str])
 
 
 @pytest.mark.parametrize("names", [
-    [f"item-{i:07d}" for i in range(50)], ["é" * 6, "x", "", "\ud800k"], ["a\0b", "c"], []])
+    [f"item-{i:07d}" for i in range(50)], ["é" * 6, "x", "", ",", "キー"], ["\ud800k", "a"],
+    ["a\0b", "c"], ['q"', "r"], ["s\\", "t"], ["\n"], []])
 def test_joined_names_give_the_lanes_of_their_names(names: list[str]) -> None:
     joined = JoinedNames(names)
     assert joined == tuple(names) and isinstance(joined, tuple)
-    assert (joined.joined is None) == any("\0" in n for n in names)  # NUL inside: not joined
+    plain = names and not any(c in '"\\' or ord(c) < 0x20 or 0xD800 <= ord(c) < 0xE000
+                              for n in names for c in n)
+    if plain:  # the body of their JSON list, which is their bytes in quotes
+        assert joined.joined == ",".join(f'"{n}"' for n in names).encode()
+    else:
+        assert joined.joined is None
     assert np.array_equal(KEY.lane_words(("inst",), joined, ("counter", "d1", 7)),
                           KEY.lane_words(("inst",), list(names), ("counter", "d1", 7)))
     with pytest.raises(InvalidParameterError, match="must be a str"):

@@ -115,6 +115,8 @@ def check_coordinates(coordinates: object) -> tuple[Coordinate, ...]:
 
 COORDINATES_VERSION: Final = b"dpstream-coordinates/1"
 _STR_TAG: Final = b"s"
+_QUOTE: Final = ord('"')
+_BACKSLASH: Final = ord("\\")
 _INT_TAG: Final = b"i"
 
 
@@ -157,11 +159,13 @@ def _unit(coordinate: Coordinate) -> bytes:
 class JoinedNames(tuple[str, ...]):
     """A tuple of key names that also holds their UTF-8 bytes, joined once.
 
-    ``joined`` is every name encoded (lone surrogates kept, as :func:`_tagged` keeps them) and
-    followed by a NUL, or None if a name holds a NUL itself. Made once for keys known in
-    advance (a shard's declared keys, at start-up): :meth:`NoiseKey.lane_words` then reads
-    these bytes instead of the string objects, which a table of a million keys has not
-    touched since (a read from memory for each, about 100 ns).
+    ``joined`` is the names as the body of a JSON list of strings, ``"a","b",...``, when that
+    is their bytes in quotes (no name holds a quote, a backslash, a control character or a
+    lone surrogate), else None. Made once for keys known in advance (a shard's declared keys,
+    at start-up), it serves twice without reading the string objects again, which a table of
+    a million keys has not touched since (a read from memory each, about 100 ns):
+    :meth:`NoiseKey.lane_words` takes the names' bytes from it, and the record encoder
+    (:mod:`dpstream.io.records`) the keys' JSON texts.
 
     Raises:
         InvalidParameterError: a name is not a str.
@@ -171,17 +175,22 @@ class JoinedNames(tuple[str, ...]):
 
     def __new__(cls, names: Iterable[str] = ()) -> JoinedNames:
         """The tuple of ``names``, with their bytes joined."""
+        import numpy as np
+
         self = super().__new__(cls, names)
-        text = _joined_text(self)
-        self.joined = (text.encode("utf-8", "surrogatepass") + b"\0" * bool(self)
-                       if text.count("\0") == max(len(self) - 1, 0) else None)
+        data = ('"' + _joined_text(self, '","') + '"').encode("utf-8", "surrogatepass")
+        chars = np.frombuffer(data, dtype=np.uint8)
+        plain = (int(np.count_nonzero(chars == _QUOTE)) == 2 * len(self)
+                 and not (chars == _BACKSLASH).any() and not (chars < 0x20).any()
+                 and not ((chars[:-1] == 0xED) & (chars[1:] >= 0xA0)).any())  # surrogates
+        self.joined = (data if self else b"") if plain else None
         return self
 
 
-def _joined_text(names: tuple[str, ...]) -> str:
-    """The names joined with NUL (one C call), refusing a name that is not a str."""
+def _joined_text(names: tuple[str, ...], separator: str) -> str:
+    """The names joined with ``separator`` (one C call), refusing a name that is not a str."""
     try:
-        return "\0".join(names)
+        return separator.join(names)
     except TypeError:
         bad = next(name for name in names if not isinstance(name, str))
         raise InvalidParameterError(f"a lane name must be a str, got {bad!r}") from None
@@ -191,21 +200,21 @@ def _name_bytes(names: tuple[str, ...]) -> tuple[bytes, Any, Any]:
     """The names' UTF-8 bytes (lone surrogates kept, as :func:`_tagged` keeps them).
 
     Returns ``(data, starts, lengths)``: name ``i`` is ``data[starts[i]:starts[i] +
-    lengths[i]]``. The names are joined with NUL in one C call (or were, by
-    :class:`JoinedNames`) and cut where the NUL bytes are (UTF-8 writes byte 0 for U+0000
-    only); names that hold a NUL themselves are encoded one by one.
+    lengths[i]]``. The names are joined with NUL in one C call and cut where the NUL bytes
+    are (UTF-8 writes byte 0 for U+0000 only), or read between the quotes of
+    :class:`JoinedNames`; names that hold a NUL themselves are encoded one by one.
 
     Raises:
         InvalidParameterError: a name is not a str.
     """
     import numpy as np
 
-    data = names.joined if isinstance(names, JoinedNames) else None
-    if data is None:
-        text = _joined_text(names)
-        if text.count("\0") == len(names) - 1:  # no name holds a NUL: the NULs are the cuts
-            data = text.encode("utf-8", "surrogatepass") + b"\0"
-    if data is not None:
+    if isinstance(names, JoinedNames) and names.joined is not None:  # "a","b": no quote in
+        quotes = np.flatnonzero(np.frombuffer(names.joined, dtype=np.uint8) == _QUOTE)
+        return names.joined, quotes[0::2] + 1, quotes[1::2] - quotes[0::2] - 1  # a name
+    text = _joined_text(names, "\0")
+    if text.count("\0") == len(names) - 1:  # no name holds a NUL: the NULs are the cuts
+        data = text.encode("utf-8", "surrogatepass") + b"\0"
         ends = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 0)
         starts = np.zeros(len(names), dtype=np.int64)
         starts[1:] = ends[:-1] + 1

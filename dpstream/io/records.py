@@ -207,7 +207,6 @@ _KEY_MARK: Final = "\x00dpstream-key\x00"  # JSON-escaped in the template, so ne
 _VALUE_MARK: Final = "\x00dpstream-value\x00"
 _NUMPY: Final = orjson.OPT_SERIALIZE_NUMPY
 _QUOTE: Final = ord('"')
-_BACKSLASH: Final = ord("\\")
 _COMMA: Final = ord(",")
 
 
@@ -224,17 +223,19 @@ class RecordEncoder:
                  conversion_delta: float = 1e-6) -> None:
         self.flow, self.origin, self.step_seconds = flow, origin, step_seconds
         self.conversion_delta = conversion_delta
-        # the key texts of the latest key tuples, by identity (each tuple kept alive here);
+        # the keys' JSON of the latest key tuples, by identity (each tuple kept alive here);
         # the workers of a process share the encoder, so the cache has a lock
-        self._key_cache: dict[int, tuple[tuple[str, ...], Texts | None]] = {}
+        self._key_cache: dict[int, tuple[tuple[str, ...], bytes | None]] = {}
         self._key_lock = threading.Lock()
 
     def _keys_texts(self, keys: Sequence[str]) -> Texts | None:
-        """:func:`_key_texts`, remembered for the last :data:`_KEY_CACHE` key tuples.
+        """:func:`_key_texts`, the keys' JSON remembered for the last :data:`_KEY_CACHE` tuples.
 
         A counter group releases the same tuple of keys at every step; a tuple never changes,
         and the cache holds a reference to it, so its identity cannot be reused by another.
-        Lists (and any other sequence) are encoded afresh every time.
+        Only the JSON text is kept (a :class:`~dpstream.core.noise.JoinedNames` tuple holds
+        it already); where each key lies in it is found again at each use, in bulk. Lists
+        (and any other sequence) are encoded afresh every time.
         """
         if not isinstance(keys, tuple):
             return _key_texts(keys)
@@ -243,15 +244,13 @@ class RecordEncoder:
             hit = cache.pop(id(keys), None)
             if hit is not None:
                 cache[id(keys)] = hit  # the most recent last
-                return hit[1]
-        texts = _key_texts(keys)
-        if texts is not None:
-            texts.starts.flags.writeable = texts.ends.flags.writeable = False
-        with self._key_lock:
-            cache[id(keys)] = (keys, texts)
-            while len(cache) > _KEY_CACHE:
-                del cache[next(iter(cache))]
-        return texts
+        text = _keys_json(keys) if hit is None else hit[1]
+        if hit is None:
+            with self._key_lock:
+                cache[id(keys)] = (keys, text)
+                while len(cache) > _KEY_CACHE:
+                    del cache[next(iter(cache))]
+        return None if text is None else _quoted_texts(text, len(keys))
 
     def window(self, step: int) -> dict[str, str]:
         """The event-time window [start, end) of a global step."""
@@ -435,51 +434,39 @@ def _key_texts(keys: Sequence[str]) -> Texts | None:
     refused by ``orjson`` (e.g. a lone surrogate, which :meth:`RecordEncoder.encode` refuses
     too).
     """
-    if isinstance(keys, JoinedNames) and keys.joined is not None:
-        return _joined_key_texts(keys.joined, len(keys))
+    text = _keys_json(keys)
+    return None if text is None else _quoted_texts(text, len(keys))
+
+
+def _keys_json(keys: Sequence[str]) -> bytes | None:
+    """The keys' JSON strings, ``"a","b",...``, if each is the key's bytes in quotes.
+
+    :class:`~dpstream.core.noise.JoinedNames` made that text when the keys were declared (or
+    found that it does not exist); otherwise one ``orjson`` call makes it. None if a key
+    needs escaping or is refused.
+    """
+    if isinstance(keys, JoinedNames):
+        return keys.joined
     if type(keys) not in (list, tuple):  # orjson takes lists and tuples, no subclasses
         keys = list(keys)
     try:
         text = orjson.dumps(keys)[1:-1]  # a copy: orjson's buffer is many times the text
     except (orjson.JSONEncodeError, TypeError):
         return None
-    if b"\\" in text:
-        return None
+    return None if b"\\" in text else text
+
+
+def _quoted_texts(text: bytes, count: int) -> Texts | None:
+    """The ``count`` strings of ``text`` (``"a","b",...``, no escapes), between their quotes."""
     chars = np.frombuffer(text, np.uint8)
-    width = _common_width(chars, len(keys))
+    width = _common_width(chars, count)
     if width is not None:
         starts = np.arange(1, len(text), width + 3)
         return Texts(text, starts, starts + width)
     quotes = np.flatnonzero(chars == _QUOTE)
-    if len(quotes) != 2 * len(keys):
+    if len(quotes) != 2 * count:
         return None  # a key that is not a string
     return Texts(text, quotes[0::2] + 1, quotes[1::2])
-
-
-def _joined_key_texts(joined: bytes, count: int) -> Texts | None:
-    """:func:`_key_texts` of ``count`` keys from their joined bytes (:class:`JoinedNames`).
-
-    A key's JSON is its bytes in quotes unless it holds a quote, a backslash or a control
-    character (then ``orjson`` escapes it) or a lone surrogate (then ``orjson`` refuses it;
-    UTF-8 with surrogates kept writes ``ED A0``-``ED BF`` for those only): None then. The
-    text is the joined bytes with each NUL made ``","``, read without touching the keys'
-    string objects.
-    """
-    if not count:
-        return Texts(b"", np.zeros(0, np.int64), np.zeros(0, np.int64))
-    chars = np.frombuffer(joined, np.uint8)[:-1]  # the last NUL ends the last key
-    separators = chars == 0
-    if ((chars < 0x20) & ~separators).any() or (chars == _QUOTE).any() or (
-            chars == _BACKSLASH).any() or ((chars[:-1] == 0xED) & (chars[1:] >= 0xA0)).any():
-        return None
-    cuts = np.flatnonzero(separators)
-    if cuts.size != count - 1:
-        return None
-    starts, ends = np.zeros(count, np.int64), np.full(count, len(chars), np.int64)
-    starts[1:], ends[:-1] = cuts + 1, cuts
-    shift = 1 + 2 * np.arange(count)  # the first quote; each cut before grew to 3 bytes
-    return Texts(b'"' + joined[:-1].replace(b"\0", b'","') + b'"', starts + shift,
-                 ends + shift)
 
 
 def _common_width(chars: ByteArray, count: int) -> int | None:
