@@ -715,11 +715,6 @@ def _round_one(noise: NoiseKey, sub: bytes, g: _GaussianParameters, r: int,
     return -x if sign else x
 
 
-def _geometric_words(w: WordArray) -> tuple[IntArray, npt.NDArray[np.bool_]]:
-    """``V = #{k : L_k > w}`` (scale 1) where :func:`_decided` decides it, and where it does."""
-    return _decided(np.ascontiguousarray(w), _ONE)
-
-
 def _round_bulk(words: WordArray, g: _GaussianParameters
                 ) -> tuple[IntArray, npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
     """Round steps 1-5 for many draws: ``(values, done, undecided)``.
@@ -735,7 +730,7 @@ def _round_bulk(words: WordArray, g: _GaussianParameters
     accepted = a < np.uint64(g.limit) if g.limit < 1 << 63 else np.ones(a.shape, dtype=bool)
     u = a & np.uint64(t - 1) if t & (t - 1) == 0 else a % np.uint64(t)
     d_yes, d_no = _screen(_vector_exp(u.astype(np.float64) * -g.inverse_t), w1)
-    v, v_ok = _geometric_words(w2)
+    v, v_ok = _decided(np.ascontiguousarray(w2), _ONE)  # V = #{k : L_k > w2}, scale 1
     x = u.view(np.int64) + np.int64(t) * v  # < K t <= 2^62 where v_ok
     zero = sign & (x == 0)
     xf = x.astype(np.float64)

@@ -323,7 +323,8 @@ class RecordEncoder:
                 if not all((a.step, a.threshold, a.epsilon) == shared for a in alerts):
                     keys = []
             if keys:
-                records = _bulk("alerts", self._alert_body(_KEY_MARK, *shared), keys, None)
+                records = _bulk("alerts", self._alert_body(_KEY_MARK, *shared), keys, None,
+                                _key_texts(keys))
                 if records is not None:
                     return records
         return list(map(self.encode, alerts))
@@ -351,7 +352,7 @@ class RecordEncoder:
 
 
 def _bulk(role: str, body: dict[str, Any], keys: Sequence[str], values: FloatArray | None,
-          key_texts: Texts | None = None) -> EncodedColumn | list[Encoded] | None:
+          key_texts: Texts | None) -> EncodedColumn | list[Encoded] | None:
     """Records whose JSON is ``body`` with each key (and value) in place of the markers.
 
     ``body`` holds :data:`_KEY_MARK` as the key and, if ``values`` is given,
@@ -372,9 +373,9 @@ def _bulk(role: str, body: dict[str, Any], keys: Sequence[str], values: FloatArr
     them that depends on the other fields, so a record is exactly the template with the key's
     and the value's own texts in place of the markers'.
 
-    ``key_texts``, if given, is what :func:`_key_texts` makes of ``keys`` (kept from an
-    earlier step). Keys that need escaping take :func:`_escaped` (the same template, one
-    record at a time).
+    ``key_texts`` is what :func:`_key_texts` makes of ``keys`` (the caller's, possibly kept
+    from an earlier step); None for keys that need escaping, which take :func:`_escaped`
+    (the same template, one record at a time).
     None if the bulk path cannot be used (a marker also elsewhere in ``body``, a key that
     ``orjson`` refuses): encode one by one then.
     """
@@ -382,8 +383,6 @@ def _bulk(role: str, body: dict[str, Any], keys: Sequence[str], values: FloatArr
     pieces = _cut(orjson.dumps(body, option=_NUMPY), marks)
     if pieces is None:
         return None
-    if key_texts is None:
-        key_texts = _key_texts(keys)
     if key_texts is None:
         return _escaped(role, pieces, keys, values)
     pieces[0] += b'"'  # the key's quotes
