@@ -495,14 +495,55 @@ def _configure_logging(level_name: str) -> None:
 
 
 def _positive_int(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
     return value
 
 
+def _seconds(text: str) -> float:
+    """A duration in seconds: finite and >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {text!r}")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    """A duration in seconds: finite and > 0."""
+    value = _seconds(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}")
+    return value
+
+
+def _port_or_off(text: str) -> int:
+    """A TCP port, or 0 for off."""
+    if text.strip() == "0":
+        return 0
+    try:
+        return _port(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"must be a TCP port 1..65535, or 0 for none, got "
+                                         f"{text}") from None
+
+
+def _plain(text: str) -> str:
+    """``text`` (a docstring) as plain text for ``--help``: no reStructuredText literals."""
+    return text.replace("``", "")
+
+
 def _port(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
     if not 0 < value < 65536:
         raise argparse.ArgumentTypeError(f"must be a TCP port 1..65535, got {text}")
     return value
@@ -527,30 +568,34 @@ def main(argv: list[str] | None = None) -> int:
     logging_options.add_argument("-v", "--verbose", dest="log_level", action="store_const",
                                  const="debug", default=argparse.SUPPRESS,
                                  help="debug logging (same as --log-level debug)")
-    parser = argparse.ArgumentParser(prog="dpstream", description=__doc__,
+    parser = argparse.ArgumentParser(prog="dpstream", description=_plain(__doc__ or ""),
                                      parents=[logging_options],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=_version())
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True,
+                                help="what to do (dpstream COMMAND --help tells more)")
 
     def add_parser(name: str, **kwargs: str) -> argparse.ArgumentParser:
         return sub.add_parser(name, parents=[logging_options], **kwargs)
 
     run = add_parser("run", help="run the counters flow")
     run.add_argument("--config", help="TOML configuration (default: $DPSTREAM_CONFIG)")
-    run.add_argument("-w", "--workers", type=int, default=1, help="worker threads (default 1)")
+    run.add_argument("-w", "--workers", type=_positive_int, default=1,
+                     help="worker threads (default 1)")
     run.add_argument("--recovery-dir", help="Bytewax recovery store (keep it secret: it holds "
                      "true counts); created and initialised if empty")
-    run.add_argument("--recovery-partitions", type=int, default=1)
+    run.add_argument("--recovery-partitions", type=_positive_int, default=1, metavar="N",
+                     help="partitions of a new recovery store (default 1), made when "
+                     "--recovery-dir holds none; an existing store keeps its own")
     run.add_argument("--ephemeral", action="store_true",
                      help="run without a recovery store, acknowledging that every start is a "
                      "new flow instance whose spend adds to earlier runs' (demos, trials)")
-    run.add_argument("--snapshot-interval", type=float, default=5.0,
+    run.add_argument("--snapshot-interval", type=_positive_seconds, default=5.0,
                      help="seconds between snapshots (default 5)")
     run.set_defaults(func=_run)
 
     check = add_parser("check-config", help="validate a configuration and describe it")
-    check.add_argument("config")
+    check.add_argument("config", help="the TOML configuration file")
     check.set_defaults(func=_check_config)
 
     keygen = add_parser("keygen", help="make a fresh secret noise key")
@@ -634,11 +679,13 @@ def main(argv: list[str] | None = None) -> int:
     budget.set_defaults(func=_budget)
 
     demo = add_parser("demo", help="run everything locally on a synthetic stream")
-    demo.add_argument("--duration", type=float, default=30.0,
+    demo.add_argument("--duration", type=_seconds, default=30.0,
                       help="seconds to run (default 30; 0 = until Ctrl-C)")
-    demo.add_argument("--rate", type=int, default=5_000, help="synthetic events per second")
-    demo.add_argument("-w", "--workers", type=int, default=1)
-    demo.add_argument("--web-port", type=int, default=None,
+    demo.add_argument("--rate", type=_positive_int, default=5_000,
+                      help="synthetic events per second (default 5000)")
+    demo.add_argument("-w", "--workers", type=_positive_int, default=1,
+                      help="worker threads of the demo's flow (default 1)")
+    demo.add_argument("--web-port", type=_port_or_off, default=None,
                       help="port of the live page on 127.0.0.1 (default $DPSTREAM_DEMO_WEB_PORT "
                            "or 8765; a free port when busy; 0 = no page)")
     demo.set_defaults(func=_demo)
@@ -646,7 +693,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _configure_logging(getattr(args, "log_level", "info"))
     try:
-        return int(args.func(args))
+        code = int(args.func(args))
+        sys.stdout.flush()  # a reader that went away shows here, not as a traceback at exit
+        return code
+    except BrokenPipeError:  # `dpstream check-config FILE | head -1`: the reader is gone
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush error at exit
+        return 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader left
     except DpstreamError as exc:
         print(f"dpstream: error: {exc}", file=sys.stderr)
         return 2

@@ -568,6 +568,14 @@ def run_demo(duration: float = 30.0, rate: int = 5_000, workers: int = 1,
     cleanly (also after Ctrl-C), 1 when it failed or had to be killed, 130 when interrupted
     before the flow started.
     """
+    if not (isinstance(rate, int) and rate >= 1):
+        raise DpstreamError(f"the demo's rate must be an integer >= 1 event per second, got "
+                            f"{rate!r}")
+    if not (isinstance(workers, int) and workers >= 1):
+        raise DpstreamError(f"the demo's workers must be an integer >= 1, got {workers!r}")
+    if not duration >= 0 or duration == float("inf"):
+        raise DpstreamError(f"the demo's duration must be a number of seconds >= 0 (0 = until "
+                            f"Ctrl-C), got {duration!r}")
     demo = _Demo(duration, rate, workers, _web_port(web_port))
     kafka_log = logging.getLogger("kafka")
     kafka_level = kafka_log.level

@@ -36,3 +36,98 @@ def test_requires_python_stops_where_bytewax_wheels_stop():
                 if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)]
     newest = max(versions)  # 0.21.1: (3, 12); it has no wheels (and no sdist build) past it
     assert bound == f">=3.11,<{newest[0]}.{newest[1] + 1}", bound
+
+
+# --- a closed stdout pipe --------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv", [["check-config", "deploy/counters.example.toml"],
+                                  ["check-config", "deploy/pmwg.example.toml"],
+                                  ["--version"]])
+def test_a_reader_that_left_gets_no_broken_pipe_traceback(argv):
+    """`dpstream check-config FILE | head -1`: the pipe's reader is gone before the output."""
+    read, write = os.pipe()
+    os.close(read)  # as `head -1` after its line, deterministically: every write gets EPIPE
+    try:
+        out = subprocess.run([sys.executable, "-m", "dpstream.cli", *argv], cwd=ROOT, env=ENV,
+                             stdout=write, stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(write)
+    assert "Traceback" not in out.stderr and "BrokenPipeError" not in out.stderr, out.stderr
+    assert out.stderr == ""
+    if argv[0] != "--version":
+        assert out.returncode == 141  # 128 + SIGPIPE, as for a C tool killed by the pipe
+
+
+# --- --help ----------------------------------------------------------------------------------
+
+def command_parsers(monkeypatch) -> dict[str, argparse.ArgumentParser]:
+    """The `dpstream` parser and every subcommand's, as main() builds them."""
+    built = []
+
+    def capture(self, *_args, **_kwargs):
+        built.append(self)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", capture)
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    top = built[0]
+    sub = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
+    return {"dpstream": top, **sub.choices}
+
+
+def test_every_option_of_every_command_has_a_help_text(monkeypatch):
+    missing = [f"{name} {'/'.join(action.option_strings) or action.dest}"
+               for name, parser in command_parsers(monkeypatch).items()
+               for action in parser._actions if not action.help]
+    assert missing == []
+
+
+def test_help_is_plain_text_without_markup(monkeypatch, capsys):
+    for name in command_parsers(monkeypatch):
+        capsys.readouterr()
+        monkeypatch.undo()
+        with pytest.raises(SystemExit):
+            main(["--help"] if name == "dpstream" else [name, "--help"])
+        text = capsys.readouterr().out
+        assert "usage: dpstream" in text
+        for markup in ("`", "**", ":func:", ":class:", ".. "):
+            assert markup not in text, (name, markup, text)
+
+
+# --- nonsensical numbers ---------------------------------------------------------------------
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["demo", "--rate", "-5"], "argument --rate: must be an integer >= 1, got -5"),
+    (["demo", "--rate", "0"], "argument --rate: must be an integer >= 1, got 0"),
+    (["demo", "--rate", "fast"], "argument --rate: must be an integer >= 1, got 'fast'"),
+    (["demo", "--duration", "-1"], "argument --duration: must be a number of seconds >= 0, "
+                                   "got '-1'"),
+    (["demo", "--duration", "nan"], "argument --duration: must be a number of seconds >= 0"),
+    (["demo", "-w", "0"], "argument -w/--workers: must be an integer >= 1, got 0"),
+    (["demo", "--web-port", "70000"], "argument --web-port: must be a TCP port 1..65535, or 0 "
+                                      "for none, got 70000"),
+    (["run", "--workers", "-2"], "argument -w/--workers: must be an integer >= 1, got -2"),
+    (["run", "--recovery-partitions", "0"], "argument --recovery-partitions: must be an "
+                                            "integer >= 1, got 0"),
+    (["run", "--snapshot-interval", "0"], "argument --snapshot-interval: must be a number of "
+                                          "seconds > 0, got '0'"),
+])
+def test_nonsensical_numbers_are_refused_before_anything_starts(argv, message, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"rate": -5}, "the demo's rate must be an integer >= 1 event per second, got -5"),
+    ({"duration": -1.0}, "the demo's duration must be a number of seconds >= 0"),
+    ({"workers": 0}, "the demo's workers must be an integer >= 1, got 0"),
+])
+def test_run_demo_refuses_nonsensical_numbers(kwargs, message):
+    from dpstream.demo import run_demo
+    from dpstream.errors import DpstreamError
+
+    with pytest.raises(DpstreamError, match=re.escape(message)):
+        run_demo(web_port=0, **kwargs)
