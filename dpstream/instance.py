@@ -302,3 +302,25 @@ def bind_instance(config: FlowConfig, spec: Mechanisms, noise: NoiseKey,
     if not made:  # another process sharing the directory made it first: bind to that one
         return _resume(directory, manifest, fixed, instance_id)
     return FlowInstance(instance, durable=True)
+
+
+RECOVERY_PARTITION_GLOB: Final = "part-*.sqlite3"
+"""The files of a Bytewax recovery store (``python -m bytewax.recovery DIR N`` makes them)."""
+
+
+def private_recovery_files(directory: str | os.PathLike[str]) -> list[Path]:
+    """Make the recovery partitions in ``directory`` private; return them (sorted).
+
+    The partitions hold true counts, as the manifest does: Bytewax creates them (and SQLite
+    its ``-wal``/``-shm``/``-journal`` files) with the umask's mode, often 0644. Each is set to
+    0600 here, and the process's umask is narrowed to keep group and others out of every file
+    made later (SQLite makes and removes its side files during the run).
+    """
+    os.umask(os.umask(0) | _SHARED_BITS)
+    found = sorted(Path(directory).glob(RECOVERY_PARTITION_GLOB))
+    for path in found:
+        for part in (path, *(path.with_name(path.name + s) for s in ("-wal", "-shm", "-journal"))):
+            with contextlib.suppress(FileNotFoundError):
+                if stat.S_IMODE(part.stat().st_mode) & _SHARED_BITS:
+                    os.chmod(part, _PRIVATE_FILE_MODE)
+    return found

@@ -6,7 +6,9 @@ which import :func:`flow_from_environment`'s result). Either way the process
 
 * configures dpstream's logging (``DPSTREAM_LOG_LEVEL``) unless the host application did;
 * turns SIGINT/SIGTERM into a clean stop (:mod:`dpstream.stream.stopping`): no Rust panic
-  trace, the last snapshot written, the process exits 0;
+  trace, the last snapshot written; ``dpstream run`` then exits 130 after SIGINT (Ctrl-C, as a
+  shell expects of an interrupted command) and 0 after SIGTERM (an orderly stop, as asked by
+  Kubernetes, systemd or docker stop);
 * serves metrics on ``metrics.port + process id`` (``-i`` of ``bytewax.run``), so several
   processes on one host do not collide, and says clearly when the port is taken;
 * waits for the Kafka cluster at start-up (bounded, logged), then writes heartbeat ticks to the
@@ -21,6 +23,7 @@ import atexit
 import errno
 import logging
 import os
+import signal
 import sys
 import threading
 from collections.abc import Mapping
@@ -201,10 +204,39 @@ def flow_module(kind: str) -> Dataflow:
     as ``python -m bytewax.run`` would otherwise print a long traceback.
     """
     try:
+        recovery_dir = _bytewax_recovery_directory(sys.argv, os.environ)
+        if recovery_dir is not None:
+            _check_recovery_partitions(recovery_dir)
         return flow_from_environment(kind=kind)
     except DpstreamError as exc:
         print(f"dpstream: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def _bytewax_recovery_directory(argv: list[str], environ: Mapping[str, str]) -> str | None:
+    """The recovery directory given to ``python -m bytewax.run`` (``-r``), if any."""
+    for i, arg in enumerate(argv):
+        if arg in ("-r", "--recovery-directory") and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--recovery-directory="):
+            return arg.split("=", 1)[1]
+    return environ.get("BYTEWAX_RECOVERY_DIRECTORY") or None
+
+
+def _check_recovery_partitions(recovery_dir: str) -> None:
+    """Refuse a recovery directory without partitions (Bytewax: a NoPartitionsError trace).
+
+    Those it has are made private (mode 0600, see
+    :func:`dpstream.instance.private_recovery_files`).
+    """
+    from dpstream.instance import private_recovery_files
+
+    if not private_recovery_files(recovery_dir):
+        raise ConfigError(
+            f"the recovery directory {recovery_dir} holds no Bytewax recovery partitions; "
+            f"initialise it once: mkdir -p {recovery_dir} && chmod 700 {recovery_dir} && "
+            f"python -m bytewax.recovery {recovery_dir} N (N partitions, at least 1; "
+            f"dpstream run --recovery-dir {recovery_dir} does this itself)")
 
 
 def flow_from_environment(config_path: str | None = None, recovery_dir: str | None = None,
@@ -263,8 +295,10 @@ def flow_from_environment(config_path: str | None = None, recovery_dir: str | No
     else:
         log.warning("flow instance %s is ephemeral (no recovery store): a restart publishes "
                     "everything again under a new instance", instance.id)
-    log.info("reprocessing an input topic is a new flow instance: its privacy spend adds to "
-             "every earlier instance's over the same events, and its ledgers cannot see theirs")
+    if not instance.resumed:  # news only when this start made a new instance
+        log.info("reprocessing an input topic is a new flow instance: its privacy spend adds "
+                 "to every earlier instance's over the same events, and its ledgers cannot see "
+                 "theirs")
     clients = kafka_clients(config, metrics)
     partitions = input_partitions(config, clients)
     log.info("reading %s from %s; %s (delivery is at least once: consumers de-duplicate, see "
@@ -296,13 +330,16 @@ def run(config_path: str | None, *, workers: int = 1, recovery_dir: str | None =
     from bytewax.recovery import RecoveryConfig, init_db_dir
     from bytewax.run import cli_main
 
+    from dpstream.instance import private_recovery_files
+
     flow = flow_from_environment(config_path, recovery_dir, ephemeral)
     recovery = None
     if recovery_dir:
         directory = Path(recovery_dir)
-        if not any(directory.glob("*.sqlite3")):
+        if not private_recovery_files(directory):  # also narrows the umask: files made 0600
             directory.mkdir(parents=True, exist_ok=True)
             init_db_dir(directory, recovery_partitions)
+            private_recovery_files(directory)
             log.info("initialised %d recovery partitions in %s", recovery_partitions, directory)
         recovery = RecoveryConfig(directory)
     try:
@@ -318,6 +355,8 @@ def run(config_path: str | None, *, workers: int = 1, recovery_dir: str | None =
         raise
     if stopping.stop_requested():
         log.info("stopped%s", "; a restart resumes from the recovery store" if recovery else "")
+        if stopping.stop_signal() == signal.SIGINT:
+            return 130  # 128 + SIGINT: a shell (or script) sees the run was interrupted
     return 0
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
+import stat
 import subprocess
 import sys
 import tomllib
@@ -131,3 +133,128 @@ def test_run_demo_refuses_nonsensical_numbers(kwargs, message):
 
     with pytest.raises(DpstreamError, match=re.escape(message)):
         run_demo(web_port=0, **kwargs)
+
+
+# --- the recovery store, Ctrl-C and the "new flow instance" line (a real broker) -------------
+
+NEW_INSTANCE = "reprocessing an input topic is a new flow instance"
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def flow_env() -> dict[str, str]:
+    from test_flow_kafka import ENV as FLOW_ENV
+
+    return dict(FLOW_ENV, PYTHONPATH=str(ROOT))
+
+
+def bounded_flow(broker, topic_factory, tmp_path, steps: int = 3, tail: bool = False) -> Path:
+    from test_flow_kafka import make_topics, produce_events, write_config
+
+    topics = make_topics(topic_factory)
+    produce_events(broker, topics["events"], steps)
+    return write_config(tmp_path / "flow.toml", broker, topics, tail=tail)
+
+
+def ran(out: subprocess.CompletedProcess) -> str:
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-3000:]
+    assert "Traceback" not in text and "panicked" not in text, text[-3000:]
+    return text
+
+
+@pytest.mark.integration
+def test_run_makes_the_recovery_store_private_and_says_new_instance_only_when_new(
+        broker, topic_factory, tmp_path):
+    config = bounded_flow(broker, topic_factory, tmp_path)
+    store = tmp_path / "missing" / "recovery"  # neither it nor its parent exists
+
+    def run() -> str:
+        return ran(subprocess.run(
+            [sys.executable, "-m", "dpstream.cli", "run", "--config", str(config),
+             "--recovery-dir", str(store), "--recovery-partitions", "2"],
+            cwd=ROOT, env=flow_env(), capture_output=True, text=True, timeout=180))
+
+    old = os.umask(0o022)  # the usual umask: Bytewax's files would be 0644 under it
+    try:
+        first = run()
+        assert "initialised 2 recovery partitions" in first
+        assert first.count(NEW_INSTANCE) == 1
+        files = sorted(p.name for p in store.glob("part-*.sqlite3"))
+        assert files == ["part-0.sqlite3", "part-1.sqlite3"]
+        assert mode(store) == 0o700
+        assert {p.name: mode(p) for p in store.iterdir()} == {
+            p.name: 0o600 for p in store.iterdir()}  # the partitions, side files, manifest
+
+        second = run()  # resumes the same instance: nothing new to say about reprocessing
+        assert "(resumed, kept in" in second
+        assert NEW_INSTANCE not in second
+        assert {p.name: mode(p) for p in store.iterdir()} == {
+            p.name: 0o600 for p in store.iterdir()}
+    finally:
+        os.umask(old)
+
+
+@pytest.mark.integration
+def test_bytewax_run_on_an_uninitialised_store_is_one_line_and_the_readme_steps_work(
+        broker, topic_factory, tmp_path):
+    config = bounded_flow(broker, topic_factory, tmp_path)
+    store = tmp_path / "secret" / "recovery"
+    env = dict(flow_env(), DPSTREAM_CONFIG=str(config), DPSTREAM_RECOVERY_DIR=str(store))
+    bytewax_run = [sys.executable, "-m", "bytewax.run", "dpstream.flows.counters:flow",
+                   "-w", "1", "-r", str(store), "-s", "5", "-b", "0"]
+    out = subprocess.run(bytewax_run, cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "NoPartitionsError" not in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.strip().splitlines() == [
+        f"dpstream: error: the recovery directory {store} holds no Bytewax recovery partitions; "
+        f"initialise it once: mkdir -p {store} && chmod 700 {store} && python -m "
+        f"bytewax.recovery {store} N (N partitions, at least 1; dpstream run --recovery-dir "
+        f"{store} does this itself)"]
+
+    # README's "once" step, literally (the parent directory does not exist either)
+    readme = (ROOT / "README.md").read_text()
+    step = re.search(r"^(mkdir -p /secret/recovery .*?)\s+# once$", readme, re.M)
+    assert step, "README's initialisation step"
+    old = os.umask(0o022)
+    try:
+        subprocess.run(["bash", "-ec", step.group(1).replace("/secret/recovery", str(store))],
+                       cwd=ROOT, env=env, check=True, timeout=60)
+        assert mode(store / "part-0.sqlite3") == 0o644  # as Bytewax makes it
+        ran(subprocess.run(bytewax_run, cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=180))
+    finally:
+        os.umask(old)
+    assert {p.name: mode(p) for p in store.iterdir()} == {
+        p.name: 0o600 for p in store.iterdir()}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 0)],
+                         ids=["SIGINT", "SIGTERM"])
+def test_ctrl_c_exits_130_and_sigterm_0_after_a_clean_stop(broker, topic_factory, tmp_path,
+                                                           signum, code):
+    from test_flow_kafka import KEYS
+
+    from dpstream.io.topics import read_all
+
+    config = bounded_flow(broker, topic_factory, tmp_path, steps=5, tail=True)
+    releases = re.search(r'releases_topic = "([^"]+)"', config.read_text()).group(1)
+    proc = subprocess.Popen([sys.executable, "-m", "dpstream.cli", "run", "--config",
+                             str(config), "--recovery-dir", str(tmp_path / "recovery")],
+                            cwd=ROOT, env=flow_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        read_all(broker.bootstrap, releases, expect=4 * len(KEYS), timeout=90)
+        proc.send_signal(signum)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == code, out[-3000:]
+    assert "stopped; a restart resumes from the recovery store" in out, out[-3000:]
+    assert "Traceback" not in out and "panicked" not in out, out[-3000:]

@@ -18,17 +18,23 @@ import signal
 import threading
 from types import FrameType
 
-__all__ = ["install_stop_handlers", "request_stop", "reset", "stop_requested"]
+__all__ = ["install_stop_handlers", "request_stop", "reset", "stop_requested", "stop_signal"]
 
 log = logging.getLogger("dpstream")
 
 _STOP = threading.Event()
 _INSTALLED = False
+_SIGNAL: int | None = None
 
 
 def stop_requested() -> bool:
     """Whether a stop was requested (a signal, or :func:`request_stop`)."""
     return _STOP.is_set()
+
+
+def stop_signal() -> int | None:
+    """The signal that asked for the stop (SIGINT, SIGTERM), or None."""
+    return _SIGNAL
 
 
 def request_stop(reason: str = "requested") -> None:
@@ -40,6 +46,8 @@ def request_stop(reason: str = "requested") -> None:
 
 def reset() -> None:
     """Forget an earlier stop request (tests that run several flows in one process)."""
+    global _SIGNAL
+    _SIGNAL = None
     _STOP.clear()
 
 
@@ -49,11 +57,14 @@ def wait(timeout: float) -> bool:
 
 
 def _handle(signum: int, _frame: FrameType | None) -> None:
+    global _SIGNAL
     name = signal.Signals(signum).name
     if _STOP.is_set():
         log.warning("%s again: exiting now (a restart replays the open epoch)", name)
         logging.shutdown()
         os._exit(130)
+    if _SIGNAL is None:
+        _SIGNAL = signum
     request_stop(name)
 
 
