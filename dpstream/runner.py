@@ -206,7 +206,8 @@ def flow_module(kind: str) -> Dataflow:
     try:
         recovery_dir = _bytewax_recovery_directory(sys.argv, os.environ)
         if recovery_dir is not None:
-            _check_recovery_partitions(recovery_dir)
+            _check_recovery_partitions(recovery_dir,
+                                       cluster=_bytewax_cluster(sys.argv, os.environ))
         return flow_from_environment(kind=kind)
     except DpstreamError as exc:
         print(f"dpstream: error: {exc}", file=sys.stderr)
@@ -223,15 +224,25 @@ def _bytewax_recovery_directory(argv: list[str], environ: Mapping[str, str]) -> 
     return environ.get("BYTEWAX_RECOVERY_DIRECTORY") or None
 
 
-def _check_recovery_partitions(recovery_dir: str) -> None:
+def _bytewax_cluster(argv: list[str], environ: Mapping[str, str]) -> bool:
+    """Whether ``python -m bytewax.run`` runs one process of several (``-i``/``-a``)."""
+    options = ("-i", "--process-id", "-a", "--addresses")
+    return any(arg in options or arg.startswith(("--process-id=", "--addresses="))
+               for arg in argv) or any(
+        name in environ for name in ("BYTEWAX_PROCESS_ID", "BYTEWAX_ADDRESSES",
+                                     "BYTEWAX_POD_NAME", "BYTEWAX_HOSTFILE_PATH"))
+
+
+def _check_recovery_partitions(recovery_dir: str, *, cluster: bool) -> None:
     """Refuse a recovery directory without partitions (Bytewax: a NoPartitionsError trace).
 
     Those it has are made private (mode 0600, see
-    :func:`dpstream.instance.private_recovery_files`).
+    :func:`dpstream.instance.private_recovery_files`). A process of a cluster may hold none
+    (more processes than partitions): it is not refused.
     """
     from dpstream.instance import private_recovery_files
 
-    if not private_recovery_files(recovery_dir):
+    if not private_recovery_files(recovery_dir) and not cluster:
         raise ConfigError(
             f"the recovery directory {recovery_dir} holds no Bytewax recovery partitions; "
             f"initialise it once: mkdir -p {recovery_dir} && chmod 700 {recovery_dir} && "

@@ -10,7 +10,8 @@ From any directory, with dpstream installed::
 ``-r`` with ``-s`` (snapshot interval) and ``-b`` (backup interval, seconds of older
 snapshots to keep) must come together; ``DPSTREAM_RECOVERY_DIR`` must name the ``-r``
 directory (the flow instance is recorded there; initialise it once with
-``python -m bytewax.recovery DIR 1``, or let ``dpstream run --recovery-dir DIR`` do it).
+``mkdir -p DIR && chmod 700 DIR && python -m bytewax.recovery DIR 1``, or let
+``dpstream run --recovery-dir DIR`` do it; without partitions the start stops with that hint).
 For a multi-process cluster add ``-i N -a "host0:2101;host1:2101"``: each process serves its
 metrics on ``metrics.port + N``, and every process binds one flow instance: share one ``-r``
 directory, or give every process the same ``DPSTREAM_INSTANCE_ID`` (docs/deploy.md).
