@@ -385,12 +385,17 @@ def _tail(args: argparse.Namespace) -> int:
     """Show a flow's published records live: a table of the latest value per key, or JSON."""
     from dpstream.client import RecordConsumer
 
+    started = time.monotonic()  # --timeout bounds the whole command, connecting included
     if args.max_records is not None and args.max_records < 1:
         raise DpstreamError(f"--max-records must be >= 1, got {args.max_records}")
     if args.metrics and args.web is None:
         raise DpstreamError("--metrics goes with --web (the page's spend plot); for the spend "
                             "itself see `dpstream budget --metrics URL`")
     brokers, topics, flow, settings = _kafka_source(args)
+    if args.timeout is not None:  # kafka-python waits 10 s for an unreachable broker
+        left_ms = max(1, int((args.timeout - (time.monotonic() - started)) * 1000))
+        settings = dict(settings, bootstrap_timeout_ms=min(
+            left_ms, settings.get("bootstrap_timeout_ms", left_ms)))
     if getattr(args, "log_level", "info") != "debug":  # kafka-python logs every refused
         logging.getLogger("kafka").setLevel(logging.CRITICAL)  # connection: our error says it
     mode = "json" if args.json else "live" if sys.stdout.isatty() else "append"
@@ -408,7 +413,9 @@ def _tail(args: argparse.Namespace) -> int:
             web = _TailWeb(args.web, title, args.metrics)
             print(f"dpstream tail: live view at {web.url}", file=sys.stderr, flush=True)
         try:
-            _tail_loop(consumer, output, web, args.timeout, args.max_records, stop)
+            left = (None if args.timeout is None
+                    else max(0.0, args.timeout - (time.monotonic() - started)))
+            _tail_loop(consumer, output, web, left, args.max_records, stop)
             output.tick(final=True)  # also after Ctrl-C or SIGTERM: the way to stop a live tail
         except BrokenPipeError:  # `dpstream tail --json | head`: the reader is gone
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -653,8 +660,8 @@ def main(argv: list[str] | None = None) -> int:
                       "spend read from this metrics endpoint (default: from the releases)")
     tail.add_argument("--max-records", type=int, metavar="N",
                       help="stop after showing N records")
-    tail.add_argument("--timeout", type=float, metavar="SECONDS",
-                      help="stop after this many seconds")
+    tail.add_argument("--timeout", type=_positive_seconds, metavar="SECONDS",
+                      help="stop after this many seconds (connecting to the brokers included)")
     tail.add_argument("--skip-unsupported", action="store_true",
                       help="skip (and count) records of a newer major schema version instead "
                       "of stopping with an error")

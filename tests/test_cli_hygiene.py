@@ -16,6 +16,7 @@ import signal
 import stat
 import subprocess
 import sys
+import time
 import tomllib
 from importlib.metadata import metadata
 from pathlib import Path
@@ -258,3 +259,35 @@ def test_ctrl_c_exits_130_and_sigterm_0_after_a_clean_stop(broker, topic_factory
     assert proc.returncode == code, out[-3000:]
     assert "stopped; a restart resumes from the recovery store" in out, out[-3000:]
     assert "Traceback" not in out and "panicked" not in out, out[-3000:]
+
+
+# --- tail --timeout ---------------------------------------------------------------------------
+
+@pytest.mark.integration
+@pytest.mark.parametrize("reachable", [True, False], ids=["broker", "no-broker"])
+def test_tail_timeout_bounds_the_whole_command(broker, topic_factory, reachable):
+    """--timeout 3 returns after about 3 s, connecting included (it took 10 s without a broker:
+    kafka-python's bootstrap wait came on top of the timeout)."""
+    from dpstream.io.broker import free_port
+
+    topic = topic_factory(2, "releases")
+    brokers = broker.bootstrap if reachable else f"127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "dpstream.cli", "tail", "--brokers", brokers,
+                          "--topic", topic, "--timeout", "3"], cwd=ROOT, env=ENV,
+                         capture_output=True, text=True, timeout=60)
+    elapsed = time.monotonic() - started
+    assert out.returncode == (0 if reachable else 2), out.stderr
+    if reachable:
+        assert elapsed >= 3 and "dpstream tail: read 0 records" in out.stderr
+    else:
+        assert out.stderr.startswith(f"dpstream: error: cannot reach a Kafka broker at {brokers}")
+    # 3 s, plus the interpreter's start and imports (~0.5 s here) with a wide margin for a
+    # loaded machine: a functional bound, not a benchmark
+    assert elapsed < 6.0, (elapsed, out.stderr)
+
+
+def test_tail_refuses_a_timeout_that_is_not_positive(capsys):
+    with pytest.raises(SystemExit):
+        main(["tail", "--brokers", "127.0.0.1:1", "--topic", "t", "--timeout", "0"])
+    assert "argument --timeout: must be a number of seconds > 0, got '0'" in capsys.readouterr().err
