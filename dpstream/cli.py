@@ -491,6 +491,21 @@ def _version() -> str:
     return f"dpstream {__version__} (bytewax {bytewax})"
 
 
+class _QuietEventLoopWarning(logging.Filter):
+    """Keeps kafka-python's "blocking the event loop" warning out unless debugging.
+
+    kafka-python 3 times every step of its I/O loop by the wall clock and warns past 0.1 s
+    (``kafka.net.selector``, a check meant for its own coroutines). In dpstream's processes
+    its I/O thread shares the GIL with busy threads (the demo's producer and viewer, tail's
+    decoding), so a step that waited for the GIL is reported as a blocked loop: nothing a user
+    can act on. It still shows with ``--log-level debug``.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return ("blocking the event loop" not in record.getMessage()
+                or logging.getLogger(record.name).isEnabledFor(logging.DEBUG))
+
+
 def _configure_logging(level_name: str) -> None:
     """Apply ``level_name`` to the root logging configuration and the ``dpstream`` logger."""
     level = LOG_LEVELS[level_name]
@@ -499,6 +514,9 @@ def _configure_logging(level_name: str) -> None:
     logging.getLogger("dpstream").setLevel(level)
     # kafka-python is chatty at INFO: its records show only at debug, or when asked for less
     logging.getLogger("kafka").setLevel(level if level != logging.INFO else logging.WARNING)
+    selector = logging.getLogger("kafka.net.selector")
+    if not any(isinstance(f, _QuietEventLoopWarning) for f in selector.filters):
+        selector.addFilter(_QuietEventLoopWarning())
 
 
 def _positive_int(text: str) -> int:

@@ -10,6 +10,7 @@ Python range Bytewax installs on.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import re
 import signal
@@ -291,3 +292,45 @@ def test_tail_refuses_a_timeout_that_is_not_positive(capsys):
     with pytest.raises(SystemExit):
         main(["tail", "--brokers", "127.0.0.1:1", "--topic", "t", "--timeout", "0"])
     assert "argument --timeout: must be a number of seconds > 0, got '0'" in capsys.readouterr().err
+
+
+# --- kafka-python's "blocking the event loop" ------------------------------------------------
+
+def slow_kafka_python_step() -> None:
+    """Make kafka-python's own I/O loop log its warning: one step that takes 0.15 s (what a
+    step waiting for the GIL behind the demo's producer thread looks like to it)."""
+    from kafka.net.selector import NetworkSelector
+
+    async def slow() -> None:
+        time.sleep(0.15)
+
+    net = NetworkSelector()
+    try:
+        net.run(slow)
+    finally:
+        net.close()
+
+
+@pytest.fixture
+def restore_logging():
+    names = ["", "dpstream", "kafka", "kafka.net.selector"]
+    saved = [(logging.getLogger(n), logging.getLogger(n).level,
+              list(logging.getLogger(n).filters)) for n in names]
+    yield
+    for logger, level, filters in saved:
+        logger.setLevel(level)
+        logger.filters[:] = filters
+
+
+@pytest.mark.parametrize(("level", "shown"), [("info", False), ("warning", False),
+                                              ("debug", True)])
+def test_kafka_pythons_event_loop_warning_stays_out_unless_debugging(level, shown, caplog,
+                                                                       restore_logging):
+    from dpstream.cli import _configure_logging
+
+    _configure_logging(level)  # what every dpstream command does first (demo, tail, query...)
+    caplog.set_level(logging.DEBUG if shown else logging.WARNING, logger="kafka")
+    slow_kafka_python_step()
+    assert ("blocking the event loop" in caplog.text) is shown, caplog.text
+    logging.getLogger("kafka.net.selector").warning("another warning of kafka-python")
+    assert "another warning of kafka-python" in caplog.text  # only that one diagnostic goes
