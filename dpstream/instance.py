@@ -320,7 +320,13 @@ def private_recovery_files(directory: str | os.PathLike[str]) -> list[Path]:
     found = sorted(Path(directory).glob(RECOVERY_PARTITION_GLOB))
     for path in found:
         for part in (path, *(path.with_name(path.name + s) for s in ("-wal", "-shm", "-journal"))):
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 if stat.S_IMODE(part.stat().st_mode) & _SHARED_BITS:
                     os.chmod(part, _PRIVATE_FILE_MODE)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise ConfigError(f"cannot make the recovery partition {part} private: "
+                                  f"{exc.strerror}; `chmod 600` it (it holds true counts) as "
+                                  "its owner") from None
     return found

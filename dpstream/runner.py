@@ -204,7 +204,8 @@ def flow_module(kind: str) -> Dataflow:
     as ``python -m bytewax.run`` would otherwise print a long traceback.
     """
     try:
-        recovery_dir = _bytewax_recovery_directory(sys.argv, os.environ)
+        recovery_dir = (_bytewax_recovery_directory(sys.argv, os.environ)
+                        if _under_bytewax_run() else None)
         if recovery_dir is not None:
             _check_recovery_partitions(recovery_dir,
                                        cluster=_bytewax_cluster(sys.argv, os.environ))
@@ -212,6 +213,12 @@ def flow_module(kind: str) -> Dataflow:
     except DpstreamError as exc:
         print(f"dpstream: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def _under_bytewax_run() -> bool:
+    """Whether this process is ``python -m bytewax.run`` (whose arguments sys.argv holds)."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return spec is not None and spec.name == "bytewax.run"
 
 
 def _bytewax_recovery_directory(argv: list[str], environ: Mapping[str, str]) -> str | None:

@@ -334,3 +334,26 @@ def test_kafka_pythons_event_loop_warning_stays_out_unless_debugging(level, show
     assert ("blocking the event loop" in caplog.text) is shown, caplog.text
     logging.getLogger("kafka.net.selector").warning("another warning of kafka-python")
     assert "another warning of kafka-python" in caplog.text  # only that one diagnostic goes
+
+
+def test_a_cluster_process_may_hold_no_recovery_partitions(tmp_path, restore_umask):
+    """More processes than partitions (deploy/container/cluster_init.py): not refused."""
+    from dpstream.errors import ConfigError
+    from dpstream.runner import _bytewax_cluster, _check_recovery_partitions
+
+    empty = tmp_path / "store"
+    empty.mkdir(mode=0o700)
+    assert _bytewax_cluster(["run.py", "m:flow", "-i", "1", "-a", "h0:2101;h1:2101"], {})
+    assert _bytewax_cluster(["run.py", "m:flow"], {"BYTEWAX_POD_NAME": "dpstream-1"})
+    assert not _bytewax_cluster(["run.py", "m:flow", "-r", str(empty)], {})
+    _check_recovery_partitions(str(empty), cluster=True)
+    with pytest.raises(ConfigError, match="holds no Bytewax recovery partitions"):
+        _check_recovery_partitions(str(empty), cluster=False)
+
+
+@pytest.fixture
+def restore_umask():
+    old = os.umask(0o022)
+    os.umask(old)
+    yield
+    os.umask(old)
