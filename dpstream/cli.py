@@ -141,7 +141,11 @@ def _broker(args: argparse.Namespace) -> int:
 
     from dpstream.io.broker import EmbeddedBroker
 
+    terminated = False
+
     def stop(signum: int, _frame: object) -> None:
+        nonlocal terminated
+        terminated = True
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, stop)
@@ -171,7 +175,7 @@ def _broker(args: argparse.Namespace) -> int:
         if interrupted:
             shutil.rmtree(log_dir, ignore_errors=True)
     print("broker stopped", flush=True)
-    return 0
+    return 130 if interrupted and not terminated else 0  # Ctrl-C: 128 + SIGINT
 
 
 def _query(args: argparse.Namespace) -> int:
@@ -401,7 +405,13 @@ def _tail(args: argparse.Namespace) -> int:
     mode = "json" if args.json else "live" if sys.stdout.isatty() else "append"
     title = f"dpstream tail {', '.join(topics)}" + (f" (flow {flow})" if flow else "")
     stop = threading.Event()  # Ctrl-C or SIGTERM: the loop ends between polls, never inside
-    previous = {signum: signal.signal(signum, lambda *_: stop.set())  # kafka-python's code
+    stopped_by: list[int] = []  # kafka-python's code
+
+    def request_stop(signum: int, _frame: object) -> None:
+        stopped_by.append(signum)
+        stop.set()
+
+    previous = {signum: signal.signal(signum, request_stop)
                 for signum in (signal.SIGINT, signal.SIGTERM)}
     consumer = web = None
     try:
@@ -424,7 +434,7 @@ def _tail(args: argparse.Namespace) -> int:
               f"{counts.stale} stale copies dropped"
               + (f", {counts.conflicts} CONFLICTING copies" if counts.conflicts else ""),
               file=sys.stderr, flush=True)
-        return 0
+        return 130 if stopped_by[:1] == [signal.SIGINT] else 0  # Ctrl-C: 128 + SIGINT
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)

@@ -386,6 +386,7 @@ class _Demo:
         self.live: LiveView | None = None
         self.started = time.monotonic()
         self.interrupt = threading.Event()  # Ctrl-C, SIGTERM or SIGHUP: stop in order
+        self.first_signal: int | None = None
         self.hurry = threading.Event()  # a second one: kill the flow, do not wait for it
         self.stopping = False
         self.sent: Counter[str] = Counter()
@@ -397,8 +398,9 @@ class _Demo:
         self.viewer: _Viewer | None = None
         self.viewer_thread: threading.Thread | None = None
 
-    def on_signal(self, _signum: int, _frame: FrameType | None) -> None:
+    def on_signal(self, signum: int, _frame: FrameType | None) -> None:
         if not self.interrupt.is_set():
+            self.first_signal = signum
             self.interrupt.set()
         elif self.stopping and not self.hurry.is_set():
             self.hurry.set()
@@ -538,8 +540,9 @@ class _Demo:
         _say("\nsummary\n" + "\n".join(f"   {name:<24}{value}" for name, value in rows))
         if not flow_started:
             return 130
-        return 0 if self.flow is not None and self.flow.returncode == 0 and not (
-            self.flow_early or self.flow_killed) else 1
+        if self.flow is None or self.flow.returncode != 0 or self.flow_early or self.flow_killed:
+            return 1
+        return 130 if self.first_signal == signal.SIGINT else 0  # Ctrl-C: 128 + SIGINT
 
 
 @contextlib.contextmanager
@@ -565,8 +568,9 @@ def run_demo(duration: float = 30.0, rate: int = 5_000, workers: int = 1,
 
     ``web_port`` is the live page's port on 127.0.0.1 (None: ``$DPSTREAM_DEMO_WEB_PORT`` or
     8765; a free port when it is busy; 0: no page). Returns 0 when the flow ran and stopped
-    cleanly (also after Ctrl-C), 1 when it failed or had to be killed, 130 when interrupted
-    before the flow started.
+    cleanly (at the end of ``duration``, or on SIGTERM or SIGHUP), 130 when it did so after
+    Ctrl-C (SIGINT) or was interrupted before the flow started, 1 when it failed or had to be
+    killed.
     """
     if not (isinstance(rate, int) and rate >= 1):
         raise DpstreamError(f"the demo's rate must be an integer >= 1 event per second, got "

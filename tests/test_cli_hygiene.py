@@ -357,3 +357,26 @@ def restore_umask():
     os.umask(old)
     yield
     os.umask(old)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 0)],
+                         ids=["SIGINT", "SIGTERM"])
+def test_tail_exits_130_after_ctrl_c_and_0_after_sigterm(broker, topic_factory, signum, code):
+    topic = topic_factory(1, "releases")
+    proc = subprocess.Popen([sys.executable, "-m", "dpstream.cli", "tail", "--brokers",
+                             broker.bootstrap, "--topic", topic, "--json", "--web", "0"],
+                            cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stderr is not None
+        ready = proc.stderr.readline()  # after the consumer has its partitions
+        assert "dpstream tail: live view at" in ready, ready + proc.stderr.read()
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == code, err
+    assert "Traceback" not in err and "dpstream tail: read 0 records" in err, err

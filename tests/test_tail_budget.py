@@ -163,7 +163,7 @@ def test_tail_table_redraws_in_place_on_a_terminal_and_stops_cleanly_on_ctrl_c(b
         assert "EXHAUSTED@12" in rows[HOT[0]]
 
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=15) == 0
+        assert proc.wait(timeout=15) == 130  # 128 + SIGINT: Ctrl-C, as a shell expects
         rest = read_screen(master, lambda t: "dpstream tail: read" in t, 5)
         assert "Traceback" not in text + rest and "dpstream tail: read" in rest
     finally:
@@ -238,7 +238,7 @@ def test_tail_web_serves_the_live_view_of_the_records(broker, flow_run):
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=15)
         rising.close()
-    assert proc.returncode == 0
+    assert proc.returncode == 130  # 128 + SIGINT: Ctrl-C
 
 
 # -- budget --------------------------------------------------------------------------------------
