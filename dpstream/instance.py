@@ -56,8 +56,9 @@ from typing import Any, Final, Protocol
 from dpstream.config import FlowConfig
 from dpstream.core.noise import NoiseKey
 from dpstream.errors import ConfigError, RecoveryMismatchError
+from dpstream.store_lock import LOCK_PATTERN
 
-__all__ = ["MANIFEST_NAME", "FlowInstance", "bind_instance"]
+__all__ = ["MANIFEST_NAME", "FlowInstance", "bind_instance", "private_directory"]
 
 MANIFEST_NAME: Final = "dpstream-instance.json"
 MANIFEST_SCHEMA: Final = "dpstream.instance/1"
@@ -147,7 +148,7 @@ def _refuse_if_shared(path: Path, what: str, private_mode: int) -> None:
             "by the user that runs the flow)")
 
 
-def _private_directory(directory: Path) -> None:
+def private_directory(directory: Path) -> None:
     """Create ``directory`` with mode 0700 if it is missing; refuse it if it is shared."""
     if not directory.exists():
         try:
@@ -281,7 +282,7 @@ def bind_instance(config: FlowConfig, spec: Mechanisms, noise: NoiseKey,
                 "with dpstream run --ephemeral (DPSTREAM_EPHEMERAL=1)")
         return FlowInstance(secrets.token_hex(16), durable=False)
     directory = Path(recovery_dir)
-    _private_directory(directory)
+    private_directory(directory)
     manifest = directory / MANIFEST_NAME
     fixed = _fixed_settings(config, spec, noise)
     if instance_id is None and process > 0 and not manifest.exists():
@@ -289,7 +290,8 @@ def bind_instance(config: FlowConfig, spec: Mechanisms, noise: NoiseKey,
     if manifest.exists():
         return _resume(directory, manifest, fixed, instance_id)
     if any(p.name != MANIFEST_NAME and not _temporary_manifest(p.name)
-           and not _empty_partition(p) for p in directory.iterdir()):
+           and not LOCK_PATTERN.fullmatch(p.name) and not _empty_partition(p)
+           for p in directory.iterdir()):
         raise RecoveryMismatchError(
             f"the recovery directory {directory} holds state but no {MANIFEST_NAME}: it was not "
             "made by this version of dpstream; use an empty directory (a new flow instance)")

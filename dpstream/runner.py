@@ -84,6 +84,22 @@ def process_id(argv: list[str] | None = None, environ: Mapping[str, str] | None 
         return 0
 
 
+def process_count(argv: list[str] | None = None,
+                  environ: Mapping[str, str] | None = None) -> int:
+    """How many processes the Bytewax cluster has (``-a``/``$BYTEWAX_ADDRESSES``; else 1)."""
+    argv = sys.argv if argv is None else argv
+    env = os.environ if environ is None else environ
+    addresses = env.get("BYTEWAX_ADDRESSES")
+    for i, arg in enumerate(argv):
+        if arg in ("-a", "--addresses") and i + 1 < len(argv):
+            addresses = argv[i + 1]
+        elif arg.startswith("--addresses="):
+            addresses = arg.split("=", 1)[1]
+    if not addresses:
+        return 1
+    return max(1, len([a for a in addresses.split(";") if a.strip()]))
+
+
 def serve_metrics(metrics: Any, port: int) -> int:
     """Serve ``metrics`` on ``port`` + this process's id; a clear error if it is taken."""
     chosen = port + process_id()
@@ -208,7 +224,8 @@ def flow_module(kind: str) -> Dataflow:
 
 
 def flow_from_environment(config_path: str | None = None, recovery_dir: str | None = None,
-                          ephemeral: bool | None = None, kind: str | None = None) -> Dataflow:
+                          ephemeral: bool | None = None, kind: str | None = None,
+                          recovery_partitions: int = 1) -> Dataflow:
     """Build the flow of ``$DPSTREAM_CONFIG`` (of its ``flow.kind``) with the environment's key.
 
     Besides the dataflow this starts the process's side parts (metrics endpoint, heartbeat,
@@ -220,14 +237,20 @@ def flow_from_environment(config_path: str | None = None, recovery_dir: str | No
     ``kafka.startup_timeout``), or ``$DPSTREAM_INSTANCE_ID`` given to every process (a
     recovery directory per process; see :mod:`dpstream.instance`). ``kind``, if given, is the
     flow kind the configuration must have (each ``dpstream.flows`` module runs one kind).
+
+    Before the instance is bound, the recovery partitions this process writes are locked for
+    its lifetime (:mod:`dpstream.store_lock`): a second process on the same store stops here
+    with a one-line error naming the holder's pid and host. ``recovery_partitions``: how many
+    partitions an empty store will get (``dpstream run --recovery-partitions``).
     """
     from dpstream.config import load_config
     from dpstream.core.noise import NoiseKey
-    from dpstream.instance import bind_instance
+    from dpstream.instance import bind_instance, private_directory
     from dpstream.io.kafka import Heartbeat, is_secret
     from dpstream.kinds import flow_kind
     from dpstream.metrics import FlowMetrics
     from dpstream.platform import build_flow, input_partitions, kafka_clients, output_topics
+    from dpstream.store_lock import lock_recovery_store
 
     setup_logging()
     stopping.install_stop_handlers()
@@ -247,6 +270,12 @@ def flow_from_environment(config_path: str | None = None, recovery_dir: str | No
         log.warning("kafka.add_config holds %s: credentials belong in the environment "
                     "(DPSTREAM_KAFKA_SASL_PASSWORD=... sets sasl.password)",
                     ", ".join(secrets_in_file))
+    if recovery_dir:
+        private_directory(Path(recovery_dir))
+        held = lock_recovery_store(recovery_dir, process=process_id(),
+                                   processes=process_count(), expected=recovery_partitions)
+        log.info("recovery store %s locked by this process (pid %d): %s", recovery_dir,
+                 os.getpid(), ", ".join(p.name for p in held))
     instance = bind_instance(config, flow_kind(config.kind).binding(config), noise, recovery_dir,
                              ephemeral=ephemeral,
                              instance_id=os.environ.get(INSTANCE_ID_ENV) or None,
@@ -296,7 +325,8 @@ def run(config_path: str | None, *, workers: int = 1, recovery_dir: str | None =
     from bytewax.recovery import RecoveryConfig, init_db_dir
     from bytewax.run import cli_main
 
-    flow = flow_from_environment(config_path, recovery_dir, ephemeral)
+    flow = flow_from_environment(config_path, recovery_dir, ephemeral,
+                                 recovery_partitions=recovery_partitions)
     recovery = None
     if recovery_dir:
         directory = Path(recovery_dir)
