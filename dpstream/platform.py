@@ -151,7 +151,7 @@ def build_flow(
         metrics.set_clock(config.origin.timestamp(), config.step_seconds)
     skipped = frozenset(SkippedRecord(*record) for record in skip_records)
     assigned = assign_steps("assign_steps", raw, kind.clock(config, bases), metrics,
-                            Quarantine(skipped, bases) if skipped else None)
+                            Quarantine(skipped, bases))
     parts = FlowParts(config, noise, instance, total, metrics, options)
     encoded = op.merge("encoded", kind.wire(parts, assigned.updates),
                        op.map("encode_dead", assigned.dead_letters,

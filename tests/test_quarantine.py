@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -83,12 +84,14 @@ def test_the_poison_record_is_where_we_think_it_is():
     assert (poison[3], poison[0], poison[2]) == POISON
 
 
-def test_a_record_that_crashes_the_flow_on_every_run_can_be_skipped(crashing_route):
+def test_a_record_that_crashes_the_flow_on_every_run_can_be_skipped(crashing_route, caplog):
     from bytewax.errors import BytewaxRuntimeError
 
     with pytest.raises(BytewaxRuntimeError) as crash:  # today's flow: dies on every run
         run()
     assert "a bug" in repr(crash.value.__cause__)
+    assert re.search(r"events\[1\], offsets \d+ to 9\b", caplog.text)  # where to look
+    assert "--skip-record events:1:OFFSET" in caplog.text
     out = run([POISON])
     dead = [json.loads(v) for role, _, v in out if role == "dead_letters"]
     assert [(d["reason"], d["source"]["partition"], d["source"]["offset"]) for d in dead] == [

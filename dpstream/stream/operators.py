@@ -95,7 +95,11 @@ class _PartitionLogic(StatefulBatchLogic[RawBatch, Any, dict[str, Any]]):
                 if skipped:
                     observer.observe_input("dead_letter:" + QUARANTINED, len(skipped))
             before = clock.events
-            updates, dead = clock.process(batch.partition, batch)
+            try:
+                updates, dead = clock.process(batch.partition, batch)
+            except Exception:
+                _name_the_records(batch, quarantine)
+                raise
             out.extend((str(update.shard), update) for update in updates)
             out.extend(dead)
             observer.observe_input("events", clock.events - before)
@@ -115,6 +119,20 @@ class _PartitionLogic(StatefulBatchLogic[RawBatch, Any, dict[str, Any]]):
 
     def snapshot(self) -> dict[str, Any]:
         return self.clock.to_state()
+
+
+def _name_the_records(batch: RawBatch, quarantine: Quarantine | None) -> None:
+    """Log which records a crash of the clock came from (for ``--skip-record``)."""
+    offsets = [o for o in batch.offsets if o is not None]
+    topic = next((t for t in batch.topics if t is not None), None)
+    if not offsets or topic is None:
+        return
+    base = quarantine.bases.get(topic, 0) if quarantine is not None else 0
+    log.error("the flow failed on a batch of %s[%d], offsets %d to %d. If it fails there again "
+              "after a restart, one of these records crashes it (a bug: please report it): "
+              "quarantine it with dpstream run --skip-record %s:%d:OFFSET",
+              topic, batch.partition - base, min(offsets), max(offsets), topic,
+              batch.partition - base)
 
 
 @dataclass(frozen=True)
