@@ -187,10 +187,11 @@ class StepClock:
         raising = np.zeros(n, dtype=bool)
         reasons: dict[int, str] = {}
         for i in range(n):
-            alone = np.zeros(n, dtype=bool)
-            alone[i] = True
+            alone = RawBatch(messages.partition, messages.values[i:i + 1],
+                             messages.offsets[i:i + 1], messages.topics[i:i + 1],
+                             messages.broker_ms[i:i + 1], messages.kinds[i:i + 1])
             try:
-                self.decode(partition, messages.keep(alone), [])
+                self.decode(partition, alone, [])
             except Exception as exc:
                 raising[i] = True
                 reasons[i] = undecodable(exc)
