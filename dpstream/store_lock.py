@@ -13,12 +13,13 @@ those partitions stops at start-up with a one-line error naming the holder's pid
 (its "primary"), chosen among the processes that hold the file. A single process holds and
 writes them all, so it locks them all. In a cluster (``-a "h0:p;h1:p"``, ``N`` processes):
 
-* a recovery directory per process (a volume per pod) holds that process's partitions: it
-  locks all of them;
-* one directory shared by the processes holds every partition: process ``i`` locks the
-  partitions ``k`` with ``k % N == i`` (what Bytewax's balanced assignment gives it with one
-  worker per process), so the processes of one cluster coexist, while a second copy of a
-  process, or a single process started on the store of a running cluster, is refused.
+* a recovery directory per process (a volume per pod) holds that process's partitions, and
+  only its process knows them, so it writes them all: it locks all of them;
+* one directory shared by the processes holds the whole set of partitions (their count is
+  recorded in each): process ``i`` locks the partitions ``k`` with ``k % N == i`` (what
+  Bytewax's balanced assignment gives it with one worker per process), so the processes of one
+  cluster coexist, while a second copy of a process, or a single process started on the store
+  of a running cluster, is refused.
 
 A directory without partitions yet (``dpstream run`` initialises them after this lock) is
 locked for the partitions about to be made. The lock is advisory: it stops dpstream
@@ -27,18 +28,21 @@ processes, not someone copying files. On NFS ``flock`` may be local to a host.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
 import re
 import socket
+import sqlite3
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
 from dpstream.errors import RecoveryStoreInUseError
 
-__all__ = ["LOCK_PATTERN", "lock_recovery_store", "partitions_in", "partitions_to_lock"]
+__all__ = ["LOCK_PATTERN", "lock_recovery_store", "partition_count", "partitions_in",
+           "partitions_to_lock"]
 
 LOCK_PATTERN: Final = re.compile(r"dpstream-part-(\d+)\.lock")
 """The name of a recovery partition's lock file (``dpstream-part-N.lock``)."""
@@ -56,15 +60,29 @@ def partitions_in(directory: Path) -> list[int]:
     return sorted(int(m.group(1)) for m in found if m is not None)
 
 
+def partition_count(directory: Path, index: int) -> int | None:
+    """How many partitions the set of ``part-<index>.sqlite3`` has (None: unreadable)."""
+    path = directory / f"part-{index}.sqlite3"
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+            row = db.execute("SELECT part_count FROM parts").fetchone()
+    except sqlite3.Error:
+        return None
+    return None if row is None else int(row[0])
+
+
 def partitions_to_lock(present: list[int], process: int, processes: int,
-                       expected: int = 1) -> list[int]:
-    """The recovery partitions this process writes (see the module docstring)."""
+                       expected: int = 1, count: int | None = None) -> list[int]:
+    """The recovery partitions this process writes (see the module docstring).
+
+    ``count``: how many partitions the store's set has (None: unknown). A directory holding
+    the whole set while the cluster has several processes is shared by them.
+    """
     if not present:
         return list(range(max(1, expected)))
-    if processes > 1:
-        mine = [k for k in present if k % processes == process]
-        if mine and len(mine) < len(present):
-            return mine
+    shared = processes > 1 and count is not None and present == list(range(count))
+    if shared:
+        return [k for k in present if k % processes == process]
     return list(present)
 
 
@@ -95,7 +113,9 @@ def lock_recovery_store(directory: str | os.PathLike[str], *, process: int = 0,
             names its pid and host.
     """
     root = Path(directory)
-    wanted = partitions_to_lock(partitions_in(root), process, processes, expected)
+    present = partitions_in(root)
+    count = partition_count(root, present[0]) if present and processes > 1 else None
+    wanted = partitions_to_lock(present, process, processes, expected, count)
     taken: list[Path] = []
     new: list[Path] = []
     for k in wanted:

@@ -172,14 +172,26 @@ def test_which_partitions_a_process_locks():
     from dpstream.runner import process_count
 
     assert partitions_to_lock([0], 0, 1) == [0]
-    assert partitions_to_lock([0, 1, 2], 0, 1) == [0, 1, 2]  # one process writes them all
-    assert partitions_to_lock([0, 1], 1, 2) == [1]  # a shared directory
-    assert partitions_to_lock([1], 1, 2) == [1]  # a directory per process
-    assert partitions_to_lock([1], 0, 2) == [1]  # ... whatever its partition's number
+    assert partitions_to_lock([0, 1, 2], 0, 1, count=3) == [0, 1, 2]  # one process: all
+    assert partitions_to_lock([0, 1], 1, 2, count=2) == [1]  # a shared directory
+    assert partitions_to_lock([0, 1, 2, 3], 0, 2, count=4) == [0, 2]
+    assert partitions_to_lock([1], 1, 2, count=2) == [1]  # a directory per process
+    assert partitions_to_lock([1], 0, 2, count=2) == [1]  # ... whatever its partition's number
+    assert partitions_to_lock([0, 2], 0, 2, count=4) == [0, 2]  # ... and however many
+    assert partitions_to_lock([0, 1], 0, 2, count=4) == [0, 1]
+    assert partitions_to_lock([0, 1], 1, 2, count=None) == [0, 1]  # unknown: all
     assert partitions_to_lock([], 0, 1, expected=3) == [0, 1, 2]  # about to be made
     assert process_count(["x", "-a", "h:1;h:2"], {}) == 2
     assert process_count(["x"], {"BYTEWAX_ADDRESSES": "h:1;h:2;h:3"}) == 3
     assert process_count(["x"], {}) == 1
+
+
+def test_the_partition_count_is_read_from_the_store(tmp_path):
+    from dpstream.store_lock import partition_count
+
+    store = store_with(tmp_path, 3)
+    assert [partition_count(store, k) for k in range(3)] == [3, 3, 3]
+    assert partition_count(store, 7) is None
 
 
 def test_a_new_store_with_lock_files_is_still_a_new_store(tmp_path):
