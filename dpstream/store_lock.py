@@ -63,8 +63,11 @@ def partitions_in(directory: Path) -> list[int]:
 def partition_count(directory: Path, index: int) -> int | None:
     """How many partitions the set of ``part-<index>.sqlite3`` has (None: unreadable)."""
     path = directory / f"part-{index}.sqlite3"
-    try:
-        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+    if not path.is_file():
+        return None
+    try:  # immutable: a read-only connection to a WAL database would leave -wal/-shm files
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro&immutable=1",
+                                                uri=True)) as db:
             row = db.execute("SELECT part_count FROM parts").fetchone()
     except sqlite3.Error:
         return None

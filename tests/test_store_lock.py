@@ -190,8 +190,10 @@ def test_the_partition_count_is_read_from_the_store(tmp_path):
     from dpstream.store_lock import partition_count
 
     store = store_with(tmp_path, 3)
+    before = sorted(p.name for p in store.iterdir())
     assert [partition_count(store, k) for k in range(3)] == [3, 3, 3]
     assert partition_count(store, 7) is None
+    assert sorted(p.name for p in store.iterdir()) == before  # no -wal/-shm files left
 
 
 def test_a_new_store_with_lock_files_is_still_a_new_store(tmp_path):
