@@ -277,22 +277,30 @@ def _replace_durably(path: Path, data: dict[str, Any]) -> None:
     _fsync_directory(path.parent)
 
 
+def _read_skips(manifest: Path) -> tuple[dict[str, Any], list[Any], set[SkippedRecord]]:
+    """The manifest, its ``skipped_records`` entries, and those records."""
+    try:
+        recorded = json.loads(manifest.read_text())
+        entries = list(recorded.get("skipped_records", []))
+        known = {SkippedRecord(str(e["topic"]), int(e["partition"]), int(e["offset"]))
+                 for e in entries}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise RecoveryMismatchError(
+            f"cannot read the skipped records of the flow instance manifest {manifest}: "
+            f"{type(exc).__name__}") from None
+    return recorded, entries, known
+
+
 def _record_skips(manifest: Path, requested: list[SkippedRecord]
                   ) -> tuple[tuple[SkippedRecord, ...], tuple[SkippedRecord, ...]]:
     """Add ``requested`` to the manifest's skipped records; (all of them, the new ones)."""
+    if not requested:  # only read (a rewrite replaces the file atomically)
+        return tuple(sorted(_read_skips(manifest)[2])), ()
     fd = os.open(manifest.with_name(MANIFEST_LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
                  _PRIVATE_FILE_MODE)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        try:
-            recorded = json.loads(manifest.read_text())
-            entries = list(recorded.get("skipped_records", []))
-            known = {SkippedRecord(str(e["topic"]), int(e["partition"]), int(e["offset"]))
-                     for e in entries}
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise RecoveryMismatchError(
-                f"cannot read the skipped records of the flow instance manifest {manifest}: "
-                f"{type(exc).__name__}") from None
+        recorded, entries, known = _read_skips(manifest)
         new = sorted(set(requested) - known)
         if new:
             recorded["skipped_records"] = entries + _skip_entries(new)
