@@ -217,7 +217,6 @@ class PartitionClock(StepClock):
             events = self._strict_decoder.decode_lines(buf)
         except Exception:  # any failure (RecursionError, invalid UTF-8, ...): the records
             return None  # are explained one by one
-
         if len(events) != len(values):
             return None
         keys = list(map(_KEY, events))
