@@ -46,7 +46,7 @@ def _run(args: argparse.Namespace) -> int:
 
     return run(args.config, workers=args.workers, recovery_dir=args.recovery_dir,
                recovery_partitions=args.recovery_partitions, ephemeral=args.ephemeral,
-               snapshot_interval=args.snapshot_interval)
+               snapshot_interval=args.snapshot_interval, skip_records=args.skip_record)
 
 
 def _check_config(args: argparse.Namespace) -> int:
@@ -627,6 +627,14 @@ def main(argv: list[str] | None = None) -> int:
                      "new flow instance whose spend adds to earlier runs' (demos, trials)")
     run.add_argument("--snapshot-interval", type=_positive_seconds, default=5.0,
                      help="seconds between snapshots (default 5)")
+    run.add_argument("--skip-record", action="append", default=[],
+                     metavar="TOPIC:PARTITION:OFFSET",
+                     help="quarantine the input record at this offset of this partition of "
+                     "this topic (repeatable; also $DPSTREAM_SKIP_RECORDS, comma-separated): "
+                     "it becomes a dead letter (\"quarantined by the operator\") instead of "
+                     "being read. For a record that crashes the flow on every restart. The "
+                     "skip is recorded in the flow instance's manifest and applies to every "
+                     "later run of the instance (it cannot be undone)")
     run.set_defaults(func=_run)
 
     check = add_parser("check-config", help="validate a configuration and describe it")

@@ -9,6 +9,7 @@ __all__ = [
     "InvalidParameterError",
     "NoiseKeyError",
     "RecoveryMismatchError",
+    "RecoveryStoreInUseError",
 ]
 
 
@@ -34,3 +35,7 @@ class BudgetExhaustedError(DpstreamError):
 
 class RecoveryMismatchError(DpstreamError):
     """The recovery store belongs to another flow instance or another configuration."""
+
+
+class RecoveryStoreInUseError(DpstreamError):
+    """Another process holds the recovery store (a partition of it) this process would use."""

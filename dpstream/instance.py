@@ -13,6 +13,13 @@ reprocessing of the same topic (pitfall 13). The id lives in a small manifest,
   charges, and a crash before the next snapshot would lose them (a charge must be persisted
   before anything it pays for is emitted; Bytewax snapshots only at epoch ends).
 
+The manifest also keeps the records the operator quarantined (``skipped_records``;
+:mod:`dpstream.stream.quarantine`), append-only: a record skipped once in an instance is skipped
+on every later run of it, whether or not the operator names it again, so every replay of the
+instance counts exactly the same records. A skip is written (and flushed to disk) before the
+flow starts, under a lock (``dpstream-instance.lock``) so that processes sharing the directory
+do not lose each other's additions.
+
 The budget may change on resume (see :class:`~dpstream.core.key_statistics.KeyStatistics`).
 
 The recovery store holds true counts, so it is kept private to the user that runs the flow: a
@@ -40,6 +47,7 @@ re-noise the releases it replays or continues. Each process binds its own ``-r``
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -48,6 +56,7 @@ import secrets
 import sqlite3
 import stat
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -56,11 +65,15 @@ from typing import Any, Final, Protocol
 from dpstream.config import FlowConfig
 from dpstream.core.noise import NoiseKey
 from dpstream.errors import ConfigError, RecoveryMismatchError
+from dpstream.store_lock import LOCK_PATTERN
+from dpstream.stream.quarantine import SkippedRecord
 
-__all__ = ["MANIFEST_NAME", "FlowInstance", "bind_instance"]
+__all__ = ["MANIFEST_NAME", "FlowInstance", "bind_instance", "private_directory"]
 
 MANIFEST_NAME: Final = "dpstream-instance.json"
 MANIFEST_SCHEMA: Final = "dpstream.instance/1"
+MANIFEST_LOCK_NAME: Final = "dpstream-instance.lock"
+"""Held while the manifest's list of skipped records is read and rewritten."""
 _PRIVATE_DIR_MODE: Final = 0o700
 _PRIVATE_FILE_MODE: Final = 0o600
 _SHARED_BITS: Final = 0o077
@@ -88,6 +101,10 @@ class FlowInstance:
     id: str
     durable: bool
     resumed: bool = False
+    skipped: tuple[SkippedRecord, ...] = ()
+    """Every record quarantined in this instance (recorded earlier, or now)."""
+    newly_skipped: tuple[SkippedRecord, ...] = ()
+    """Of those, the ones this start added to the manifest."""
 
 
 def _fixed_settings(config: FlowConfig, spec: Mechanisms, noise: NoiseKey) -> dict[str, Any]:
@@ -147,7 +164,7 @@ def _refuse_if_shared(path: Path, what: str, private_mode: int) -> None:
             "by the user that runs the flow)")
 
 
-def _private_directory(directory: Path) -> None:
+def private_directory(directory: Path) -> None:
     """Create ``directory`` with mode 0700 if it is missing; refuse it if it is shared."""
     if not directory.exists():
         try:
@@ -234,10 +251,70 @@ def _temporary_manifest(name: str) -> bool:
     return name.startswith(stem + ".") and name.endswith(".tmp")
 
 
+def _now() -> str:
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _skip_entries(skipped: list[SkippedRecord]) -> list[dict[str, Any]]:
+    since = _now()
+    return [{"topic": r.topic, "partition": r.partition, "offset": r.offset, "since": since}
+            for r in skipped]
+
+
+def _replace_durably(path: Path, data: dict[str, Any]) -> None:
+    """Replace ``path`` by ``data`` as JSON (mode 0600), atomically and flushed to disk."""
+    tmp = path.with_name(f"{path.stem}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _PRIVATE_FILE_MODE)
+    try:
+        with open(fd, "w") as handle:
+            os.fchmod(fd, _PRIVATE_FILE_MODE)
+            json.dump(data, handle, indent=2, sort_keys=True)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    _fsync_directory(path.parent)
+
+
+def _read_skips(manifest: Path) -> tuple[dict[str, Any], list[Any], set[SkippedRecord]]:
+    """The manifest, its ``skipped_records`` entries, and those records."""
+    try:
+        recorded = json.loads(manifest.read_text())
+        entries = list(recorded.get("skipped_records", []))
+        known = {SkippedRecord(str(e["topic"]), int(e["partition"]), int(e["offset"]))
+                 for e in entries}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise RecoveryMismatchError(
+            f"cannot read the skipped records of the flow instance manifest {manifest}: "
+            f"{type(exc).__name__}") from None
+    return recorded, entries, known
+
+
+def _record_skips(manifest: Path, requested: list[SkippedRecord]
+                  ) -> tuple[tuple[SkippedRecord, ...], tuple[SkippedRecord, ...]]:
+    """Add ``requested`` to the manifest's skipped records; (all of them, the new ones)."""
+    if not requested:  # only read (a rewrite replaces the file atomically)
+        return tuple(sorted(_read_skips(manifest)[2])), ()
+    fd = os.open(manifest.with_name(MANIFEST_LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                 _PRIVATE_FILE_MODE)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        recorded, entries, known = _read_skips(manifest)
+        new = sorted(set(requested) - known)
+        if new:
+            recorded["skipped_records"] = entries + _skip_entries(new)
+            _replace_durably(manifest, recorded)
+        return tuple(sorted(known | set(new))), tuple(new)
+    finally:
+        os.close(fd)
+
+
 def bind_instance(config: FlowConfig, spec: Mechanisms, noise: NoiseKey,
                   recovery_dir: str | os.PathLike[str] | None, *,
                   ephemeral: bool = False, instance_id: str | None = None, process: int = 0,
-                  wait_seconds: float = 0.0) -> FlowInstance:
+                  wait_seconds: float = 0.0,
+                  skip_records: Iterable[SkippedRecord] = ()) -> FlowInstance:
     """Return the flow instance to run: resumed from, or recorded in, ``recovery_dir``.
 
     Args:
@@ -251,6 +328,9 @@ def bind_instance(config: FlowConfig, spec: Mechanisms, noise: NoiseKey,
         process: this process's id in a Bytewax cluster (``-i``); only process 0 makes a new
             instance without ``instance_id``.
         wait_seconds: how long a process other than 0 waits for process 0's manifest.
+        skip_records: records the operator quarantines from now on in this instance; they
+            are added to the manifest's ``skipped_records`` (append-only), and the
+            instance's :attr:`FlowInstance.skipped` holds every one recorded.
 
     The recovery directory is created with mode 0700 if missing, and the manifest written
     with mode 0600.
@@ -264,6 +344,7 @@ def bind_instance(config: FlowConfig, spec: Mechanisms, noise: NoiseKey,
             key, other mechanisms or another instance id, or holds Bytewax state but no
             dpstream manifest.
     """
+    requested = [SkippedRecord(*record) for record in skip_records]
     if instance_id is not None:
         _check_instance_id(instance_id)
     if recovery_dir is None:
@@ -279,29 +360,44 @@ def bind_instance(config: FlowConfig, spec: Mechanisms, noise: NoiseKey,
                 "earlier run's. Give a recovery directory (dpstream run --recovery-dir DIR; "
                 "with bytewax.run set DPSTREAM_RECOVERY_DIR to its -r directory) or acknowledge "
                 "with dpstream run --ephemeral (DPSTREAM_EPHEMERAL=1)")
-        return FlowInstance(secrets.token_hex(16), durable=False)
+        skipped = tuple(sorted(set(requested)))
+        return FlowInstance(secrets.token_hex(16), durable=False, skipped=skipped,
+                            newly_skipped=skipped)
     directory = Path(recovery_dir)
-    _private_directory(directory)
+    private_directory(directory)
     manifest = directory / MANIFEST_NAME
     fixed = _fixed_settings(config, spec, noise)
     if instance_id is None and process > 0 and not manifest.exists():
         _await_manifest(directory, manifest, process, wait_seconds)
     if manifest.exists():
-        return _resume(directory, manifest, fixed, instance_id)
+        return _with_skips(_resume(directory, manifest, fixed, instance_id), manifest,
+                           requested)
     if any(p.name != MANIFEST_NAME and not _temporary_manifest(p.name)
-           and not _empty_partition(p) for p in directory.iterdir()):
+           and not LOCK_PATTERN.fullmatch(p.name) and p.name != MANIFEST_LOCK_NAME
+           and not _empty_partition(p)
+           for p in directory.iterdir()):
         raise RecoveryMismatchError(
             f"the recovery directory {directory} holds state but no {MANIFEST_NAME}: it was not "
             "made by this version of dpstream; use an empty directory (a new flow instance)")
     instance = instance_id or secrets.token_hex(16)
+    skipped = sorted(set(requested))
     made = _create_durably(manifest, {
         "schema": MANIFEST_SCHEMA, "instance": instance, "flow": config.name,
-        "input_topic": config.kafka.input_topic,
-        "created": datetime.now(UTC).isoformat().replace("+00:00", "Z"), "fixed": fixed,
+        "input_topic": config.kafka.input_topic, "created": _now(), "fixed": fixed,
+        "skipped_records": _skip_entries(skipped),
     })
     if not made:  # another process sharing the directory made it first: bind to that one
-        return _resume(directory, manifest, fixed, instance_id)
-    return FlowInstance(instance, durable=True)
+        return _with_skips(_resume(directory, manifest, fixed, instance_id), manifest,
+                           requested)
+    return FlowInstance(instance, durable=True, skipped=tuple(skipped),
+                        newly_skipped=tuple(skipped))
+
+
+def _with_skips(instance: FlowInstance, manifest: Path,
+                requested: list[SkippedRecord]) -> FlowInstance:
+    """``instance`` with every record skipped in it (``requested`` recorded first)."""
+    skipped, new = _record_skips(manifest, requested)
+    return FlowInstance(instance.id, instance.durable, instance.resumed, skipped, new)
 
 
 RECOVERY_PARTITION_GLOB: Final = "part-*.sqlite3"

@@ -17,7 +17,7 @@ Tests and benchmarks pass an in-memory ``source``/``sink``; everything between i
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -35,6 +35,7 @@ from dpstream.kinds import flow_kind
 from dpstream.messages import RawBatch, RawMessage
 from dpstream.metrics import FlowMetrics
 from dpstream.stream.operators import assign_steps
+from dpstream.stream.quarantine import Quarantine, SkippedRecord
 
 __all__ = ["FlowParts", "build_flow", "input_partitions", "kafka_clients", "output_topics"]
 
@@ -89,6 +90,7 @@ def build_flow(
     sink: Sink[Any] | None = None,
     metrics: FlowMetrics | None = None,
     sink_batches: bool = False,
+    skip_records: Iterable[SkippedRecord] = (),
     **options: Any,
 ) -> Dataflow:
     """Build the dataflow of ``config``'s flow kind.
@@ -108,6 +110,9 @@ def build_flow(
             (a kind may emit a closed step's records as one
             :class:`~dpstream.io.records.EncodedBatch`) instead of one triple per record
             (``bench/``). The Kafka sink always takes both.
+        skip_records: records the operator quarantined, as (topic, partition of that topic,
+            offset): each becomes a dead letter (reason "quarantined by the operator")
+            before anything reads it (:mod:`dpstream.stream.quarantine`).
         options: passed to the kind's wiring (e.g. the counters' ``shard_class`` for
             ``bench/``'s non-private baseline).
     """
@@ -144,7 +149,9 @@ def build_flow(
     total = sum(counts)
     if metrics is not None:
         metrics.set_clock(config.origin.timestamp(), config.step_seconds)
-    assigned = assign_steps("assign_steps", raw, kind.clock(config, bases), metrics)
+    skipped = frozenset(SkippedRecord(*record) for record in skip_records)
+    assigned = assign_steps("assign_steps", raw, kind.clock(config, bases), metrics,
+                            Quarantine(skipped, bases))
     parts = FlowParts(config, noise, instance, total, metrics, options)
     encoded = op.merge("encoded", kind.wire(parts, assigned.updates),
                        op.map("encode_dead", assigned.dead_letters,

@@ -46,6 +46,7 @@ EPHEMERAL_ENV = "DPSTREAM_EPHEMERAL"
 INSTANCE_ID_ENV = "DPSTREAM_INSTANCE_ID"
 LOG_LEVEL_ENV = "DPSTREAM_LOG_LEVEL"
 PROGRESS_ENV = "DPSTREAM_PROGRESS_SECONDS"
+SKIP_RECORDS_ENV = "DPSTREAM_SKIP_RECORDS"
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
@@ -85,6 +86,22 @@ def process_id(argv: list[str] | None = None, environ: Mapping[str, str] | None 
         return int(env.get("BYTEWAX_PROCESS_ID", "0"))
     except ValueError:
         return 0
+
+
+def process_count(argv: list[str] | None = None,
+                  environ: Mapping[str, str] | None = None) -> int:
+    """How many processes the Bytewax cluster has (``-a``/``$BYTEWAX_ADDRESSES``; else 1)."""
+    argv = sys.argv if argv is None else argv
+    env = os.environ if environ is None else environ
+    addresses = env.get("BYTEWAX_ADDRESSES")
+    for i, arg in enumerate(argv):
+        if arg in ("-a", "--addresses") and i + 1 < len(argv):
+            addresses = argv[i + 1]
+        elif arg.startswith("--addresses="):
+            addresses = arg.split("=", 1)[1]
+    if not addresses:
+        return 1
+    return max(1, len([a for a in addresses.split(";") if a.strip()]))
 
 
 def serve_metrics(metrics: Any, port: int) -> int:
@@ -258,7 +275,9 @@ def _check_recovery_partitions(recovery_dir: str, *, cluster: bool) -> None:
 
 
 def flow_from_environment(config_path: str | None = None, recovery_dir: str | None = None,
-                          ephemeral: bool | None = None, kind: str | None = None) -> Dataflow:
+                          ephemeral: bool | None = None, kind: str | None = None,
+                          recovery_partitions: int = 1,
+                          skip_records: list[str] | None = None) -> Dataflow:
     """Build the flow of ``$DPSTREAM_CONFIG`` (of its ``flow.kind``) with the environment's key.
 
     Besides the dataflow this starts the process's side parts (metrics endpoint, heartbeat,
@@ -270,14 +289,26 @@ def flow_from_environment(config_path: str | None = None, recovery_dir: str | No
     ``kafka.startup_timeout``), or ``$DPSTREAM_INSTANCE_ID`` given to every process (a
     recovery directory per process; see :mod:`dpstream.instance`). ``kind``, if given, is the
     flow kind the configuration must have (each ``dpstream.flows`` module runs one kind).
+
+    Before the instance is bound, the recovery partitions this process writes are locked for
+    its lifetime (:mod:`dpstream.store_lock`): a second process on the same store stops here
+    with a one-line error naming the holder's pid and host. ``recovery_partitions``: how many
+    partitions an empty store will get (``dpstream run --recovery-partitions``).
+
+    ``skip_records`` (``TOPIC:PARTITION:OFFSET`` names, with those of
+    ``$DPSTREAM_SKIP_RECORDS``) quarantines records that crash the flow
+    (:mod:`dpstream.stream.quarantine`): they are recorded in the instance manifest, and every
+    record ever skipped in the instance becomes a dead letter; the list is logged at start.
     """
     from dpstream.config import load_config
     from dpstream.core.noise import NoiseKey
-    from dpstream.instance import bind_instance
+    from dpstream.instance import bind_instance, private_directory
     from dpstream.io.kafka import Heartbeat, is_secret
     from dpstream.kinds import flow_kind
     from dpstream.metrics import FlowMetrics
     from dpstream.platform import build_flow, input_partitions, kafka_clients, output_topics
+    from dpstream.store_lock import lock_recovery_store
+    from dpstream.stream.quarantine import parse_skipped
 
     setup_logging()
     stopping.install_stop_handlers()
@@ -297,11 +328,24 @@ def flow_from_environment(config_path: str | None = None, recovery_dir: str | No
         log.warning("kafka.add_config holds %s: credentials belong in the environment "
                     "(DPSTREAM_KAFKA_SASL_PASSWORD=... sets sasl.password)",
                     ", ".join(secrets_in_file))
+    requested = parse_skipped([*(skip_records or ()), os.environ.get(SKIP_RECORDS_ENV, "")])
+    inputs = [config.kafka.topic(setting) for setting in flow_kind(config.kind).inputs]
+    strangers = sorted({r.topic for r in requested} - set(inputs))
+    if strangers:  # checked before anything is recorded: a recorded skip is never undone
+        raise ConfigError(f"--skip-record names {', '.join(map(repr, strangers))}, not an input "
+                          f"topic of this flow ({', '.join(inputs)})")
+    if recovery_dir:
+        private_directory(Path(recovery_dir))
+        held = lock_recovery_store(recovery_dir, process=process_id(),
+                                   processes=process_count(), expected=recovery_partitions)
+        log.info("recovery store %s locked by this process (pid %d): %s", recovery_dir,
+                 os.getpid(), ", ".join(p.name for p in held))
     instance = bind_instance(config, flow_kind(config.kind).binding(config), noise, recovery_dir,
                              ephemeral=ephemeral,
                              instance_id=os.environ.get(INSTANCE_ID_ENV) or None,
                              process=process_id(),
-                             wait_seconds=config.kafka.startup_timeout_seconds)
+                             wait_seconds=config.kafka.startup_timeout_seconds,
+                             skip_records=requested)
     metrics = FlowMetrics(config.name, exact_counts=config.metrics_exact_counts)
     if config.metrics_port:
         port = serve_metrics(metrics, config.metrics_port)
@@ -313,6 +357,12 @@ def flow_from_environment(config_path: str | None = None, recovery_dir: str | No
     else:
         log.warning("flow instance %s is ephemeral (no recovery store): a restart publishes "
                     "everything again under a new instance", instance.id)
+    if instance.skipped:
+        log.warning("%d record(s) quarantined by the operator become dead letters in this flow "
+                    "instance (recorded in its manifest: skipped on every run of it): %s%s",
+                    len(instance.skipped), ", ".join(map(str, instance.skipped)),
+                    f" (new now: {', '.join(map(str, instance.newly_skipped))})"
+                    if instance.newly_skipped else "")
     if not instance.resumed:  # news only when this start made a new instance
         log.info("reprocessing an input topic is a new flow instance: its privacy spend adds "
                  "to every earlier instance's over the same events, and its ledgers cannot see "
@@ -324,7 +374,7 @@ def flow_from_environment(config_path: str | None = None, recovery_dir: str | No
              ",".join(config.kafka.brokers),
              ", ".join(f"{role} to {topic}" for role, topic in output_topics(config).items()))
     flow = build_flow(config, noise, instance=instance.id, partitions=partitions,
-                      metrics=metrics)
+                      metrics=metrics, skip_records=instance.skipped)
     if config.kafka.tail and config.heartbeat_seconds > 0:
         for topic, count in partitions.items():
             Heartbeat(clients, topic, count, config.heartbeat_seconds).start()
@@ -342,7 +392,7 @@ def flow_from_environment(config_path: str | None = None, recovery_dir: str | No
 
 def run(config_path: str | None, *, workers: int = 1, recovery_dir: str | None = None,
         recovery_partitions: int = 1, ephemeral: bool = False,
-        snapshot_interval: float = 5.0) -> int:
+        snapshot_interval: float = 5.0, skip_records: list[str] | None = None) -> int:
     """Run the configured flow in this process until its input ends or a stop is requested."""
     os.environ.setdefault("RUST_BACKTRACE", "0")
     from bytewax.recovery import RecoveryConfig, init_db_dir
@@ -350,7 +400,9 @@ def run(config_path: str | None, *, workers: int = 1, recovery_dir: str | None =
 
     from dpstream.instance import private_recovery_files
 
-    flow = flow_from_environment(config_path, recovery_dir, ephemeral)
+    flow = flow_from_environment(config_path, recovery_dir, ephemeral,
+                                 recovery_partitions=recovery_partitions,
+                                 skip_records=skip_records)
     recovery = None
     if recovery_dir:
         directory = Path(recovery_dir)

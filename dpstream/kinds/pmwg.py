@@ -529,6 +529,9 @@ class _Histogram:
             parts = self.compiler.compile(query)
         except QueryError as exc:
             return self._record(query_id, step, "error", None, None, str(exc))
+        except Exception as exc:  # never a crash for a question (pitfall 16); the type only
+            return self._record(query_id, step, "error", None, None,
+                                f"the question could not be read ({type(exc).__name__})")
         if self.t < h.n:
             return self._record(query_id, step, "waiting", None, None,
                                 f"the public database size t = {self.t} has not reached "

@@ -26,6 +26,14 @@ clock is behind), or the step was closed at the end of a bounded input
 of the partition's records in their offset order, which Kafka fixes, so a
 replay after a crash accepts and rejects exactly the same records.
 
+**No record can stop a flow** (pitfall 16). A kind's :meth:`~StepClock.decode` explains the
+records it expects to fail; whatever else it raises on a batch (a ``RecursionError`` from a
+parser on a deeply nested record, a bug) is caught here: the batch is decoded again record by
+record, each record whose decoding raises on its own becomes a dead letter (reason
+:func:`undecodable`: the exception's type, never its text), and the rest of the batch is
+decoded as usual. Which records are dead letters therefore depends on each record alone, never
+on how records were batched, so a replay rejects exactly the same records.
+
 A flow kind subclasses :class:`StepClock` with two methods: :meth:`~StepClock.decode` (what
 a record holds, or why it is a dead letter) and :meth:`~StepClock.route` (which shard gets
 what, per step). Everything about time is here, once.
@@ -49,7 +57,7 @@ from dpstream.messages import (
     RawMessage,
 )
 
-__all__ = ["ClockRules", "MAX_SECONDS", "ShardUpdate", "StepClock", "bad_time"]
+__all__ = ["ClockRules", "MAX_SECONDS", "ShardUpdate", "StepClock", "bad_time", "undecodable"]
 
 MAX_SECONDS: Final = 253_402_300_799.0  # 9999-12-31T23:59:59Z: keeps every step index in int64
 
@@ -57,6 +65,15 @@ MAX_SECONDS: Final = 253_402_300_799.0  # 9999-12-31T23:59:59Z: keeps every step
 def bad_time(field: str) -> str:
     """The dead-letter reason of a record without a usable event time."""
     return f"field {field!r} missing or not a finite Unix time in seconds or an ISO-8601 string"
+
+
+def undecodable(exc: BaseException) -> str:
+    """The dead-letter reason of a record whose decoding raised ``exc``.
+
+    Only the exception's type is named: a parser's message can quote the record's values
+    (pitfall 5), and dead-letter reasons also label a metric.
+    """
+    return f"undecodable record ({type(exc).__name__})"
 
 
 def _untrusted(kind: int) -> str:
@@ -151,6 +168,48 @@ class StepClock:
         partition, raw, offset, topic, _, _ = message
         return DeadLetter(reason, raw or b"", topic, partition, offset)
 
+    def _decode_guarded(self, partition: int, messages: RawBatch, dead: list[DeadLetter]
+                        ) -> tuple[list[Any], np.ndarray | list[float], range | list[int]]:
+        """:meth:`decode`, turning any exception into dead letters of the records that raise.
+
+        The usual case costs one ``try``. If the batch raises, its dead letters so far are
+        dropped and each record is decoded alone (results discarded) to find those that
+        raise; they become dead letters (:func:`undecodable`) and the others are decoded
+        again as one batch. Should that batch still raise (records that decode alone but
+        not together: a bug), its records become dead letters too, rather than stop the flow.
+        """
+        mark = len(dead)
+        try:
+            return self.decode(partition, messages, dead)
+        except Exception:  # any exception: see the docstring
+            del dead[mark:]
+        n = len(messages)
+        raising = np.zeros(n, dtype=bool)
+        reasons: dict[int, str] = {}
+        for i in range(n):
+            alone = RawBatch(messages.partition, messages.values[i:i + 1],
+                             messages.offsets[i:i + 1], messages.topics[i:i + 1],
+                             messages.broker_ms[i:i + 1], messages.kinds[i:i + 1])
+            try:
+                self.decode(partition, alone, [])
+            except Exception as exc:
+                raising[i] = True
+                reasons[i] = undecodable(exc)
+        for i in np.flatnonzero(raising).tolist():
+            dead.append(self.dead_letter(reasons[i], messages[i]))
+        index = np.flatnonzero(~raising)
+        if not index.size:
+            return [], [], []
+        mark = len(dead)
+        try:
+            payloads, times, refs = self.decode(partition, messages.keep(~raising), dead)
+        except Exception as exc:
+            del dead[mark:]
+            dead.extend(self.dead_letter(undecodable(exc), messages[i])
+                        for i in index.tolist())
+            return [], [], []
+        return payloads, times, [int(index[j]) for j in refs]
+
     # -- time --
     def to_state(self) -> dict[str, Any]:
         """Snapshot for recovery."""
@@ -219,7 +278,8 @@ class StepClock:
                 before_all[keep]
             self.ticks += n - len(messages)
             n = len(messages)
-        payloads, times, refs = self.decode(partition, messages, dead) if n else ([], [], [])
+        payloads, times, refs = self._decode_guarded(partition, messages, dead) if n \
+            else ([], [], [])
         accepted: Any = []
         accepted_steps: list[int] = []
         single_step: int | None = None

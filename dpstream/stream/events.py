@@ -2,7 +2,9 @@
 
 :class:`PartitionClock` is the counters' :class:`~dpstream.stream.clock.StepClock`: it decodes
 ``{"key": ..., "ts": ...}`` records (a typed msgspec decoder over the whole batch, and a
-slower parser that explains each record that fails it) and counts events per key and step,
+slower parser that explains each record that fails it; any other exception a record raises,
+such as msgspec's ``RecursionError`` on deep nesting, makes it a dead letter naming the
+exception's type) and counts events per key and step,
 grouped by the key's shard. Placing records in steps, trusting timestamps and detecting late
 records is the shared clock's job (:mod:`dpstream.stream.clock`).
 """
@@ -30,7 +32,7 @@ from dpstream.messages import (
     RawBatch,
     RawMessage,
 )
-from dpstream.stream.clock import MAX_SECONDS, ShardUpdate, StepClock, bad_time
+from dpstream.stream.clock import MAX_SECONDS, ShardUpdate, StepClock, bad_time, undecodable
 from dpstream.stream.layout import DeclaredLayout, RowCounts, shard_of, shards_of
 
 __all__ = [
@@ -213,8 +215,8 @@ class PartitionClock(StepClock):
             return None
         try:
             events = self._strict_decoder.decode_lines(buf)
-        except msgspec.DecodeError:
-            return None
+        except Exception:  # any failure (RecursionError, invalid UTF-8, ...): the records
+            return None  # are explained one by one
         if len(events) != len(values):
             return None
         keys = list(map(_KEY, events))
@@ -244,8 +246,11 @@ class PartitionClock(StepClock):
         for i, (_, raw, offset, topic, _, _) in enumerate(messages):
             try:
                 event = decode(raw)  # type: ignore[arg-type]
-            except (msgspec.DecodeError, TypeError):
+            except (msgspec.DecodeError, TypeError, ValueError):  # ValueError: invalid UTF-8
                 dead.append(DeadLetter(self._explain(raw), raw or b"", topic, partition, offset))
+                continue
+            except Exception as exc:  # e.g. RecursionError on deep nesting: never a crash
+                dead.append(DeadLetter(undecodable(exc), raw or b"", topic, partition, offset))
                 continue
             key, ts = event.key, event.ts
             reason = None

@@ -33,6 +33,7 @@ from dpstream.stream import stopping
 from dpstream.stream.barrier import StepBarrier
 from dpstream.stream.clock import ShardUpdate, StepClock
 from dpstream.stream.layout import DeclaredLayout
+from dpstream.stream.quarantine import QUARANTINED, Quarantine
 from dpstream.stream.shard import ShardState
 
 __all__ = ["FlowObserver", "StepAssignment", "assign_steps", "keyed_statistics", "stepped_shards"]
@@ -80,15 +81,25 @@ class _Nobody:
 
 
 class _PartitionLogic(StatefulBatchLogic[RawBatch, Any, dict[str, Any]]):
-    def __init__(self, clock: StepClock, observer: FlowObserver) -> None:
-        self.clock, self.observer = clock, observer
+    def __init__(self, clock: StepClock, observer: FlowObserver,
+                 quarantine: Quarantine | None = None) -> None:
+        self.clock, self.observer, self.quarantine = clock, observer, quarantine
 
     def on_batch(self, values: list[RawBatch]) -> tuple[list[Any], bool]:
         out: list[Any] = []
-        clock, observer = self.clock, self.observer
+        clock, observer, quarantine = self.clock, self.observer, self.quarantine
         for batch in values:
+            if quarantine is not None:  # before anything reads the records
+                batch, skipped = quarantine.split(batch)
+                out.extend(skipped)
+                if skipped:
+                    observer.observe_input("dead_letter:" + QUARANTINED, len(skipped))
             before = clock.events
-            updates, dead = clock.process(batch.partition, batch)
+            try:
+                updates, dead = clock.process(batch.partition, batch)
+            except Exception:
+                _name_the_records(batch, quarantine)
+                raise
             out.extend((str(update.shard), update) for update in updates)
             out.extend(dead)
             observer.observe_input("events", clock.events - before)
@@ -108,6 +119,20 @@ class _PartitionLogic(StatefulBatchLogic[RawBatch, Any, dict[str, Any]]):
 
     def snapshot(self) -> dict[str, Any]:
         return self.clock.to_state()
+
+
+def _name_the_records(batch: RawBatch, quarantine: Quarantine | None) -> None:
+    """Log which records a crash of the clock came from (for ``--skip-record``)."""
+    offsets = [o for o in batch.offsets if o is not None]
+    topic = next((t for t in batch.topics if t is not None), None)
+    if not offsets or topic is None:
+        return
+    base = quarantine.bases.get(topic, 0) if quarantine is not None else 0
+    log.error("the flow failed on a batch of %s[%d], offsets %d to %d. If it fails there again "
+              "after a restart, one of these records crashes it (a bug: please report it): "
+              "quarantine it with dpstream run --skip-record %s:%d:OFFSET",
+              topic, batch.partition - base, min(offsets), max(offsets), topic,
+              batch.partition - base)
 
 
 @dataclass(frozen=True)
@@ -141,16 +166,19 @@ def _group_by_partition(items: list[RawBatch | RawMessage]) -> list[tuple[str, R
 @operator
 def assign_steps(step_id: str, up: Stream[RawBatch | RawMessage],
                  make_clock: Callable[[dict[str, Any] | None], StepClock],
-                 observer: FlowObserver | None = None) -> StepAssignment:
+                 observer: FlowObserver | None = None,
+                 quarantine: Quarantine | None = None) -> StepAssignment:
     """Parse raw messages per input partition and route each step's buckets to shards.
 
     ``make_clock`` is the flow kind's clock factory (a snapshot or None -> a
-    :class:`~dpstream.stream.clock.StepClock`).
+    :class:`~dpstream.stream.clock.StepClock`). ``quarantine``: records the operator
+    quarantined (:mod:`dpstream.stream.quarantine`), turned into dead letters before the
+    clock reads anything of them.
     """
     grouped = op.flat_map_batch("group_by_partition", up, _group_by_partition)
     seen = observer or _Nobody()
     parsed = op.stateful_batch(
-        "parse", grouped, lambda state: _PartitionLogic(make_clock(state), seen))
+        "parse", grouped, lambda state: _PartitionLogic(make_clock(state), seen, quarantine))
     flat = op.key_rm("unkey", parsed)
     branches = op.branch("split", flat, lambda item: isinstance(item, DeadLetter))
     return StepAssignment(branches.falses, branches.trues)  # type: ignore[arg-type]
