@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 
+import pytest
 from bytewax.testing import TestingSink, TestingSource, run_main
 from support.messages import message, raw
 
@@ -44,18 +45,19 @@ def config(clock: str = "producer", **flow):
         "metrics": {"port": 0}})
 
 
-def producer_stream(seconds: int = 6, extra: list | None = None, ticks: bool = True) -> list:
-    """Events of every key in steps 0..seconds-1 on 2 partitions (CreateTime = event time),
+def producer_stream(seconds: int = 6, extra: list | None = None, ticks: bool = True,
+                    partitions: int = 2) -> list:
+    """Events of every key in steps 0..seconds-1 (CreateTime = event time),
     heartbeat ticks every 0.5 s through ``seconds``; ``extra``: (partition, key, event time,
     after which tick time) events inserted into their partition's offset order."""
     items: list[tuple[float, int, bytes | None, float, int]] = []  # (order, p, value, stamp)
     for t in range(seconds):
         for i, key in enumerate(KEYS):
-            p = i % 2
+            p = i % partitions
             items.append((t + 0.1 + 0.2 * i, p, key, ORIGIN + t + 0.1 + 0.2 * i))
     if ticks:
         for half in range(1, 2 * seconds + 1):
-            for p in (0, 1):
+            for p in range(partitions):
                 items.append((half / 2 + 0.01, p, None, ORIGIN + half / 2))
     for p, key, when, after in extra or []:
         items.append((after + 0.02, p, key, when))
@@ -88,10 +90,13 @@ def coordinates(released: list[dict]) -> set[tuple[str, int]]:
 
 # --- item 3: one event more, stamped far later, changes no coordinate ----------------------
 
-def test_producer_clock_bounded_run_ends_at_the_last_tick_not_the_latest_record():
+@pytest.mark.parametrize("partitions", [1, 2])
+def test_producer_clock_bounded_run_ends_at_the_last_tick_not_the_latest_record(partitions):
+    """Before the fix, with one partition: 21 release records (steps 0..6) became 153."""
     cfg = config()
-    base, _ = run(cfg, producer_stream())
-    extra, dead = run(cfg, producer_stream(extra=[(0, "a", ORIGIN + 50.5, 5.0)]))
+    base, _ = run(cfg, producer_stream(partitions=partitions), partitions)
+    extra, dead = run(cfg, producer_stream(extra=[(0, "a", ORIGIN + 50.5, 5.0)],
+                                           partitions=partitions), partitions)
     expected = {(k, s) for k in KEYS for s in range(7)}  # the last tick (6.0) is in step 6
     assert coordinates(base) == expected
     assert coordinates(extra) == expected and len(extra) == len(base)  # was 102 vs 12-ish
