@@ -302,23 +302,16 @@ def _flow_section(flow: Section, origin_required: str | None) -> dict[str, Any]:
 
 
 def _check_producer_clock(fields: dict[str, Any]) -> None:
-    """Refuse a producer-clock flow whose steps could never close (or close by chance).
+    """Refuse a bounded producer-clock run without a configured end.
 
-    Under ``flow.clock = "producer"`` only dpstream's own heartbeat ticks (and broker time)
-    move the watermark; data records never do. A flow that tails its input without ticks
-    would close no step at all; a bounded run (``kafka.tail = false``) writes no ticks, so
-    the last step it releases must be configured (``flow.end``), or it would depend on
-    whatever ticks the topic happens to hold.
+    Under ``flow.clock = "producer"`` only heartbeat ticks (and broker time) move the
+    watermark; data records never do. A bounded run (``kafka.tail = false``) writes no
+    ticks, so the last step it releases must be configured (``flow.end``): otherwise it would
+    depend on whatever ticks the topic happens to hold (usually none: nothing would be
+    released). A tailing flow with ``flow.heartbeat = "off"`` is allowed (ticks may come from
+    another writer, e.g. a dedicated ticker process); the runner warns at start-up.
     """
-    if fields["clock"] != "producer":
-        return
-    if fields["kafka"].tail and fields["heartbeat_seconds"] == 0:
-        raise ConfigError(
-            "flow.clock = 'producer' with flow.heartbeat = 'off' and kafka.tail = true would "
-            "never close a step: under the producer clock only the flow's heartbeat ticks move "
-            "the watermark (records' own times never do). Set flow.heartbeat to 'auto' or a "
-            "duration")
-    if not fields["kafka"].tail and fields["end"] is None:
+    if fields["clock"] == "producer" and not fields["kafka"].tail and fields["end"] is None:
         raise ConfigError(
             "flow.clock = 'producer' with kafka.tail = false needs flow.end: a bounded run "
             "writes no heartbeat ticks and records' own times never move the producer clock, "

@@ -32,6 +32,7 @@ from bytewax.dataflow import Dataflow
 from prometheus_client import CollectorRegistry
 
 from dpstream.errors import ConfigError, DpstreamError
+from dpstream.messages import TICK
 from dpstream.stream import stopping
 
 __all__ = ["flow_from_environment", "run", "setup_logging"]
@@ -294,6 +295,11 @@ def flow_from_environment(config_path: str | None = None, recovery_dir: str | No
                  config.heartbeat_seconds,
                  f", stamped {delay:g} s behind this host's clock (flow.tick_delay)"
                  if delay else "")
+    elif config.kafka.tail and config.clock == "producer":
+        log.warning("flow.clock = 'producer' with flow.heartbeat = 'off': this flow writes no "
+                    "ticks, and records' own times never move the producer clock, so steps "
+                    "close only by tick records another writer puts on the input partitions "
+                    "(value %s) or by broker time (LogAppendTime)", TICK.decode())
     interval = float(os.environ.get(PROGRESS_ENV, "30"))
     if interval > 0:
         threading.Thread(target=_report_progress, args=(metrics.registry, interval),
