@@ -153,7 +153,7 @@ def test_kill_minus_nine_and_resume_gives_exactly_one_value_per_release(broker, 
                                                                        tmp_path):
     topics = make_topics(topic_factory)
     steps = 3000
-    produce_events(broker, topics["events"], steps, seed=1, ticks_every=50)
+    produce_events(broker, topics["events"], steps, seed=1, ticks_every=1)
     expected = {(k, s) for k in KEYS for s in range(steps)}
     # the first run tails (it never ends by itself, so the kill lands while it runs); the
     # resume reads to the end. Tailing changes no fixed setting of the flow instance.
