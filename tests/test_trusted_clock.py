@@ -190,3 +190,18 @@ def test_the_heartbeat_stamps_ticks_tick_delay_behind_its_clock():
 def test_the_progress_line_never_shows_a_negative_lag():
     assert _lag_text(12.4) == "12 s behind the clock"
     assert "after this host's clock" in _lag_text(-3585.0) and "-" not in _lag_text(-3585.0)
+
+
+def test_an_event_time_beyond_the_year_9999_is_clamped_not_overflowed():
+    cfg = config()
+    clock = PartitionClock(event_rules(cfg))
+    huge = [message(0, "a", 1e300, 0, broker=ORIGIN + 1.0, kind=CREATE)]
+    updates, dead = clock.process(0, huge)  # before the first tick: placed at the year 9999
+    assert dead == [] and max(s for u in updates for s in u.increments) > 8 * 10**9
+    clock.process(0, [raw(0, TICK, 1, ORIGIN + 2.0, kind=CREATE)])
+    updates, dead = clock.process(0, [message(0, "a", 1e300, 2, broker=ORIGIN + 2.5,
+                                              kind=CREATE)])
+    assert dead == [] and {s for u in updates for s in u.increments} == {302}
+    bounded = PartitionClock(event_rules(config(end="2026-09-21T14:13:30Z")))
+    _, dead = bounded.process(0, huge)
+    assert [d.reason.split(":")[0] for d in dead] == ["after flow.end"]
