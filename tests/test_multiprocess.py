@@ -455,26 +455,25 @@ def write_config(path: Path, kind: Kind, bootstrap: str, topics: dict[str, str],
 
 def produce_steps(bootstrap: str, topics: dict[str, str], events: dict[int, list[Stamped]],
                   steps: range) -> None:
-    """Write the records of ``steps`` to their partitions (one producer: fast), then a tick
-    stamped at the last step's start to every input partition (under the producer clock only
-    ticks close steps: this closes those before it, as a ticking flow's heartbeat would), and
-    wait until the broker acknowledged every one."""
+    """Write the records of ``steps`` to their partitions (one producer: fast), each step's
+    after a tick stamped at the step's start on every input partition (under the producer
+    clock only ticks close steps: a step closes once the next step's tick is read, as the
+    events' own times closed it before; the topics' contents do not depend on how the steps
+    are split into calls), and wait until the broker acknowledged every one."""
     producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    partitions = list(range(INPUT_PARTITIONS)) + ([QUERIES] if "queries" in topics else [])
     try:
         sent = []
-        for partition, stamped in sorted(events.items()):
+        for partition in partitions:
             topic, number = ((topics["queries"], 0) if partition == QUERIES
                              else (topics["events"], partition))
-            sent += [producer.send(topic, value=value, key=key, partition=number,
-                                   timestamp_ms=ts)
-                     for step, (key, value, ts) in stamped if step in steps]
-        tick = (ORIGIN + steps[-1]) * 1000
-        for partition in range(INPUT_PARTITIONS):
-            sent.append(producer.send(topics["events"], value=TICK, key=b"dpstream.tick",
-                                      partition=partition, timestamp_ms=tick))
-        if "queries" in topics:
-            sent.append(producer.send(topics["queries"], value=TICK, key=b"dpstream.tick",
-                                      partition=0, timestamp_ms=tick))
+            stamped = events.get(partition, [])
+            for step in steps:
+                sent.append(producer.send(topic, value=TICK, key=b"dpstream.tick",
+                                          partition=number, timestamp_ms=(ORIGIN + step) * 1000))
+                sent += [producer.send(topic, value=value, key=key, partition=number,
+                                       timestamp_ms=ts)
+                         for s, (key, value, ts) in stamped if s == step]
         producer.flush(30)
         for future in sent:
             future.get(30)  # raises if the broker refused a record
