@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -239,6 +240,48 @@ def test_a_far_future_event_time_does_not_stop_the_releases(broker, topic_factor
     # no tick preceded it, so it was placed by its own time: after flow.end, a dead letter
     [dead] = read_all(broker.bootstrap, topics["dead"], expect=1, timeout=30)
     assert json.loads(dead.value)["reason"].startswith("after flow.end")
+
+
+def test_producer_clock_on_the_embedded_broker_a_record_an_hour_ahead_moves_nothing(
+        broker, topic_factory, tmp_path):
+    """Issue 22, items 4 and 9, as a user runs it: a tailing producer-clock flow with the
+    default heartbeat (ticks stamped flow.tick_delay behind this host's clock), live events
+    on both partitions, one of them stamped an hour ahead. No event is late, no step beyond
+    the ticks closes, and the progress line never reads "-3585 s behind the clock"."""
+    topics = make_topics(topic_factory, partitions=2)
+    origin = now_origin()
+    port = free_port()
+    config = write_config(tmp_path / "live.toml", broker.bootstrap, topics, origin=origin,
+                          heartbeat="auto", metrics_port=port)
+    proc = start(config)
+    try:
+        sent = 0
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:
+            now = time.time()
+            batch = [event(KEYS[i % 3], now) for i in range(20)]
+            if sent == 40:
+                batch.append(event("a", now + 3600))  # an hour ahead
+            for partition in (0, 1):
+                produce(broker.bootstrap, topics["events"], batch, partition=partition)
+            sent += 20
+            time.sleep(0.2)
+        wait_until(lambda: metric(scrape(port), "dpstream_releases_total") >= 3 * len(KEYS),
+                   60, "releases", proc)
+        time.sleep(3)  # a progress line (every 2 s here) after the future record was read
+        values = scrape(port)
+        closed = metric(values, "dpstream_closed_step")
+        assert closed <= time.time() - origin  # no step in the future closed
+        events = metric(values, "dpstream_events_total")
+    finally:
+        out = stop(proc)
+    assert proc.returncode == 0
+    assert_clean(out)
+    assert "stamped 2 s behind this host's clock (flow.tick_delay)" in out
+    assert not re.search(r"-\d+ s behind the clock", out), out[-3000:]
+    dead = read_all(broker.bootstrap, topics["dead"], timeout=3, idle=0.5)
+    assert not dead, [json.loads(d.value)["reason"] for d in dead]  # nothing late, no loss
+    assert events >= 2 * sent  # every event read was counted (the future one too)
 
 
 # --- items 3, 6, 9: stop cleanly, resume, consumer group ------------------------------------
