@@ -22,9 +22,10 @@ Bytewax's Kafka connector was replaced because a privacy system cannot lose what
   is what a restart resumes from), ends its input on a stop request (a clean stop, see
   :mod:`dpstream.stream.stopping`) and reports per-partition lag.
 * **Heartbeats** (:class:`Heartbeat`) write a tick record to every input partition at a fixed
-  interval, so an idle partition's broker time still moves and steps keep closing. The ticks
-  are records in the partition's offset order, so a replay sees exactly the same ticks: the
-  rule is as replay-deterministic as the events themselves.
+  interval, so an idle partition's clock still moves and steps keep closing (under
+  ``flow.clock = "producer"`` the ticks are the only records that move it). The ticks are
+  records in the partition's offset order, so a replay sees exactly the same ticks: the rule
+  is as replay-deterministic as the events themselves.
 """
 
 from __future__ import annotations
