@@ -44,6 +44,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from itertools import repeat
 from pathlib import Path
 from typing import Any
@@ -100,8 +101,8 @@ def workload(keys: int, steps: int, partitions: int = PARTITIONS) -> list[Any]:
 
 
 def config(universe: str, keys: int, bootstrap: str | None = None,
-           topics: dict[str, str] | None = None) -> Any:
-    """The bench's counters configuration.
+           topics: dict[str, str] | None = None, steps: int | None = None) -> Any:
+    """The bench's counters configuration (``steps``: the Kafka path's flow.end).
 
     ``universe`` is ``declared`` or ``open`` (pure accounting, the binary tree counter), or
     ``declared-zcdp`` / ``open-zcdp`` (zCDP accounting, the BLT counter).
@@ -133,6 +134,8 @@ def config(universe: str, keys: int, bootstrap: str | None = None,
         # the embedded broker (Tansu) ignores LogAppendTime: trust the bench's own producer,
         # which stamps every record with its event time (see prepare_kafka)
         raw["flow"]["clock"] = "producer"
+        assert steps is not None  # a bounded producer-clock run ends at flow.end
+        raw["flow"]["end"] = datetime.fromtimestamp(ORIGIN + steps, UTC).isoformat()
         raw["kafka"] = {"brokers": [bootstrap], "input_topic": topics["events"],
                         "releases_topic": topics["releases"], "alerts_topic": topics["alerts"],
                         "dead_letter_topic": topics["dead"], "tail": False, "batch_size": BATCH}
@@ -265,7 +268,7 @@ def run_once(path: str, kind: str, universe: str, keys: int, steps: int,
 
     shards: list[Any] = []
     shard_class = shard_classes(kind, shards)
-    cfg = config(universe, keys, bootstrap, topics)
+    cfg = config(universe, keys, bootstrap, topics, steps)
     counted = {"records": 0, "batches": 0}
 
     class Count(StatelessSinkPartition[Any]):

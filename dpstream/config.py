@@ -93,12 +93,25 @@ class FlowConfig:
     metrics_exact_counts: bool = True
     heartbeat_seconds: float = 0.0
     """Seconds between heartbeat ticks to every input partition (0: none)."""
+    tick_delay_seconds: float = 2.0
+    """With ``clock = "producer"``: how far behind the flow host's clock a heartbeat tick is
+    stamped, so that ticks do not overtake producers' in-flight batches."""
+    max_skew_seconds: float = 300.0
+    """With ``clock = "producer"``: how far ahead of the partition's trusted clock (its
+    latest tick) a record's own time may place it; later times are clamped to it."""
+    end: datetime | None = None
+    """The public end of a bounded run (``flow.end``): steps from its step on never close."""
     source: str = "<dict>"
 
     @property
     def origin_seconds(self) -> float:
         """The origin as Unix seconds."""
         return self.origin.timestamp()
+
+    @property
+    def end_seconds(self) -> float | None:
+        """``flow.end`` as Unix seconds (None: not set)."""
+        return None if self.end is None else self.end.timestamp()
 
     @property
     def lateness(self) -> float:
@@ -226,6 +239,7 @@ def parse_common(raw: dict[str, Any], source: str, *, kind_tables: frozenset[str
     fields["time_field"] = events.get("time_field", "ts", str)
     fields["kafka"] = _kafka_section(Section(raw.get("kafka", {}), "kafka"), fields["name"],
                                      topics)
+    _check_producer_clock(fields)
     metrics = Section(raw.get("metrics", {}), "metrics")
     fields["metrics_port"] = metrics.get("port", 9464, int)
     if not 0 <= fields["metrics_port"] <= 65535:
@@ -261,9 +275,10 @@ def _flow_section(flow: Section, origin_required: str | None) -> dict[str, Any]:
         raise ConfigError(f"flow.shards must be between 1 and 4096, got {shards}")
     heartbeat_raw = flow.get("heartbeat", "auto", str)
     if heartbeat_raw == "auto":
-        # With broker time, one tick per step (between 1 s and 1 min). With producer time
-        # the ticks would carry the flow host's clock, not the producers': off unless asked.
-        heartbeat = min(max(step_seconds, 1.0), 60.0) if clock == "broker" else 0.0
+        # One tick per step (between 1 s and 1 min), with either clock: under the broker clock
+        # they keep idle partitions moving, under the producer clock they are the only records
+        # that move the watermark (dpstream.stream.clock).
+        heartbeat = min(max(step_seconds, 1.0), 60.0)
     elif heartbeat_raw == "off":
         heartbeat = 0.0
     else:
@@ -271,10 +286,37 @@ def _flow_section(flow: Section, origin_required: str | None) -> dict[str, Any]:
         if heartbeat < 0.1:
             raise ConfigError(f"flow.heartbeat must be 'auto', 'off' or at least 100ms, "
                               f"got {heartbeat_raw!r}")
+    tick_delay = parse_duration(flow.get("tick_delay", "2s"), flow.where("tick_delay"))
+    max_skew = parse_duration(flow.get("max_skew", "5m"), flow.where("max_skew"))
+    end_raw = flow.get("end", None)
+    end = parse_time(end_raw, flow.where("end")) if end_raw is not None else None
+    if end is not None and (end - origin).total_seconds() < step_seconds:
+        raise ConfigError(
+            f"flow.end must be at least one step (flow.step) after flow.origin "
+            f"({origin.isoformat()}), got {end_raw!r}: no step would ever close")
     flow.finish()
     return {"name": name, "kind": kind, "step_seconds": step_seconds, "origin": origin,
             "lateness_seconds": lateness, "clock": clock, "shards": shards,
-            "heartbeat_seconds": heartbeat}
+            "heartbeat_seconds": heartbeat, "tick_delay_seconds": tick_delay,
+            "max_skew_seconds": max_skew, "end": end}
+
+
+def _check_producer_clock(fields: dict[str, Any]) -> None:
+    """Refuse a bounded producer-clock run without a configured end.
+
+    Under ``flow.clock = "producer"`` only heartbeat ticks (and broker time) move the
+    watermark; data records never do. A bounded run (``kafka.tail = false``) writes no
+    ticks, so the last step it releases must be configured (``flow.end``): otherwise it would
+    depend on whatever ticks the topic happens to hold (usually none: nothing would be
+    released). A tailing flow with ``flow.heartbeat = "off"`` is allowed (ticks may come from
+    another writer, e.g. a dedicated ticker process); the runner warns at start-up.
+    """
+    if fields["clock"] == "producer" and not fields["kafka"].tail and fields["end"] is None:
+        raise ConfigError(
+            "flow.clock = 'producer' with kafka.tail = false needs flow.end: a bounded run "
+            "writes no heartbeat ticks and records' own times never move the producer clock, "
+            "so the last step it releases must be configured (set flow.end to the end of the "
+            "data, e.g. '2026-01-02T00:00:00Z')")
 
 
 def _kafka_section(kafka: Section, name: str, topic_defaults: dict[str, str]) -> KafkaConfig:

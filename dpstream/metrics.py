@@ -66,7 +66,9 @@ answers and ``exhausted`` model records, each of which sets
   process holds open, waiting for a partition.
 * ``dpstream_step_lag_seconds`` -- computed at scrape time: now minus the end of the
   closed step, ``origin + (closed_step + 1) * step``. A healthy flow stays between
-  ``flow.lateness`` and ``flow.lateness + flow.step`` (plus the ingestion delay);
+  ``flow.lateness`` and ``flow.lateness + flow.step`` (plus the ingestion delay, and
+  ``flow.tick_delay`` under the producer clock); negative only if the trusted clock is ahead
+  of this host's or a bounded run closed through a ``flow.end`` that lies ahead;
   absent until :meth:`FlowMetrics.set_clock` was called and a closed step is known.
 * ``dpstream_output_pending_records`` -- records handed to the Kafka sink and not yet
   confirmed; ``dpstream_output_delivered_total{role}`` (role: releases, alerts,

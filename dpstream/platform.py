@@ -24,7 +24,7 @@ from typing import Any
 
 import bytewax.operators as op
 from bytewax.dataflow import Dataflow, Stream
-from bytewax.inputs import Source
+from bytewax.inputs import FixedPartitionedSource, Source, StatefulSourcePartition
 from bytewax.outputs import Sink
 
 from dpstream.config import FlowConfig
@@ -34,6 +34,7 @@ from dpstream.io.records import encode_dead_letter, flatten
 from dpstream.kinds import flow_kind
 from dpstream.messages import RawBatch, RawMessage
 from dpstream.metrics import FlowMetrics
+from dpstream.stream.clock import ShardUpdate
 from dpstream.stream.operators import assign_steps
 from dpstream.stream.quarantine import Quarantine, SkippedRecord
 
@@ -53,6 +54,43 @@ class FlowParts:
     """Input partitions over every input topic (the step barrier waits for all)."""
     metrics: FlowMetrics | None
     options: Mapping[str, Any] = field(default_factory=dict)
+
+
+class _EveryShardPartition(StatefulSourcePartition[tuple[str, ShardUpdate], bool]):
+    def __init__(self, shards: int, done: bool) -> None:
+        self.shards, self.done = shards, done
+
+    def next_batch(self) -> list[tuple[str, ShardUpdate]]:
+        if self.done:
+            raise StopIteration
+        self.done = True
+        return [(str(s), ShardUpdate(s, -1, None, {})) for s in range(self.shards)]
+
+    def snapshot(self) -> bool:
+        return self.done
+
+
+class _EveryShard(FixedPartitionedSource[tuple[str, ShardUpdate], bool]):
+    """One empty update to every shard, once (not again on a resume).
+
+    Bytewax builds a shard's logic only when an item for it arrives. With ``flow.end`` a
+    bounded run closes every step before ``flow.end``'s at the end of its input, whatever the
+    input held (:attr:`~dpstream.stream.barrier.StepBarrier.end_step`): this makes sure that
+    holds for a shard no record reached too, so that even an empty input and an input of
+    one event publish the same steps. The update carries no frontier and no bucket.
+    """
+
+    def __init__(self, shards: int) -> None:
+        self.shards = shards
+
+    def list_parts(self) -> list[str]:
+        """One partition."""
+        return ["every_shard"]
+
+    def build_part(self, step_id: str, for_part: str, resume_state: bool | None
+                   ) -> _EveryShardPartition:
+        """The partition, done if it was done before a resume."""
+        return _EveryShardPartition(self.shards, bool(resume_state))
 
 
 def kafka_clients(config: FlowConfig, metrics: FlowMetrics | None = None) -> KafkaClients:
@@ -153,7 +191,11 @@ def build_flow(
     assigned = assign_steps("assign_steps", raw, kind.clock(config, bases), metrics,
                             Quarantine(skipped, bases))
     parts = FlowParts(config, noise, instance, total, metrics, options)
-    encoded = op.merge("encoded", kind.wire(parts, assigned.updates),
+    updates = assigned.updates
+    if config.end is not None:  # every shard exists, so each closes through flow.end at EOF
+        updates = op.merge("with_every_shard", updates,
+                           op.input("every_shard", flow, _EveryShard(config.shards)))
+    encoded = op.merge("encoded", kind.wire(parts, updates),
                        op.map("encode_dead", assigned.dead_letters,
                               partial(encode_dead_letter, config.name)))
     if sink is None:

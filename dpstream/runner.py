@@ -35,6 +35,7 @@ from bytewax.dataflow import Dataflow
 from prometheus_client import CollectorRegistry
 
 from dpstream.errors import ConfigError, DpstreamError
+from dpstream.messages import TICK
 from dpstream.stream import stopping
 
 __all__ = ["flow_from_environment", "run", "setup_logging"]
@@ -131,6 +132,19 @@ def _totals(registry: CollectorRegistry) -> dict[str, float]:
     return sums
 
 
+def _lag_text(lag: float) -> str:
+    """How far the closed steps are behind this host's clock, in words.
+
+    Steps close only by a trusted clock (broker time, or the flow's own heartbeat ticks), so
+    a closed step ends in the future only if that clock is ahead of this host's, or a bounded
+    run closed through a ``flow.end`` that lies ahead: said so, never as a negative lag.
+    """
+    if lag >= 0:
+        return f"{lag:.0f} s behind the clock"
+    return (f"the last closed step ends {-lag:.0f} s after this host's clock (flow.end, or a "
+            "trusted clock ahead of this host's)")
+
+
 def progress_line(registry: CollectorRegistry) -> str:
     """What the flow has done so far, in one line (operator data: exact counts included)."""
     t = _totals(registry)
@@ -138,7 +152,7 @@ def progress_line(registry: CollectorRegistry) -> str:
     if "dpstream_closed_step" in t:
         parts.append(f"closed through step {t['dpstream_closed_step']:.0f}")
     if "dpstream_step_lag_seconds" in t:
-        parts.append(f"{t['dpstream_step_lag_seconds']:.0f} s behind the clock")
+        parts.append(_lag_text(t["dpstream_step_lag_seconds"]))
     if t.get("dpstream_steps_pending"):
         parts.append(f"{t['dpstream_steps_pending']:.0f} steps waiting for input partitions")
     if "dpstream_events_total" in t:
@@ -376,10 +390,18 @@ def flow_from_environment(config_path: str | None = None, recovery_dir: str | No
     flow = build_flow(config, noise, instance=instance.id, partitions=partitions,
                       metrics=metrics, skip_records=instance.skipped)
     if config.kafka.tail and config.heartbeat_seconds > 0:
+        delay = config.tick_delay_seconds if config.clock == "producer" else 0.0
         for topic, count in partitions.items():
-            Heartbeat(clients, topic, count, config.heartbeat_seconds).start()
-        log.info("heartbeat: a tick to each input partition every %g s (flow.heartbeat)",
-                 config.heartbeat_seconds)
+            Heartbeat(clients, topic, count, config.heartbeat_seconds, delay).start()
+        log.info("heartbeat: a tick to each input partition every %g s (flow.heartbeat)%s",
+                 config.heartbeat_seconds,
+                 f", stamped {delay:g} s behind this host's clock (flow.tick_delay)"
+                 if delay else "")
+    elif config.kafka.tail and config.clock == "producer":
+        log.warning("flow.clock = 'producer' with flow.heartbeat = 'off': this flow writes no "
+                    "ticks, and records' own times never move the producer clock, so steps "
+                    "close only by tick records another writer puts on the input partitions "
+                    "(value %s) or by broker time (LogAppendTime)", TICK.decode())
     interval = float(os.environ.get(PROGRESS_ENV, "30"))
     if interval > 0:
         threading.Thread(target=_report_progress, args=(metrics.registry, interval),

@@ -157,7 +157,7 @@ def bounded_flow(broker, topic_factory, tmp_path, steps: int = 3, tail: bool = F
 
     topics = make_topics(topic_factory)
     produce_events(broker, topics["events"], steps)
-    return write_config(tmp_path / "flow.toml", broker, topics, tail=tail)
+    return write_config(tmp_path / "flow.toml", broker, topics, steps=steps, tail=tail)
 
 
 def ran(out: subprocess.CompletedProcess) -> str:

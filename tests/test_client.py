@@ -244,6 +244,7 @@ def write_flow_config(path: Path, broker, topics: dict[str, str], name: str = "i
 name = "{name}"
 step = "1s"
 origin = "{ORIGIN.isoformat().replace('+00:00', 'Z')}"
+end = "{(ORIGIN + timedelta(seconds=STEPS)).isoformat().replace('+00:00', 'Z')}"
 shards = 2
 clock = "producer"  # the embedded broker ignores LogAppendTime; these producers are trusted
 [kafka]

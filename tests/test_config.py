@@ -92,3 +92,32 @@ def test_unreadable_files(tmp_path):
         load_config(bad, environ={})
     with pytest.raises(ConfigError, match="DPSTREAM_CONFIG"):
         load_config(None, environ={})
+
+
+def test_clock_settings_producer_ticks_and_a_public_end():
+    """Issue 22 (items 3, 4, 9): tick delay, max skew and flow.end are parsed and checked."""
+    config = parse_config(base(flow={"clock": "producer", "tick_delay": "500ms",
+                                     "max_skew": "1m", "end": "2026-11-20T01:00:00Z"}))
+    assert config.tick_delay_seconds == 0.5 and config.max_skew_seconds == 60.0
+    assert config.end_seconds == config.origin_seconds + 3600
+    assert config.heartbeat_seconds == 1.0  # ticks on by default under the producer clock too
+    assert parse_config(base()).end is None
+    with pytest.raises(ConfigError, match="flow.end must be at least one step"):
+        parse_config(base(flow={"end": "2026-11-20T00:00:00.5Z"}))
+    with pytest.raises(ConfigError, match="flow.end must be an ISO-8601 time"):
+        parse_config(base(flow={"end": "tomorrow"}))
+    with pytest.raises(ConfigError, match="flow.max_skew must be a duration"):
+        parse_config(base(flow={"max_skew": "soon"}))
+    with pytest.raises(ConfigError, match="flow.tick_delay must be a finite duration"):
+        parse_config(base(flow={"tick_delay": -1}))
+
+
+def test_a_producer_clock_flow_that_could_never_close_a_step_is_refused():
+    # a tailing flow without its own ticks is allowed (another writer may tick): warned at run
+    parse_config(base(flow={"clock": "producer", "heartbeat": "off"}))
+    with pytest.raises(ConfigError, match="kafka.tail = false needs flow.end"):
+        parse_config(base(flow={"clock": "producer"}, kafka={"tail": False}))
+    # a bounded producer-clock run with a configured end, and the broker clock, are fine
+    parse_config(base(flow={"clock": "producer", "end": "2026-11-20T00:01:00Z"},
+                      kafka={"tail": False}))
+    parse_config(base(flow={"heartbeat": "off"}, kafka={"tail": False}))

@@ -9,7 +9,9 @@ compared, record for record and byte for byte, with an uninterrupted run of the 
 instance.
 
 The embedded broker ignores LogAppendTime, so the flows use ``clock = "producer"`` and the
-tests stamp every record themselves (at its event time).
+tests stamp every record themselves (at its event time). Under the producer clock only tick
+records close steps: the tailing run writes none of its own (``heartbeat = "off"``), the test
+writes them as the input arrives, and bounded runs end at ``flow.end``.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from support.cli_flows import finish, iso
 
 from dpstream.estimator import MODEL_SCHEMA, ReleasedClassifier
 from dpstream.io.topics import Record, ensure_topics, produce, read_all
+from dpstream.messages import TICK
 
 pytestmark = [pytest.mark.integration]
 
@@ -64,9 +67,10 @@ kind = "erm"
 name = "{name}"
 step = "1s"
 origin = "{origin}"
+end = "{end}"       # a bounded run closes every step before it
 lateness = "0s"
 clock = "producer"  # the embedded broker ignores LogAppendTime; these producers are trusted
-heartbeat = "off"   # steps close by the events' own (producer) timestamps
+heartbeat = "off"   # the test writes the ticks that close the steps (tick())
 shards = 2
 [events]
 time_field = "ts"
@@ -99,7 +103,8 @@ base_blocks = 2
 
 def write_config(path: Path, bootstrap: str, topics: dict[str, str], *, name: str, tail: bool,
                  batch_size: int = 500) -> Path:
-    path.write_text(CONFIG.format(name=name, origin=iso(ORIGIN), bootstrap=bootstrap,
+    path.write_text(CONFIG.format(name=name, origin=iso(ORIGIN), end=iso(ORIGIN + STEPS),
+                                  bootstrap=bootstrap,
                                   tail=str(tail).lower(), batch_size=batch_size, dimension=D,
                                   epsilon=EPSILON, clip_norm=CLIP_NORM,
                                   **topics))
@@ -161,6 +166,13 @@ def produce_steps(bootstrap: str, topic: str, events: dict[int, list[Stamped]],
                   steps: range) -> None:
     for partition, stamped in events.items():
         produce(bootstrap, topic, [m for step, m in stamped if step in steps],
+                partition=partition)
+
+
+def tick(bootstrap: str, topic: str, seconds: float) -> None:
+    """A heartbeat tick stamped ``seconds`` to both partitions (what a ticking flow writes)."""
+    for partition in (0, 1):
+        produce(bootstrap, topic, [(b"dpstream.tick", TICK, int(seconds * 1000))],
                 partition=partition)
 
 
@@ -240,13 +252,17 @@ def check_release_pattern(bodies: list[dict[str, Any]]) -> None:
 
 
 def check_dead_letter(bootstrap: str, topics: dict[str, str], events: dict[int, list[Stamped]],
-                      *, flow: str) -> bytes:
-    """The one malformed event is the one dead letter; its reason names no value."""
+                      *, flow: str, ticks_before: int = 0) -> bytes:
+    """The one malformed event is the one dead letter; its reason names no value.
+
+    ``ticks_before``: tick records written to partition 0 before it (they shift its offset).
+    """
     letters = {r.value for r in read_all(bootstrap, topics["dead"], timeout=10, idle=1)}
     assert len(letters) == 1, letters
     raw = next(iter(letters))
     letter = json.loads(raw)
     offset, value = malformed(events)
+    offset += ticks_before
     assert letter["schema"] == "dpstream.dead_letter/1" and letter["flow"] == flow
     assert letter["source"] == {"topic": topics["events"], "partition": 0, "offset": offset}
     assert base64.b64decode(letter["original_base64"]) == value
@@ -334,10 +350,12 @@ def test_kill_minus_nine_and_resume_gives_the_models_of_an_uninterrupted_run(bro
     topics = make_topics(bootstrap, "erm-kill")
     events = labelled_events(seed=2, bad_step=3)
     produce_steps(bootstrap, topics["events"], events, range(3))
+    tick(bootstrap, topics["events"], ORIGIN + 2)
 
-    # B, first run: tails while the input arrives step by step (a step closes once both
-    # partitions hold the next step's events); killed right after new models appear, which
-    # is most likely before the epoch that wrote them is snapshotted
+    # B, first run: tails while the input arrives step by step (a step closes once a tick
+    # stamped at the next step's start follows its events in both partitions); killed right
+    # after new models appear, which is most likely before the epoch that wrote them is
+    # snapshotted
     recovery_b = tmp_path / "recovery-b"
     args_b = ("--recovery-dir", str(recovery_b), "--snapshot-interval", "1")
     tailing = write_config(tmp_path / "b-tail.toml", bootstrap, topics, name="erm-kill",
@@ -355,6 +373,7 @@ def test_kill_minus_nine_and_resume_gives_the_models_of_an_uninterrupted_run(bro
             if produced == KILL_AFTER:
                 break
             produce_steps(bootstrap, topics["events"], events, range(produced, produced + 1))
+            tick(bootstrap, topics["events"], ORIGIN + produced)
             produced += 1
         proc.send_signal(signal.SIGKILL)
     proc.wait(10)
@@ -391,8 +410,9 @@ def test_kill_minus_nine_and_resume_gives_the_models_of_an_uninterrupted_run(bro
     assert grouped_a == grouped_b  # model for model, byte for byte
 
     # the dead letters agree too (the malformed event), replays de-duplicated
-    dead_b = check_dead_letter(bootstrap, topics, events, flow="erm-kill")
-    dead_a = check_dead_letter(bootstrap, topics_a, events, flow="erm-kill")
+    # (one tick, after steps 0..2, precedes the malformed event of step 3)
+    dead_b = check_dead_letter(bootstrap, topics, events, flow="erm-kill", ticks_before=1)
+    dead_a = check_dead_letter(bootstrap, topics_a, events, flow="erm-kill", ticks_before=1)
     assert dead_a == dead_b
     duplicates = len(records_b) - len(grouped_b)
     print(f"kill -9 after {seen} of {len(grouped_b)} models; {duplicates} replayed "

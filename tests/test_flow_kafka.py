@@ -21,6 +21,7 @@ import pytest
 
 from dpstream.io.broker import free_port
 from dpstream.io.topics import produce, read_all
+from dpstream.messages import TICK
 
 pytestmark = [pytest.mark.integration]
 
@@ -30,13 +31,17 @@ ENV = dict(os.environ, PYTHONUNBUFFERED="1",
 KEYS = [f"k{i:02d}" for i in range(20)]
 
 
-def write_config(path: Path, broker, topics: dict[str, str], *, tail=False, metrics_port=0,
-                 batch_size=500, name="it") -> Path:
+def write_config(path: Path, broker, topics: dict[str, str], *, steps: int, tail=False,
+                 metrics_port=0, batch_size=500, name="it") -> Path:
+    """A counters flow over ``steps`` steps of data: flow.end closes them all, with or without
+    tail (the heartbeat's ticks carry today's time, long after the data's)."""
+    end = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ORIGIN + steps))
     path.write_text(f"""
 [flow]
 name = "{name}"
 step = "1s"
 origin = "2026-09-21T14:13:20Z"
+end = "{end}"
 shards = 4
 clock = "producer"  # the embedded broker ignores LogAppendTime; these producers are trusted
 [kafka]
@@ -67,12 +72,21 @@ def make_topics(topic_factory) -> dict[str, str]:
             "alerts": topic_factory(1, "alerts"), "dead": topic_factory(1, "dead")}
 
 
-def produce_events(broker, topic: str, steps: int, seed: int = 0, bad: int = 0) -> int:
-    """Events for every key in time order, round-robin over 3 partitions; returns the count."""
+def produce_events(broker, topic: str, steps: int, seed: int = 0, bad: int = 0,
+                   ticks_every: int = 0) -> int:
+    """Events for every key in time order, round-robin over 3 partitions; returns the count.
+
+    ``ticks_every``: a heartbeat tick (stamped at the step's start) to every partition every
+    that many steps, as a ticking flow would have written them: under the producer clock
+    only ticks close steps, so the flow then closes them as it reads, not all at the end.
+    """
     rng = random.Random(seed)
     per_partition: dict[int, list] = defaultdict(list)
     i = 0
     for step in range(steps):
+        if ticks_every and step and step % ticks_every == 0:
+            for p in range(3):
+                per_partition[p].append((b"dpstream.tick", TICK, (ORIGIN + step) * 1000))
         for key in KEYS:
             for _ in range(rng.randint(0, 3)):
                 ts = ORIGIN + step + rng.random() * 0.999
@@ -115,7 +129,7 @@ def test_one_and_two_workers_release_the_same_statistics(broker, topic_factory, 
     topics = make_topics(topic_factory)
     steps = 60
     produce_events(broker, topics["events"], steps, bad=3)
-    one = write_config(tmp_path / "one.toml", broker, topics)
+    one = write_config(tmp_path / "one.toml", broker, topics, steps=steps)
     finish(run_flow(one, "--recovery-dir", str(tmp_path / "r1")))
     first = read_all(broker.bootstrap, topics["releases"], expect=steps * len(KEYS), timeout=60)
     assert len(first) == steps * len(KEYS)
@@ -125,7 +139,7 @@ def test_one_and_two_workers_release_the_same_statistics(broker, topic_factory, 
     # the same input through two workers, into fresh output topics
     topics2 = dict(topics, releases=topic_factory(1, "releases2"), alerts=topic_factory(1, "a2"),
                    dead=topic_factory(1, "dead2"))
-    two = write_config(tmp_path / "two.toml", broker, topics2)
+    two = write_config(tmp_path / "two.toml", broker, topics2, steps=steps)
     # the same flow instance (its manifest, not its state): the same noise, from scratch
     (tmp_path / "r2").mkdir(mode=0o700)  # the recovery store must be private to its owner
     shutil.copy(tmp_path / "r1" / "dpstream-instance.json", tmp_path / "r2")
@@ -139,11 +153,12 @@ def test_kill_minus_nine_and_resume_gives_exactly_one_value_per_release(broker, 
                                                                        tmp_path):
     topics = make_topics(topic_factory)
     steps = 3000
-    produce_events(broker, topics["events"], steps, seed=1)
+    produce_events(broker, topics["events"], steps, seed=1, ticks_every=1)
     expected = {(k, s) for k in KEYS for s in range(steps)}
     # the first run tails (it never ends by itself, so the kill lands while it runs); the
     # resume reads to the end. Tailing changes no fixed setting of the flow instance.
-    config = write_config(tmp_path / "rec.toml", broker, topics, batch_size=20, tail=True)
+    config = write_config(tmp_path / "rec.toml", broker, topics, steps=steps, batch_size=20,
+                          tail=True)
     recovery = tmp_path / "recovery"
     args = ("--recovery-dir", str(recovery), "--snapshot-interval", "0.2")
 
@@ -158,7 +173,8 @@ def test_kill_minus_nine_and_resume_gives_exactly_one_value_per_release(broker, 
     proc.wait(10)
     assert 0 < seen < len(expected), "the kill must land mid-stream"
 
-    bounded = write_config(tmp_path / "rec-end.toml", broker, topics, batch_size=20)
+    bounded = write_config(tmp_path / "rec-end.toml", broker, topics, steps=steps,
+                           batch_size=20)
     finish(run_flow(bounded, *args))  # resumes from the recovery store, runs to the end
     records = read_all(broker.bootstrap, topics["releases"], timeout=60, idle=2)
     grouped = releases_by_coordinate(records)
@@ -175,12 +191,12 @@ def test_metrics_reach_a_real_prometheus(broker, topic_factory, tmp_path, promet
     steps = 40
     produce_events(broker, topics["events"], steps, bad=2)
     port = free_port()
-    config = write_config(tmp_path / "m.toml", broker, topics, tail=True, metrics_port=port,
-                          name="metrics-it")
+    config = write_config(tmp_path / "m.toml", broker, topics, steps=steps, tail=True,
+                          metrics_port=port, name="metrics-it")
     proc = run_flow(config)
     try:
         prom = prometheus_factory([f"127.0.0.1:{port}"])
-        expected = (steps - 1) * len(KEYS)  # with tail=true the last step stays open
+        expected = steps * len(KEYS)  # tail=true: the ticks close every step before flow.end
         prom.wait_for('dpstream_releases_total{flow="metrics-it"}',
                       lambda r: len(r) == 1 and r[0][1] == expected, timeout=60)
         spent = prom.query('dpstream_privacy_spent{flow="metrics-it"}')
@@ -208,7 +224,7 @@ def test_metrics_reach_a_real_prometheus(broker, topic_factory, tmp_path, promet
 def test_sigterm_stops_the_flow_cleanly(broker, topic_factory, tmp_path):
     topics = make_topics(topic_factory)
     produce_events(broker, topics["events"], 5)
-    config = write_config(tmp_path / "t.toml", broker, topics, tail=True)
+    config = write_config(tmp_path / "t.toml", broker, topics, steps=5, tail=True)
     proc = run_flow(config)
     read_all(broker.bootstrap, topics["releases"], expect=4 * len(KEYS), timeout=60)
     proc.send_signal(signal.SIGTERM)
@@ -221,7 +237,7 @@ def test_bytewax_runner_entry_point(broker, topic_factory, tmp_path):
     """The documented cluster entry point: python -m bytewax.run flows.counters:flow."""
     topics = make_topics(topic_factory)
     produce_events(broker, topics["events"], 10)
-    config = write_config(tmp_path / "bw.toml", broker, topics)
+    config = write_config(tmp_path / "bw.toml", broker, topics, steps=10)
     root = Path(__file__).parent.parent
     out = subprocess.run([sys.executable, "-m", "bytewax.run", "flows.counters:flow", "-w", "2"],
                          cwd=root, env=dict(ENV, DPSTREAM_CONFIG=str(config),

@@ -584,13 +584,17 @@ def test_the_init_step_spreads_the_partitions_over_the_owners_once(tmp_path):
     assert moved.returncode == 2 and "ordinal 1 recorded, 0 now" in moved.stderr
 
 
-def write_flow_config(path: Path, bootstrap: str, topics: dict[str, str], origin: int) -> Path:
+def write_flow_config(path: Path, bootstrap: str, topics: dict[str, str], origin: int,
+                      end: int) -> Path:
+    """A bounded producer-clock flow: it closes every step before ``end`` (flow.end)."""
     origin_iso = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(origin))
+    end_iso = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(end))
     path.write_text(f"""
 [flow]
 name = "cluster"
 step = "1s"
 origin = "{origin_iso}"
+end = "{end_iso}"
 shards = 4
 clock = "producer"  # the embedded broker ignores LogAppendTime; this producer is trusted
 heartbeat = "off"
@@ -619,7 +623,8 @@ port = 0
 
 def test_the_init_step_copies_the_key_private_and_pins_one_instance(tmp_path):
     config = write_flow_config(tmp_path / "flow.toml", "127.0.0.1:9", {
-        "events": "e", "releases": "r", "alerts": "a", "dead": "d"}, int(time.time()))
+        "events": "e", "releases": "r", "alerts": "a", "dead": "d"}, int(time.time()),
+        int(time.time()) + 60)
     secret = tmp_path / "secret" / "noise.key"
     secret.parent.mkdir()
     secret.write_text(KEY + "\n")
@@ -698,7 +703,8 @@ def test_processes_with_a_volume_each_run_one_instance_and_scale_out(broker, top
                       int((origin + s + 0.5) * 1000)) for s in steps for k in part_keys],
                     partition=partition)
 
-    config = write_flow_config(tmp_path / "flow.toml", broker.bootstrap, topics, origin)
+    config = write_flow_config(tmp_path / "flow.toml", broker.bootstrap, topics, origin,
+                               origin + 3)
     secret = tmp_path / "secret.key"
     secret.write_text(KEY)
     secret.chmod(0o400)
@@ -727,8 +733,10 @@ def test_processes_with_a_volume_each_run_one_instance_and_scale_out(broker, top
     assert {(r.key, json.loads(r.value)["step"]) for r in first} == {
         (k.encode(), s) for k in keys for s in range(3)}
 
-    # scale out: a third process with an empty volume joins; the instance resumes
+    # scale out: a third process with an empty volume joins; the instance resumes, and its
+    # bounded run now ends 3 steps later (flow.end may move later between runs)
     send(range(3, 6))
+    write_flow_config(config, broker.bootstrap, topics, origin, origin + 6)
     init(2)
     assert partitions_in(volumes[2] / "store") == {}
     run_cluster(tmp_path, 3, env, volumes)

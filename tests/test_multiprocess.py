@@ -62,6 +62,7 @@ from dpstream.instance import MANIFEST_NAME, bind_instance
 from dpstream.io.broker import free_port
 from dpstream.io.topics import Record, ensure_topics, read_all
 from dpstream.kinds.counters import statistics_spec
+from dpstream.messages import TICK
 
 ORIGIN = 1_790_000_000  # 2026-09-21T14:13:20Z: every event time is in the past
 NOISE_KEY = "9a0c2e4f6b8d1a3c5e7f9b0d2c4e6a8f1b3d5c7e9a0b2d4f6c8e0a1b3c5d7e9f"
@@ -217,9 +218,10 @@ kind = "counters"
 name = "{name}"
 step = "1s"
 origin = "{origin}"
+end = "{end}"
 shards = {shards}
 clock = "producer"  # the embedded broker ignores LogAppendTime; these producers are trusted
-heartbeat = "off"
+heartbeat = "off"   # the tests write the ticks (produce_steps)
 [kafka]
 brokers = ["{bootstrap}"]
 input_topic = "{events}"
@@ -271,9 +273,10 @@ kind = "pmwg"
 name = "{name}"
 step = "1s"
 origin = "{origin}"
+end = "{end}"
 lateness = "0s"
 clock = "producer"  # the embedded broker ignores LogAppendTime; these producers are trusted
-heartbeat = "off"   # the queries topic has a question every step
+heartbeat = "off"   # the tests write the ticks (produce_steps)
 shards = {shards}
 [kafka]
 brokers = ["{bootstrap}"]
@@ -348,9 +351,10 @@ kind = "erm"
 name = "{name}"
 step = "1s"
 origin = "{origin}"
+end = "{end}"
 lateness = "0s"
 clock = "producer"  # the embedded broker ignores LogAppendTime; these producers are trusted
-heartbeat = "off"   # steps close by the events' own (producer) timestamps
+heartbeat = "off"   # the tests write the ticks (produce_steps)
 shards = {shards}
 [events]
 time_field = "ts"
@@ -442,7 +446,8 @@ def input_topics(kind: Kind, topics: dict[str, str]) -> dict[str, str]:
 def write_config(path: Path, kind: Kind, bootstrap: str, topics: dict[str, str], *,
                  tail: bool, metrics_port: int = 0) -> Path:
     path.write_text(kind.config.format(
-        name=f"mp-{kind.name}", origin=iso(ORIGIN), shards=SHARDS, bootstrap=bootstrap,
+        name=f"mp-{kind.name}", origin=iso(ORIGIN), end=iso(ORIGIN + kind.steps),
+        shards=SHARDS, bootstrap=bootstrap,
         tail=str(tail).lower(), keys=json.dumps(COUNTER_KEYS), dimension=ERM_D,
         streams=json.dumps(list(ERM_STREAMS)), metrics_port=metrics_port, **topics))
     return path
@@ -450,17 +455,25 @@ def write_config(path: Path, kind: Kind, bootstrap: str, topics: dict[str, str],
 
 def produce_steps(bootstrap: str, topics: dict[str, str], events: dict[int, list[Stamped]],
                   steps: range) -> None:
-    """Write the records of ``steps`` to their partitions (one producer: fast) and wait until
-    the broker acknowledged every one."""
+    """Write the records of ``steps`` to their partitions (one producer: fast), each step's
+    after a tick stamped at the step's start on every input partition (under the producer
+    clock only ticks close steps: a step closes once the next step's tick is read, as the
+    events' own times closed it before; the topics' contents do not depend on how the steps
+    are split into calls), and wait until the broker acknowledged every one."""
     producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    partitions = list(range(INPUT_PARTITIONS)) + ([QUERIES] if "queries" in topics else [])
     try:
         sent = []
-        for partition, stamped in sorted(events.items()):
+        for partition in partitions:
             topic, number = ((topics["queries"], 0) if partition == QUERIES
                              else (topics["events"], partition))
-            sent += [producer.send(topic, value=value, key=key, partition=number,
-                                   timestamp_ms=ts)
-                     for step, (key, value, ts) in stamped if step in steps]
+            stamped = events.get(partition, [])
+            for step in steps:
+                sent.append(producer.send(topic, value=TICK, key=b"dpstream.tick",
+                                          partition=number, timestamp_ms=(ORIGIN + step) * 1000))
+                sent += [producer.send(topic, value=value, key=key, partition=number,
+                                       timestamp_ms=ts)
+                         for s, (key, value, ts) in stamped if s == step]
         producer.flush(30)
         for future in sent:
             future.get(30)  # raises if the broker refused a record

@@ -76,7 +76,7 @@ step = "1s"
 origin = "{origin}"
 lateness = "1s"     # a record stamped just before a tick may reach its partition just after
 clock = "producer"  # the embedded broker ignores LogAppendTime; these producers are trusted
-heartbeat = "off"   # the producer thread writes to every partition itself
+heartbeat = "off"   # the producer thread writes events and ticks to every partition itself
 shards = 2
 [kafka]
 brokers = ["{bootstrap}"]
@@ -198,8 +198,9 @@ def make_flow(kind: str, bootstrap: str, workdir: Path, origin: int) -> Flow:
 
 @dataclass
 class Feeder:
-    """Writes events stamped now to every input partition of every flow, every tick, and a
-    few questions a step to the PMWG flow; one malformed record per flow at the start."""
+    """Writes events stamped now, then a heartbeat tick, to every input partition of every
+    flow, every tick, and a few questions a step to the PMWG flow; one malformed record per
+    flow at the start."""
 
     bootstrap: str
     flows: dict[str, Flow]
@@ -222,6 +223,9 @@ class Feeder:
                         for body in self._events(kind, rng, ms / 1000):
                             producer.send(flow.topics["events"], body, partition=partition,
                                           timestamp_ms=ms)
+                        # under the producer clock only ticks close steps
+                        producer.send(flow.topics["events"], b'{"dpstream.tick":1}',
+                                      partition=partition, timestamp_ms=ms)
                 self._queries(producer, ms, ask=tick % 4 == 0)
                 producer.flush(10)
                 tick += 1

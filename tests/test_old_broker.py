@@ -67,6 +67,7 @@ def _write_config(path: Path, bootstrap: str, topics: dict[str, str],
 name = "old-broker"
 step = "1s"
 origin = "2026-09-21T14:13:20Z"
+end = "2026-09-21T14:14:20Z"
 shards = 1
 clock = "producer"
 [kafka]

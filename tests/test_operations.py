@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -22,6 +23,7 @@ import pytest
 from dpstream.io.broker import EmbeddedBroker, free_port
 from dpstream.io.records import MAX_ORIGINAL_BYTES
 from dpstream.io.topics import produce, read_all
+from dpstream.messages import TICK
 
 pytestmark = [pytest.mark.integration]
 
@@ -37,13 +39,17 @@ def now_origin() -> int:
 
 def write_config(path: Path, bootstrap: str, topics: dict[str, str], *, origin: int,
                  tail: bool = True, heartbeat: str = "off", metrics_port: int = 0,
-                 extra_kafka: str = "", name: str = "ops") -> Path:
+                 extra_kafka: str = "", name: str = "ops", steps: int | None = None) -> Path:
+    """``steps``: flow.end is ``origin + steps`` (a bounded producer-clock run needs it)."""
     origin_iso = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(origin))
+    end = "" if steps is None else \
+        f'end = "{time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(origin + steps))}"'
     path.write_text(f"""
 [flow]
 name = "{name}"
 step = "1s"
 origin = "{origin_iso}"
+{end}
 shards = 2
 clock = "producer"  # the embedded broker ignores LogAppendTime; these producers are trusted
 heartbeat = "{heartbeat}"
@@ -78,6 +84,11 @@ def make_topics(topic_factory, partitions: int = 3) -> dict[str, str]:
 
 def event(key: str, ts: float) -> tuple[None, bytes, int]:
     return None, json.dumps({"key": key, "ts": ts}).encode(), int(ts * 1000)
+
+
+def tick(ts: float) -> tuple[bytes, bytes, int]:
+    """A heartbeat tick stamped ``ts``: under the producer clock only ticks close steps."""
+    return b"dpstream.tick", TICK, int(ts * 1000)
 
 
 def start(config: Path, *args: str, env: dict[str, str] | None = None,
@@ -145,7 +156,7 @@ def test_a_huge_bad_record_becomes_a_small_dead_letter(broker, topic_factory, tm
     produce(broker.bootstrap, topics["events"],
             [event("a", origin + 0.5), (None, huge, (origin + 1) * 1000), event("b", origin + 2.5)])
     config = write_config(tmp_path / "c.toml", broker.bootstrap, topics, origin=origin,
-                          tail=False)
+                          tail=False, steps=3)
     proc = start(config)
     out = proc.communicate(timeout=120)[0]
     assert proc.returncode == 0, out[-3000:]
@@ -168,6 +179,8 @@ def test_an_idle_partition_is_reported_and_the_heartbeat_moves_it(broker, topic_
     produce(broker.bootstrap, topics["events"],
             [event(k, time.time()) for k in KEYS for _ in range(5)], partition=0)
     produce(broker.bootstrap, topics["events"], [event("a", time.time())], partition=1)
+    for partition in (0, 1):  # ticks (another writer's) move partitions 0 and 1, not 2
+        produce(broker.bootstrap, topics["events"], [tick(time.time())], partition=partition)
     port = free_port()
     config = write_config(tmp_path / "idle.toml", broker.bootstrap, topics, origin=origin,
                           metrics_port=port)
@@ -216,14 +229,59 @@ def test_a_far_future_event_time_does_not_stop_the_releases(broker, topic_factor
     messages += [event(k, origin + s + 0.5) for s in range(3, 6) for k in KEYS]
     produce(broker.bootstrap, topics["events"], messages)
     config = write_config(tmp_path / "f.toml", broker.bootstrap, topics, origin=origin,
-                          tail=False)
+                          tail=False, steps=6)
     proc = start(config)
     out = proc.communicate(timeout=120)[0]
     assert proc.returncode == 0, out[-3000:]
     releases = [json.loads(r.value) for r in
                 read_all(broker.bootstrap, topics["releases"], timeout=30, idle=1)]
-    assert {r["step"] for r in releases} == set(range(6))  # counted at its broker time: step 2
+    assert {r["step"] for r in releases} == set(range(6))  # the run ends at flow.end
     assert len(releases) == 6 * len(KEYS)
+    # no tick preceded it, so it was placed by its own time: after flow.end, a dead letter
+    [dead] = read_all(broker.bootstrap, topics["dead"], expect=1, timeout=30)
+    assert json.loads(dead.value)["reason"].startswith("after flow.end")
+
+
+def test_producer_clock_on_the_embedded_broker_a_record_an_hour_ahead_moves_nothing(
+        broker, topic_factory, tmp_path):
+    """Issue 22, items 4 and 9, as a user runs it: a tailing producer-clock flow with the
+    default heartbeat (ticks stamped flow.tick_delay behind this host's clock), live events
+    on both partitions, one of them stamped an hour ahead. No event is late, no step beyond
+    the ticks closes, and the progress line never reads "-3585 s behind the clock"."""
+    topics = make_topics(topic_factory, partitions=2)
+    origin = now_origin()
+    port = free_port()
+    config = write_config(tmp_path / "live.toml", broker.bootstrap, topics, origin=origin,
+                          heartbeat="auto", metrics_port=port)
+    proc = start(config)
+    try:
+        sent = 0
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:
+            now = time.time()
+            batch = [event(KEYS[i % 3], now) for i in range(20)]
+            if sent == 40:
+                batch.append(event("a", now + 3600))  # an hour ahead
+            for partition in (0, 1):
+                produce(broker.bootstrap, topics["events"], batch, partition=partition)
+            sent += 20
+            time.sleep(0.2)
+        wait_until(lambda: metric(scrape(port), "dpstream_releases_total") >= 3 * len(KEYS),
+                   60, "releases", proc)
+        time.sleep(3)  # a progress line (every 2 s here) after the future record was read
+        values = scrape(port)
+        closed = metric(values, "dpstream_closed_step")
+        assert closed <= time.time() - origin  # no step in the future closed
+        events = metric(values, "dpstream_events_total")
+    finally:
+        out = stop(proc)
+    assert proc.returncode == 0
+    assert_clean(out)
+    assert "stamped 2 s behind this host's clock (flow.tick_delay)" in out
+    assert not re.search(r"-\d+ s behind the clock", out), out[-3000:]
+    dead = read_all(broker.bootstrap, topics["dead"], timeout=3, idle=0.5)
+    assert not dead, [json.loads(d.value)["reason"] for d in dead]  # nothing late, no loss
+    assert events >= 2 * sent  # every event read was counted (the future one too)
 
 
 # --- items 3, 6, 9: stop cleanly, resume, consumer group ------------------------------------
@@ -235,7 +293,7 @@ def test_sigterm_and_sigint_stop_cleanly_and_the_group_shows_the_position(broker
     topics = make_topics(topic_factory, partitions=1)
     origin = now_origin()
     produce(broker.bootstrap, topics["events"],
-            [event(k, origin + s + 0.5) for s in range(6) for k in KEYS])
+            [event(k, origin + s + 0.5) for s in range(6) for k in KEYS] + [tick(origin + 6)])
     config = write_config(tmp_path / "s.toml", broker.bootstrap, topics, origin=origin)
     recovery = tmp_path / "recovery"
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -252,7 +310,7 @@ def test_sigterm_and_sigint_stop_cleanly_and_the_group_shows_the_position(broker
         [committed] = consumer.committed([TopicPartition(topics["events"], 0)], timeout=10)
     finally:
         consumer.close()
-    assert committed.offset == 6 * len(KEYS)  # standard lag tools see the flow's position
+    assert committed.offset == 6 * len(KEYS) + 1  # lag tools see the position (events, tick)
     releases = read_all(broker.bootstrap, topics["releases"], timeout=10, idle=1)
     by_coordinate = values_by_coordinate(releases)
     assert all(len(v) == 1 for v in by_coordinate.values())  # duplicates are byte-identical
@@ -271,8 +329,11 @@ def backlog_flow(own: EmbeddedBroker, tmp_path: Path) -> tuple[Path, int]:
     topics = {"events": "events", "releases": "releases", "alerts": "alerts", "dead": "dead"}
     ensure_topics(own.bootstrap, {"events": 1, "releases": 1, "alerts": 1, "dead": 1})
     origin = now_origin() - BACKLOG_STEPS
+    # a tick at each step's start (as the heartbeat of a flow that was running would have
+    # written them): the flow closes the steps as it reads, the last one stays open
     produce(own.bootstrap, "events",
-            [event(k, origin + s + 0.5) for s in range(BACKLOG_STEPS) for k in KEYS])
+            [m for s in range(BACKLOG_STEPS)
+             for m in [tick(origin + s)] + [event(k, origin + s + 0.5) for k in KEYS]])
     port = free_port()
     config = write_config(tmp_path / "o.toml", own.bootstrap, topics, origin=origin,
                           metrics_port=port, extra_kafka='add_config = '
@@ -367,7 +428,8 @@ def test_the_start_up_lookup_uses_the_flows_client_settings(broker, topic_factor
     origin = now_origin()
     produce(broker.bootstrap, topics["events"], [event("a", origin + 0.5)], partition=0)
     nobody = f"127.0.0.1:{free_port()}"
-    config = write_config(tmp_path / "a.toml", nobody, topics, origin=origin, tail=False)
+    config = write_config(tmp_path / "a.toml", nobody, topics, origin=origin, tail=False,
+                          steps=1)
     env = dict(ENV, DPSTREAM_KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap)  # from the environment
     proc = start(config, env=env)
     out = proc.communicate(timeout=120)[0]
@@ -381,7 +443,7 @@ def test_a_flow_started_before_the_broker_waits_for_it(tmp_path):
     topics = {"events": "events", "releases": "releases", "alerts": "alerts", "dead": "dead"}
     origin = now_origin()
     config = write_config(tmp_path / "w.toml", bootstrap, topics, origin=origin, tail=False,
-                          extra_kafka="")
+                          extra_kafka="", steps=1)
     config.write_text(config.read_text().replace('startup_timeout = "5s"',
                                                  'startup_timeout = "60s"'))
     proc = start(config)
@@ -405,7 +467,7 @@ def test_the_documented_bytewax_command_works_from_any_directory(broker, topic_f
     produce(broker.bootstrap, topics["events"],
             [event(k, origin + s + 0.5) for s in range(3) for k in KEYS])
     config = write_config(tmp_path / "bw.toml", broker.bootstrap, topics, origin=origin,
-                          tail=False)
+                          tail=False, steps=3)
     recovery = tmp_path / "recovery"
     recovery.mkdir(mode=0o700)
     subprocess.run([sys.executable, "-m", "bytewax.recovery", str(recovery), "1"], check=True,

@@ -66,9 +66,9 @@ kind = "pmwg"
 name = "{name}"
 step = "1s"
 origin = "{origin}"
-lateness = "{lateness}"
+{end}lateness = "{lateness}"
 clock = "producer"  # the embedded broker ignores LogAppendTime; these producers are trusted
-heartbeat = "off"   # the tests write the ticks themselves
+heartbeat = "off"   # the tests write the ticks (the only records that close steps) themselves
 shards = 2
 [kafka]
 brokers = ["{bootstrap}"]
@@ -103,8 +103,11 @@ universe = [
 
 
 def write_config(path: Path, bootstrap: str, topics: dict[str, str], *, origin: int,
-                 name: str, tail: bool, lateness: str = "0s", batch_size: int = 500) -> Path:
-    path.write_text(CONFIG.format(name=name, origin=iso(origin), lateness=lateness,
+                 name: str, tail: bool, lateness: str = "0s", batch_size: int = 500,
+                 end: int | None = None) -> Path:
+    """``end``: flow.end (Unix seconds), which a bounded run (tail false) needs."""
+    end_line = "" if end is None else f'end = "{iso(end)}"\n'
+    path.write_text(CONFIG.format(name=name, origin=iso(origin), lateness=lateness, end=end_line,
                                   bootstrap=bootstrap, tail=str(tail).lower(),
                                   batch_size=batch_size, histogram=HISTOGRAM, **topics))
     return path
@@ -185,8 +188,9 @@ class LiveFlow:
     failure: list[BaseException] = field(default_factory=list)
 
     def pump(self, per_partition: int = 150, interval: float = 0.2) -> None:
-        """Every ``interval`` s: events stamped now on both events partitions, a tick on the
-        queries partition (steps close only when every input partition moved past them)."""
+        """Every ``interval`` s: events stamped now on both events partitions, then a tick on
+        every input partition (only ticks close steps under the producer clock, and a step
+        closes only when every input partition moved past it)."""
         rng = random.Random(7)
         producer = KafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=5, acks="all")
         try:
@@ -202,6 +206,9 @@ class LiveFlow:
                                       partition=partition, timestamp_ms=ms)
                 producer.send(self.topics["queries"], b'{"dpstream.tick":1}', partition=0,
                               timestamp_ms=ms)
+                for partition in (0, 1):
+                    producer.send(self.topics["events"], b'{"dpstream.tick":1}',
+                                  partition=partition, timestamp_ms=ms)
                 producer.flush(10)
                 self.stop.wait(interval)
         except BaseException as exc:  # surfaced by the tests
@@ -564,6 +571,12 @@ def produce_steps(bootstrap: str, topics: dict[str, str], events: dict[int, list
                                          "query": {"schema": "dpstream.query/1", **query}})
          .encode(), (ORIGIN + step) * 1000 + 500)
         for step, qid, histogram, query in queries if step in steps], partition=0)
+    # a tick at the last step's start on every partition: it closes the steps before it, as
+    # the events' own times did before only ticks moved the producer clock
+    tick = [(b"dpstream.tick", b'{"dpstream.tick":1}', (ORIGIN + steps[-1]) * 1000)]
+    for topic, partitions in ((topics["events"], (0, 1)), (topics["queries"], (0,))):
+        for partition in partitions:
+            produce(bootstrap, topic, tick, partition=partition)
 
 
 def answers_by_id(records) -> dict[str, set[bytes]]:
@@ -616,7 +629,7 @@ def test_kill_minus_nine_and_resume_gives_the_answers_of_an_uninterrupted_run(br
     # the rest of the input arrives; B resumes from its recovery store and reads to the end
     produce_steps(bootstrap, topics, events, queries, range(produced, STEPS))
     bounded = write_config(tmp_path / "b-end.toml", bootstrap, topics, origin=ORIGIN,
-                           name="kill", tail=False, batch_size=20)
+                           name="kill", tail=False, batch_size=20, end=ORIGIN + STEPS)
     out = finish(start_flow(bounded, *args_b))
     assert "resumed" in out
     assert (recovery_b / "dpstream-instance.json").read_bytes() == manifest
@@ -643,7 +656,7 @@ def test_kill_minus_nine_and_resume_gives_the_answers_of_an_uninterrupted_run(br
     (recovery_a / "dpstream-instance.json").write_bytes(manifest)
     (recovery_a / "dpstream-instance.json").chmod(0o600)
     config_a = write_config(tmp_path / "a.toml", bootstrap, topics_a, origin=ORIGIN,
-                            name="kill", tail=False, batch_size=20)
+                            name="kill", tail=False, batch_size=20, end=ORIGIN + STEPS)
     finish(start_flow(config_a, "--recovery-dir", str(recovery_a)))
     records_a = read_all(bootstrap, topics_a["answers"], expect=len(answered), timeout=30)
     grouped_a = answers_by_id(records_a)

@@ -29,7 +29,7 @@ def test_the_nested_record_is_a_dead_letter_and_a_quarantined_one_is_skipped(
         event("a", origin + 0.5), (None, NESTED, (origin + 1) * 1000),
         event("b", origin + 1.5), event("c", origin + 2.2), event("a", origin + 2.5)])
     config = write_config(tmp_path / "c.toml", broker.bootstrap, topics, origin=origin,
-                          tail=False)
+                          tail=False, steps=3)
     store = tmp_path / "recovery"
     proc = start(config, "--recovery-dir", str(store), "--skip-record",
                  f"{topics['events']}:0:3")

@@ -18,7 +18,7 @@ from dpstream.errors import ConfigError
 from dpstream.io.records import RecordEncoder
 from dpstream.kinds.counters import event_rules, statistics_spec
 from dpstream.platform import build_flow
-from dpstream.stream.events import TIMESTAMP_CREATE_TIME, PartitionClock, ShardUpdate
+from dpstream.stream.events import TICK, TIMESTAMP_CREATE_TIME, PartitionClock, ShardUpdate
 from dpstream.stream.shard import ReferenceShardState, ShardState
 
 KEY = NoiseKey.for_tests(5)
@@ -141,11 +141,14 @@ def test_timestamps_beyond_year_9999_are_dead_letters_not_overflowed_steps():
     clock = PartitionClock(event_rules(trusting))
     msgs = [message(0, "a", ts, i, kind=TIMESTAMP_CREATE_TIME)
             for i, ts in enumerate([ORIGIN + 1.5, 1e300, ORIGIN + 2.5])]
+    # under the producer clock only ticks move the watermark: one beyond 9999 moves nothing
+    msgs += [raw(0, TICK, 3, 1e300, kind=TIMESTAMP_CREATE_TIME),
+             raw(0, TICK, 4, ORIGIN + 2.5, kind=TIMESTAMP_CREATE_TIME)]
     updates, dead = clock.process(0, msgs)
     assert [(d.offset, d.reason) for d in dead] == [
         (1, "the record's timestamp is after the year 9999")]
     assert by_name(updates[0], trusting) == {1: {"a": 1}, 2: {"a": 1}}
-    assert updates[0].frontier == 2
+    assert updates[0].frontier == 2 and clock.watermark == ORIGIN + 2.5
 
 
 def test_iso_times_without_a_zone_are_utc_on_every_machine():

@@ -13,7 +13,8 @@ combines what the other integration tests check one at a time:
   ``flow.origin``, a key outside ``admission.keys`` and an untrusted timestamp (a producer
   timestamp after the year 9999: Kafka 0.10+ always stamps records, so a record *without* a
   timestamp cannot be produced here). An event stamped a year in the future is *not* bad:
-  it counts at its broker time, so it is recorded as a good event of its timestamp's step;
+  it is placed ``flow.max_skew`` (5 min) ahead of its partition's latest tick, in a step that
+  does not close during the run, and it moves no other record (only ticks move the clock);
 * a broker outage. Tansu is memory-only, so a "broker restart" would lose every topic; the
   outage is simulated by SIGSTOP of the broker for 6 s, longer than the flow's
   ``message.timeout.ms`` (2 s), then SIGCONT. So that output is in flight when the broker
@@ -35,10 +36,12 @@ its true count; the outage shows in the metrics and the logs.
 
 No good event may come back as a *late* dead letter. With producer time, records of two
 producers (the test's and the heartbeat) are not appended in timestamp order, and after the
-outage both producers' queued records are appended in an arbitrary interleaving; a
-``flow.lateness`` longer than the outage keeps every delayed event in its own step (without it,
-about 1,100 events stamped during the outage were late in every run), and the heartbeat drops
-ticks it cannot deliver within their interval instead of appending them after an outage.
+outage both producers' queued records are appended in an arbitrary interleaving. Only the
+heartbeat's ticks move the clock (stamped ``flow.tick_delay`` behind the flow host's clock),
+and an event older than ``flow.lateness`` behind its partition's latest tick is counted in the
+open step, never dropped as late; a ``flow.lateness`` longer than the outage keeps every
+delayed event in its own step. The heartbeat drops ticks it cannot deliver within their
+interval instead of appending them after an outage.
 """
 
 from __future__ import annotations
@@ -273,12 +276,14 @@ class Traffic(threading.Thread):
                     self.bad[source] = record[1:]
         return callback
 
-    def send_good(self, producer, n: int, stamp_ms: int, ts: float | None = None) -> None:
+    def send_good(self, producer, n: int, stamp_ms: int, ts: float | None = None,
+                  step_ms: int | None = None) -> None:
+        """A good event; ``step_ms``: where it counts if not at its stamp (recorded only)."""
         key = self.rng.choices(KEYS, WEIGHTS)[0]
         value = json.dumps({"key": key, "ts": stamp_ms / 1000 if ts is None else ts,
                             "seq": n}).encode()
-        step = self.step_of(stamp_ms)
-        self.last_step = max(self.last_step, step)
+        step = self.step_of(stamp_ms if step_ms is None else step_ms)
+        self.last_step = max(self.last_step, self.step_of(stamp_ms))
         producer.produce("events", value, partition=GOOD_PARTITIONS[n % 2], timestamp=stamp_ms,
                          on_delivery=self.report(("good", key, step)))
 
@@ -333,9 +338,10 @@ class Traffic(threading.Thread):
                     sent += 1
                 while self.schedule and self.schedule[0][0] <= elapsed:
                     _, kind = self.schedule.pop(0)
-                    if kind == "future":  # a year ahead: counted at its broker time
-                        stamp = int(time.time() * 1000)
-                        self.send_good(producer, sent, stamp, ts=stamp / 1000 + 365 * 86400)
+                    if kind == "future":  # a year ahead: placed max_skew (300 s) ahead of
+                        stamp = int(time.time() * 1000)  # the ticks: never covered here
+                        self.send_good(producer, sent, stamp, ts=stamp / 1000 + 365 * 86400,
+                                       step_ms=stamp + 290_000)
                         sent += 1
                     else:
                         self.send_bad(producer, kind, GOOD_PARTITIONS[bad_sent % 2])

@@ -22,9 +22,10 @@ Bytewax's Kafka connector was replaced because a privacy system cannot lose what
   is what a restart resumes from), ends its input on a stop request (a clean stop, see
   :mod:`dpstream.stream.stopping`) and reports per-partition lag.
 * **Heartbeats** (:class:`Heartbeat`) write a tick record to every input partition at a fixed
-  interval, so an idle partition's broker time still moves and steps keep closing. The ticks
-  are records in the partition's offset order, so a replay sees exactly the same ticks: the
-  rule is as replay-deterministic as the events themselves.
+  interval, so an idle partition's clock still moves and steps keep closing (under
+  ``flow.clock = "producer"`` the ticks are the only records that move it). The ticks are
+  records in the partition's offset order, so a replay sees exactly the same ticks: the rule
+  is as replay-deterministic as the events themselves.
 """
 
 from __future__ import annotations
@@ -603,16 +604,23 @@ class KafkaOutput(DynamicSink[Encoded | EncodedBatch]):
 class Heartbeat:
     """Write a tick record to every partition of the input topic every ``interval`` seconds.
 
-    A tick carries no event: the flow reads only its broker timestamp, so an input partition
+    A tick carries no event: the flow reads only its timestamp, so an input partition
     without traffic still moves its clock and the steps keep closing (otherwise one idle
-    partition holds every step open). Other consumers of the input topic must skip records
+    partition holds every step open). Under ``flow.clock = "producer"`` the ticks are the
+    only records that move the watermark (:mod:`dpstream.stream.clock`): each is stamped with
+    this host's clock minus ``delay`` (``flow.tick_delay``), so that a tick does not overtake
+    the batches producers have in flight (an event overtaken anyway is placed in the open
+    step, not lost). Under the broker clock the broker stamps the ticks (LogAppendTime) in
+    append order and ``delay`` is 0. Other consumers of the input topic must skip records
     whose value is ``{"dpstream.tick":1}``.
     """
 
     def __init__(self, clients: KafkaClients, topic: str, partitions: int,
-                 interval: float) -> None:
+                 interval: float, delay: float = 0.0,
+                 now: Callable[[], float] = time.time) -> None:
         self.clients, self.topic, self.partitions, self.interval = clients, topic, \
             partitions, interval
+        self.delay, self.now = delay, now
         self.failures = RateLimitedLog(log, 60.0)
         self._thread = threading.Thread(target=self._run, name="dpstream-heartbeat",
                                         daemon=True)
@@ -626,6 +634,10 @@ class Heartbeat:
     def stop(self) -> None:
         """Stop ticking."""
         self._stop.set()
+
+    def stamp(self) -> int:
+        """A tick's timestamp (ms since the epoch): now minus the delay."""
+        return int((self.now() - self.delay) * 1000)
 
     def _run(self) -> None:
         # a tick is only useful when fresh: one that cannot be delivered within its interval
@@ -642,10 +654,11 @@ class Heartbeat:
                               "steps until it works", self.topic, error.str())
 
         while not self._stop.is_set() and not stopping.stop_requested():
+            stamp = self.stamp()
             for p in range(self.partitions):
                 try:
                     producer.produce(self.topic, TICK, b"dpstream.tick", partition=p,
-                                     on_delivery=report)
+                                     on_delivery=report, timestamp=stamp)
                 except (BufferError, KafkaException) as exc:
                     self.failures("tick", logging.WARNING, "heartbeat: %s", exc)
             producer.poll(0)

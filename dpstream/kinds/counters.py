@@ -43,6 +43,7 @@ from dpstream.errors import ConfigError, InvalidParameterError
 from dpstream.io.records import EncodedBatch, RecordEncoder
 from dpstream.messages import Encoded
 from dpstream.platform import FlowParts
+from dpstream.stream.barrier import end_step_of
 from dpstream.stream.clock import ShardUpdate
 from dpstream.stream.events import EventRules, PartitionClock
 from dpstream.stream.layout import DeclaredLayout
@@ -338,6 +339,7 @@ def event_rules(config: CountersConfig) -> EventRules:
         key_field=config.key_field, time_field=config.time_field, origin=config.origin,
         step_seconds=config.step_seconds, lateness_seconds=config.lateness_seconds,
         shards=config.shards, declared=config.declared_layout, clock=config.clock,
+        max_skew_seconds=config.max_skew_seconds, end=config.end,
     )
 
 
@@ -379,7 +381,8 @@ class CountersKind:
         shard_class = parts.options.get("shard_class", ShardState)
         outputs = keyed_statistics("statistics", updates, spec, parts.partitions,
                                    config.declared_layout, parts.noise, parts.metrics,
-                                   shard_class, config.release_every)
+                                   shard_class, config.release_every,
+                                   end_step_of(config))
         encoder = RecordEncoder(config.name, config.origin, config.step_seconds,
                                 config.privacy.delta)
         return op.map("encode", outputs, encoder.encode_item)

@@ -372,7 +372,7 @@ class PmwgClock(StepClock):
                 continue
             payloads.append(("q", partition, offset, body["histogram"], body["id"],
                              body["query"]))
-            times.append(broker_ms / 1000.0)  # a question is asked at its broker time
+            times.append(broker_ms / 1000.0)  # asked at its record timestamp (broker or producer)
             refs.append(i)
         return payloads, times, refs
 

@@ -3,9 +3,9 @@
 A shard learns every input partition's frontier (the first step that partition has not
 closed) from the :class:`~dpstream.stream.clock.ShardUpdate` values it receives, collects
 each step's buckets, and closes step ``s`` once all ``partitions`` input partitions have moved
-past it. At the end of a bounded input (EOF) every partition closes its steps through its
-last record's step and says so (see :meth:`StepClock.end_of_input`); a partition that never
-had a record is then no longer waited for.
+past it. At the end of a bounded input (EOF) every partition closes its steps through ``flow.end``'s
+step, or else through its trusted clock's, and says so (see :meth:`StepClock.end_of_input`); a
+partition that never had a record is then no longer waited for.
 
 **What a step holds is a function of the input alone.** A step's buckets are merged from
 every partition's updates and the step is closed only once every partition's frontier has
@@ -21,6 +21,7 @@ a step's pending one) and :meth:`~StepBarrier.close` (what closing a step publis
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from dpstream.core.noise import NOISE_SCHEME, NoiseKey
@@ -29,7 +30,15 @@ from dpstream.stream import stopping
 from dpstream.stream.clock import ShardUpdate
 from dpstream.stream.events import shard_of
 
-__all__ = ["MechanismShard", "StepBarrier", "binding", "check_binding"]
+__all__ = ["MechanismShard", "StepBarrier", "binding", "check_binding", "end_step_of"]
+
+
+def end_step_of(config: Any) -> int | None:
+    """The step of ``flow.end`` (it and every later step never close), or None."""
+    end = getattr(config, "end", None)
+    if end is None:
+        return None
+    return math.floor((end.timestamp() - config.origin.timestamp()) / config.step_seconds)
 
 
 def binding(instance: str, mechanisms: str, noise: NoiseKey) -> dict[str, str]:
@@ -71,7 +80,15 @@ class StepBarrier:
     Args:
         partitions: how many input partitions must close a step before it is closed here.
         first_step: the first step to close (None: the first step that has a bucket).
+
+    Attributes:
+        end_step: the step of ``flow.end`` (None: not set). At the end of a bounded input
+            the barrier closes every step before it, whether or not any partition had a
+            record: which steps a bounded run publishes is then a function of the
+            configuration alone (pitfall 14). The flow kind's builder sets it.
     """
+
+    end_step: int | None = None
 
     def __init__(self, partitions: int, first_step: int | None = None) -> None:
         self.partitions = partitions
@@ -130,9 +147,12 @@ class StepBarrier:
 
         Every partition that had records has sent its final frontier before this (see
         :meth:`StepClock.end_of_input`), so the steps closed now are exactly those every
-        partition with data has closed.
+        partition with data has closed; with ``flow.end`` (:attr:`end_step`) that is every
+        step before its step, which is also closed if no partition had a record.
         """
         self.ended_empty.update(p for p in range(self.partitions) if p not in self.frontiers)
+        if self.end_step is not None:  # every partition ended: close through flow.end
+            return self._close_until(self.end_step)
         if not self.frontiers:
             return []
         return self._close_until(min(self.frontiers.values()))
@@ -181,6 +201,7 @@ class MechanismShard(StepBarrier):
     def __init__(self, config: Any, noise: NoiseKey, instance: str, partitions: int,
                  state: dict[str, Any] | None = None) -> None:
         super().__init__(partitions, first_step=0)
+        self.end_step = end_step_of(config)
         self.config, self.noise, self.instance = config, noise, instance
         self.members: dict[str, Any] = {}
         self._states: dict[str, Any] = {}

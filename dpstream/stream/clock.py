@@ -1,30 +1,58 @@
 """The step clock every flow kind shares: place records in time steps, per input partition.
 
-**Each record's step comes from that record alone.** A record carries its
-event time (decoded by the flow kind) and the broker's timestamp (Kafka's
-record timestamp). Its *placement time* is its event time clamped into
-``[broker time - flow.lateness, broker time]``: an event stamped in the future
-counts at its broker time, an event older than the lateness counts at broker
-time minus the lateness. No other record can change where it is counted
-(pitfall 10).
+**Each record's step comes from that record alone** (and from the partition's trusted clock
+as it stood at the record, in offset order). A record carries its event time (decoded by the
+flow kind) and Kafka's record timestamp. Its *placement time* is its event time clamped into
+a window around a trusted time; an event outside the window counts at the window's edge. No
+other record's event time can change where it is counted (pitfall 10):
 
-**Steps close by broker time, which no client can push.** A partition's
-frontier (the first step it has not closed) is the step of ``max broker time
-seen - flow.lateness``. With ``flow.clock = "broker"`` (the default) only
-broker-set timestamps (``message.timestamp.type=LogAppendTime`` on the topic)
-are trusted; a record with a producer-set timestamp (CreateTime) or none is a
-dead letter, so a client cannot move the clock. ``flow.clock = "producer"``
-trusts producer timestamps: only for topics whose every producer is trusted
-(the demo, tests, a single internal producer).
+* ``flow.clock = "broker"`` (the default): the window is ``[broker time - flow.lateness,
+  broker time]`` of the record itself. Only broker-set timestamps
+  (``message.timestamp.type=LogAppendTime`` on the topic) are trusted; a record with a
+  producer-set timestamp (CreateTime) or none is a dead letter, so a client cannot move the
+  clock.
+* ``flow.clock = "producer"``: the event time (the kind's time field) is clamped into
+  ``[watermark - flow.lateness, watermark + flow.max_skew]``, where the watermark is the
+  partition's trusted clock just before the record. Before a partition's first trusted tick
+  there is no watermark: the record is placed by its own time (a time before
+  ``flow.origin`` is a dead letter) and waits in the step barrier until ticks close its step.
+  A record with neither a producer nor a broker timestamp is a dead letter.
 
-**What "late" means.** Broker time only moves forward within a partition,
-so no record placed by its own broker timestamp can fall into a closed step.
-A record is late (a dead letter) only if its step is already closed in its
-partition: the broker's clock went backwards (a leader moved to a broker whose
-clock is behind), or the step was closed at the end of a bounded input
-(:meth:`StepClock.end_of_input`) and the topic grew before a resume. Lateness is a function
-of the partition's records in their offset order, which Kafka fixes, so a
-replay after a crash accepts and rejects exactly the same records.
+**Steps close by a trusted clock, which no data record can push** (pitfall 15). A
+partition's *watermark* is the latest trusted time it has seen, and its frontier (the first
+step it has not closed) is the step of ``watermark - flow.lateness``. Which records are
+trusted clock records:
+
+* ``clock = "broker"``: every record with a broker timestamp (LogAppendTime), data and
+  heartbeat ticks alike. Broker time only moves forward within a partition (the broker stamps
+  records in append order), so the ticks, which the broker stamps too, keep their place.
+* ``clock = "producer"``: only the heartbeat ticks (:data:`~dpstream.messages.TICK`, stamped
+  by dpstream's own :class:`~dpstream.io.kafka.Heartbeat` with its host's clock minus
+  ``flow.tick_delay``), and any record with a broker timestamp (broker time is trusted).
+  A data record's own timestamp never moves the watermark, so a record stamped an hour ahead
+  closes no step and makes no other record late. A tick is not an event: whoever can write
+  to the input topic can forge one and stall or hurry the flow (availability, like any
+  writer of the topic), but a tick changes no event's count, so a forged tick is not a
+  neighbouring-stream concern; the flow's ticks are as trusted as the flow's host.
+  ``flow.tick_delay`` (default 2 s) keeps ticks from overtaking a healthy producer's
+  in-flight batches; an event overtaken anyway is not lost: its placement is clamped
+  forward into the open step.
+
+**What "late" means.** A record is late (a dead letter) only if its step is already closed in
+its partition. Under the producer clock that happens only after a bounded end (below): the
+clamp keeps every other record in an open step. Under the broker clock it happens when the
+broker's clock went backwards (a leader moved to a broker whose clock is behind), or after a
+bounded end. Lateness is a function of the partition's records in their offset order, which
+Kafka fixes, so a replay after a crash accepts and rejects exactly the same records.
+
+**A bounded run ends at a public step** (pitfall 14). With ``flow.end`` set, the steps from
+``flow.end``'s step on never close (records placed there are dead letters, "after flow.end"),
+and at the end of a bounded input (:meth:`StepClock.end_of_input`) every partition closes
+through the step before it: the last released step is a function of the configuration
+alone. Without ``flow.end`` a partition closes through the step of its watermark: under the
+producer clock its last tick's (never a data record's time); under the broker clock the
+broker's time at the partition's last record, which is when that record arrived, not what
+it says: set ``flow.end`` to make the end independent of arrival times too.
 
 **No record can stop a flow** (pitfall 16). A kind's :meth:`~StepClock.decode` explains the
 records it expects to fail; whatever else it raises on a batch (a ``RecursionError`` from a
@@ -76,6 +104,17 @@ def undecodable(exc: BaseException) -> str:
     return f"undecodable record ({type(exc).__name__})"
 
 
+_LATE: Final = {
+    "broker": ("late: the record's step is already closed in this partition (the broker's "
+               "timestamps went backwards, or the step was closed at the end of a bounded "
+               "input)"),
+    "producer": ("late: the record's step is already closed in this partition (it was closed "
+                 "at the end of a bounded input)"),
+}
+_AFTER_END: Final = ("after flow.end: the record's step is at or after the step of flow.end, "
+                     "which never closes")
+
+
 def _untrusted(kind: int) -> str:
     """Why a record's timestamp cannot place it (with ``flow.clock = "broker"``)."""
     if kind == TIMESTAMP_CREATE_TIME:
@@ -111,6 +150,14 @@ class ClockRules(Protocol):
     @property
     def time_field(self) -> str:
         """The event-time field (for dead-letter reasons)."""
+
+    @property
+    def max_skew_seconds(self) -> float:
+        """With the producer clock: how far ahead of the watermark a record may be placed."""
+
+    @property
+    def end_seconds(self) -> float | None:
+        """``flow.end`` (Unix seconds): the public end of a bounded run, or None."""
 
 
 @dataclass
@@ -218,21 +265,41 @@ class StepClock:
     def _step_of(self, seconds: float) -> int:
         return math.floor((seconds - self.rules.origin_seconds) / self.rules.step_seconds)
 
+    def end_step(self) -> int | None:
+        """The step of ``flow.end`` (it and every later step never close), or None."""
+        end = self.rules.end_seconds
+        return None if end is None else self._step_of(end)
+
     def frontier(self) -> int | None:
         """The first step not yet closed from this partition's point of view."""
         if self.watermark is None:
-            return self.closed
-        step = self._step_of(self.watermark - self.rules.lateness_seconds)
-        return step if self.closed is None else max(step, self.closed)
+            step = self.closed
+        else:
+            step = self._step_of(self.watermark - self.rules.lateness_seconds)
+            if self.closed is not None:
+                step = max(step, self.closed)
+        end = self.end_step()
+        return step if step is None or end is None else min(step, end)
 
     def end_of_input(self) -> list[ShardUpdate]:
-        """Close this partition's steps through its watermark's step (a bounded input ended).
+        """Close this partition's steps at the end of a bounded input; tell every shard.
 
-        The partition then tells every shard its final frontier; a record that arrives for a
-        closed step after a resume (the topic grew) is late, never silently lost.
+        With ``flow.end`` the partition closes through the step before ``flow.end``'s (a
+        configured, public end); without it through its watermark's step (its trusted
+        clock: never a data record's own time under the producer clock). Nothing is closed
+        (no update) if neither is known. A record that arrives for a closed step after a
+        resume (the topic grew) is late, never silently lost.
         """
-        assert self.partition is not None and self.watermark is not None
-        self.closed = max(self._step_of(self.watermark) + 1, self.closed or 0)
+        if self.partition is None:
+            return []
+        end = self.end_step()
+        if end is not None:
+            target = end
+        elif self.watermark is not None:
+            target = self._step_of(self.watermark) + 1
+        else:
+            return []
+        self.closed = max(target, self.closed) if self.closed is not None else target
         return [ShardUpdate(s, self.partition, self.frontier(), {})
                 for s in range(self.rules.shards)]
 
@@ -259,23 +326,31 @@ class StepClock:
         n = len(messages)
         broker = messages.broker_ms / 1000.0
         kinds = messages.kinds
-        if rules.clock == "broker":
-            trusted = kinds == TIMESTAMP_LOG_APPEND_TIME
+        producer_clock = rules.clock == "producer"
+        has_ticks = bool(countOf(messages.values, TICK))
+        ticks = (np.fromiter((value == TICK for value in messages.values), dtype=bool, count=n)
+                 if has_ticks else None)
+        in_range = broker <= MAX_SECONDS
+        log_append = kinds == TIMESTAMP_LOG_APPEND_TIME
+        if producer_clock:  # a record must carry a timestamp; only ticks and broker time count
+            trusted = (log_append | (kinds == TIMESTAMP_CREATE_TIME)) & in_range
+            moves = log_append & in_range
+            if ticks is not None:
+                moves |= trusted & ticks
         else:
-            trusted = (kinds == TIMESTAMP_LOG_APPEND_TIME) | (kinds == TIMESTAMP_CREATE_TIME)
-        trusted &= broker <= MAX_SECONDS
+            trusted = moves = log_append & in_range
         start = -np.inf if self.watermark is None else self.watermark
         running = np.maximum.accumulate(
-            np.concatenate(([start], np.where(trusted, broker, -np.inf))))
+            np.concatenate(([start], np.where(moves, broker, -np.inf))))
         if running[-1] > start:
             self.watermark = float(running[-1])
-        before_all = running[:-1]
-        if countOf(messages.values, TICK):  # heartbeats: clock only
-            keep = np.fromiter((value != TICK for value in messages.values), dtype=bool,
-                               count=n)
+        before_all = running[:-1]  # the trusted clock just before each record
+        at_all = running[1:]  # ... and with the record (which moves it only if trusted)
+        if ticks is not None:  # heartbeats: clock only
+            keep = ~ticks
             messages = messages.keep(keep)
-            broker, trusted, kinds, before_all = broker[keep], trusted[keep], kinds[keep], \
-                before_all[keep]
+            broker, trusted, kinds = broker[keep], trusted[keep], kinds[keep]
+            before_all, at_all = before_all[keep], at_all[keep]
             self.ticks += n - len(messages)
             n = len(messages)
         payloads, times, refs = self._decode_guarded(partition, messages, dead) if n \
@@ -288,20 +363,29 @@ class StepClock:
                 rules.lateness_seconds
             seconds = np.asarray(times, dtype=np.float64)
             if isinstance(refs, range) and len(refs) == n:  # every record decoded
-                own_broker, own_trusted, before = broker, trusted, before_all
+                own_broker, own_trusted, before, at = broker, trusted, before_all, at_all
             else:
                 index = np.asarray(refs, dtype=np.int64)
-                own_broker, own_trusted, before = broker[index], trusted[index], before_all[index]
+                own_broker, own_trusted, before, at = broker[index], trusted[index], \
+                    before_all[index], at_all[index]
             finite = np.isfinite(seconds)
-            placed = np.minimum(np.maximum(seconds, own_broker - lateness), own_broker)
+            if producer_clock:  # own time, clamped around the trusted clock (if any yet)
+                known = np.isfinite(at)
+                low = np.where(known, at - lateness, -np.inf)
+                high = np.where(known, at + rules.max_skew_seconds, MAX_SECONDS)
+                placed = np.minimum(np.maximum(seconds, low), np.minimum(high, MAX_SECONDS))
+            else:  # own time, clamped into [own broker time - lateness, own broker time]
+                placed = np.minimum(np.maximum(seconds, own_broker - lateness), own_broker)
             if not finite.all():
-                placed = np.where(finite, placed, own_broker)
+                placed = np.where(finite, placed, origin)
             steps = np.floor((placed - origin) / step_len)
             frontier_before = np.floor((before - lateness - origin) / step_len)
             if self.closed is not None:
                 frontier_before = np.maximum(frontier_before, self.closed)
+            end = self.end_step()
+            after_end = np.zeros(len(steps), dtype=bool) if end is None else steps >= end
             before_origin = finite & ((seconds < origin) | (placed < origin))
-            ok = own_trusted & finite & ~before_origin & (steps >= frontier_before)
+            ok = own_trusted & finite & ~before_origin & ~after_end & (steps >= frontier_before)
             for i in np.flatnonzero(~ok).tolist():
                 message = messages[refs[i]]
                 kind = message[5]
@@ -314,10 +398,10 @@ class StepClock:
                     reason = bad_time(rules.time_field)
                 elif before_origin[i]:
                     reason = "event time before flow.origin"
+                elif after_end[i]:
+                    reason = _AFTER_END
                 else:
-                    reason = ("late: the record's step is already closed in this partition (the "
-                              "broker's timestamps went backwards, or the step was closed at "
-                              "the end of a bounded input)")
+                    reason = _LATE[rules.clock]
                 dead.append(self.dead_letter(reason, message))
             if ok.all():
                 accepted, kept = payloads, steps

@@ -93,11 +93,20 @@ class EventRules:
     """The declared universe's layout: events of other keys are dead letters, and the
     events of declared keys are routed to their shards as rows (:class:`RowCounts`)."""
     clock: Literal["broker", "producer"] = "broker"
+    max_skew_seconds: float = 300.0
+    """With the producer clock: how far ahead of the watermark an event may be placed."""
+    end: datetime | None = None
+    """``flow.end``: the public end of a bounded run (None: not set)."""
 
     @property
     def origin_seconds(self) -> float:
         """The origin as Unix seconds."""
         return self.origin.timestamp()
+
+    @property
+    def end_seconds(self) -> float | None:
+        """``flow.end`` as Unix seconds, or None."""
+        return None if self.end is None else self.end.timestamp()
 
 
 class PartitionClock(StepClock):

@@ -112,8 +112,7 @@ class _PartitionLogic(StatefulBatchLogic[RawBatch, Any, dict[str, Any]]):
     def on_eof(self) -> tuple[list[Any], bool]:
         if stopping.stop_requested():  # a stop, not the end of a bounded input: close nothing
             return [], StatefulBatchLogic.RETAIN
-        if self.clock.watermark is None:  # no trusted record yet: nothing to close
-            return [], StatefulBatchLogic.RETAIN
+        # closes through flow.end's step, or the trusted clock's; nothing if neither is known
         return ([(str(u.shard), u) for u in self.clock.end_of_input()],
                 StatefulBatchLogic.RETAIN)
 
@@ -294,19 +293,23 @@ def keyed_statistics(step_id: str, up: Stream[tuple[str, ShardUpdate]], spec: St
                      partitions: int, declared: DeclaredLayout | None,
                      noise: NoiseKey, observer: FlowObserver | None = None,
                      shard_class: type[ShardState] = ShardState,
-                     release_every: int = 1) -> Stream[StepOutputs]:
+                     release_every: int = 1, end_step: int | None = None) -> Stream[StepOutputs]:
     """Run every key's monitor and counter, shard by shard; emit each closed step's outputs.
 
     One :class:`~dpstream.core.key_table.StepOutputs` per closed step of a shard (releases,
     alerts, statuses; a step that publishes nothing emits nothing). ``declared``: the
     declared universe's keys by shard (None: the open universe). ``release_every``: see
-    :class:`ShardState`. ``shard_class`` exists for the non-private baseline of ``bench/``;
-    keep the default.
+    :class:`ShardState`. ``end_step``: the step of ``flow.end`` (see
+    :attr:`StepBarrier.end_step`). ``shard_class`` exists for the non-private baseline of
+    ``bench/``; keep the default.
     """
     seen = observer or _Nobody()
     mechanism = spec.counter.mechanism
     noise.prepare()  # the building thread's ciphers (run_main's worker): not at the first step
-    return _run_shards(
-        up, lambda state: shard_class(spec, partitions, declared, noise, state,
-                                      release_every=release_every), seen,
-        lambda out: seen.observe_outputs(out, mechanism))
+    def build(state: dict[str, Any] | None) -> ShardState:
+        shard = shard_class(spec, partitions, declared, noise, state,
+                            release_every=release_every)
+        shard.end_step = end_step
+        return shard
+
+    return _run_shards(up, build, seen, lambda out: seen.observe_outputs(out, mechanism))

@@ -29,7 +29,14 @@ from dpstream.core.noise import NoiseKey
 from dpstream.io.records import RecordEncoder
 from dpstream.kinds.counters import event_rules, statistics_spec
 from dpstream.platform import build_flow
-from dpstream.stream.events import TIMESTAMP_LOG_APPEND_TIME, PartitionClock, RawMessage
+from dpstream.stream.barrier import end_step_of
+from dpstream.stream.events import (
+    TICK,
+    TIMESTAMP_CREATE_TIME,
+    TIMESTAMP_LOG_APPEND_TIME,
+    PartitionClock,
+    RawMessage,
+)
 from dpstream.stream.shard import ShardState
 
 ORIGIN = 1_790_000_000  # 2026-09-21T14:13:20Z
@@ -86,6 +93,39 @@ def stream(spec: Sequence[tuple[int, str, float] | tuple[int, str, float, float]
     return out
 
 
+def producer_stream(spec: Sequence[tuple[int, str, float] | tuple[int, str, float, float]], *,
+                    until: float = 30.0, tick_every: float = 0.5, partitions: int = 2
+                    ) -> list[RawMessage]:
+    """Messages as a ``flow.clock = "producer"`` flow reads them: events and heartbeat ticks.
+
+    ``spec`` items are ``(partition, key, seconds after ORIGIN[, arrival seconds])``: an event
+    carries its time in its ``ts`` field and as its producer timestamp (CreateTime); the
+    arrival time (default: the event time) orders it among its partition's records. Every
+    partition gets a tick (CreateTime) every ``tick_every`` seconds from ``tick_every`` through
+    ``until``; an event arriving at a tick's time comes before the tick.
+    """
+    items: list[tuple[float, int, int, bytes, float, int]] = []
+    for i, item in enumerate(spec):
+        partition, key, t = item[0], item[1], item[2]
+        arrival = item[3] if len(item) > 3 else t  # type: ignore[misc]
+        items.append((arrival, 0, i, json.dumps({"key": key, "ts": ORIGIN + t}).encode(),
+                      ORIGIN + t, partition))
+    k = 1
+    while k * tick_every <= until + 1e-9:
+        for partition in range(partitions):
+            items.append((k * tick_every, 1, partition, TICK, ORIGIN + k * tick_every,
+                          partition))
+        k += 1
+    items.sort(key=lambda item: item[:3])
+    offsets: dict[int, int] = defaultdict(int)
+    out = []
+    for _, _, _, value, stamp, partition in items:
+        out.append((partition, value, offsets[partition], "events", round(stamp * 1000),
+                    TIMESTAMP_CREATE_TIME))
+        offsets[partition] += 1
+    return out
+
+
 def _decode(encoded: tuple[str, bytes | None, bytes]) -> Record:
     return encoded[0], json.loads(encoded[2])
 
@@ -104,6 +144,8 @@ class CoreFlow:
                        for p in range(partitions)}
         self.shards = {s: ShardState(spec, partitions, declared, noise, states["shards"].get(s))
                        for s in range(config.shards)}
+        for shard in self.shards.values():  # as the flow builds them (keyed_statistics)
+            shard.end_step = end_step_of(config)
         self.encoder = RecordEncoder(config.name, config.origin, config.step_seconds,
                                      config.privacy.delta)
         self.records: list[Record] = []
@@ -118,10 +160,9 @@ class CoreFlow:
 
     def end_of_input(self) -> None:
         """A bounded input ended: partitions close, then shards stop waiting for empty ones."""
-        for clock in self.clocks.values():
-            if clock.watermark is not None:
-                for update in clock.end_of_input():
-                    self._publish(self.shards[update.shard].update(update))
+        for clock in self.clocks.values():  # (a partition without records has no update)
+            for update in clock.end_of_input():
+                self._publish(self.shards[update.shard].update(update))
         for shard in self.shards.values():
             self._publish(shard.end_of_input())
 
