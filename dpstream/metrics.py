@@ -219,8 +219,8 @@ class FlowMetrics:
         self._closed: int | None = None
         r.register(_StepLagCollector(self))
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
-        """Expose the registry over HTTP on ``port``."""
+    def serve(self, port: int, addr: str = "127.0.0.1") -> None:
+        """Expose the registry over HTTP on ``addr:port`` (this host only by default)."""
         start_http_server(port, addr=addr, registry=self.registry)
 
     def observe_input(self, name: str, amount: int) -> None:

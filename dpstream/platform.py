@@ -29,14 +29,23 @@ from bytewax.outputs import Sink
 
 from dpstream.config import FlowConfig
 from dpstream.core.noise import NoiseKey
-from dpstream.io.kafka import KafkaClients, KafkaInput, KafkaOutput, wait_for_topics
+from dpstream.errors import ConfigError
+from dpstream.io.kafka import (
+    KafkaClients,
+    KafkaInput,
+    KafkaOutput,
+    broker_time_problem,
+    probe_timestamp_type,
+    wait_for_topics,
+)
 from dpstream.io.records import encode_dead_letter, flatten
 from dpstream.kinds import flow_kind
 from dpstream.messages import RawBatch, RawMessage
 from dpstream.metrics import FlowMetrics
 from dpstream.stream.operators import assign_steps
 
-__all__ = ["FlowParts", "build_flow", "input_partitions", "kafka_clients", "output_topics"]
+__all__ = ["FlowParts", "build_flow", "check_broker_time", "input_partitions", "kafka_clients",
+           "output_topics"]
 
 log = logging.getLogger("dpstream")
 
@@ -77,6 +86,34 @@ def input_partitions(config: FlowConfig, clients: KafkaClients) -> dict[str, int
     return {topic: wait_for_topics(clients, topic, outputs if i == 0 else (),
                                    config.kafka.startup_timeout_seconds)
             for i, topic in enumerate(input_topics(config))}
+
+
+def check_broker_time(config: FlowConfig, clients: KafkaClients) -> None:
+    """Stop at start-up if ``flow.clock = "broker"`` cannot work on the input topics.
+
+    Probes partition 0 of every input topic (:func:`~dpstream.io.kafka.probe_timestamp_type`):
+    when the flow writes heartbeat ticks anyway (``kafka.tail`` and ``flow.heartbeat`` on), it
+    writes one tick and reads its timestamp type back; otherwise it reads the partition's first
+    record, if any, and writes nothing. A broker that ignores LogAppendTime (the embedded
+    ``dpstream broker``) or a topic without it would turn every event into a dead letter.
+
+    Raises:
+        ConfigError: a probed record carries no broker time; the message names the fixes.
+    """
+    if config.clock != "broker":
+        return
+    write = config.kafka.tail and config.heartbeat_seconds > 0
+    for topic in input_topics(config):
+        kind = probe_timestamp_type(clients, topic, 0, write=write)
+        problem = broker_time_problem(topic, kind)
+        if problem is not None:
+            raise ConfigError(problem)
+        if kind is None:
+            log.info("input topic %s: no record to check its timestamp type on (an empty "
+                     "topic and no heartbeat): records without broker time (LogAppendTime) "
+                     "become dead letters", topic)
+        else:
+            log.info("input topic %s: records carry broker time (LogAppendTime)", topic)
 
 
 def build_flow(

@@ -68,7 +68,9 @@ __all__ = [
     "KafkaOutput",
     "OutputError",
     "RateLimitedLog",
+    "broker_time_problem",
     "is_secret",
+    "probe_timestamp_type",
     "wait_for_topics",
 ]
 
@@ -327,6 +329,84 @@ def create_missing_topics(clients: KafkaClients, wanted: Mapping[str, tuple[int,
             if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise DpstreamError(f"cannot create topic {name!r}: {exc.args[0].str()}") from None
     return {name: existing.get(name) for name in wanted}
+
+
+# --- timestamp probe ------------------------------------------------------------------------
+
+PROBE_TIMEOUT_SECONDS: Final = 10.0
+TIMESTAMP_NAMES: Final = {0: "none", 1: "CreateTime", 2: "LogAppendTime"}
+
+
+def probe_timestamp_type(clients: KafkaClients, topic: str, partition: int = 0, *,
+                         write: bool = True, timeout: float = PROBE_TIMEOUT_SECONDS
+                         ) -> int | None:
+    """The timestamp type the broker gives records of ``topic[partition]``.
+
+    With ``write``, a heartbeat tick (:data:`~dpstream.messages.TICK`, which every consumer
+    of the flow skips) is written to the partition and read back at the offset its delivery
+    report names, so the answer is what the broker did with a record written now: a topic
+    with ``message.timestamp.type=LogAppendTime`` on a broker that honours it gives 2
+    (LogAppendTime); a topic without it, or a broker that ignores it (Tansu, the embedded
+    ``dpstream broker``), gives 1 (CreateTime). Without ``write`` the partition's first
+    record is read (nothing is written), if there is one.
+
+    Returns:
+        0 (no timestamp), 1 (CreateTime) or 2 (LogAppendTime); None when nothing could be
+        read back within ``timeout`` (an empty partition without ``write``).
+
+    Raises:
+        DpstreamError: the probe record could not be written.
+    """
+    offset = OFFSET_BEGINNING
+    if write:
+        producer = Producer(clients.config(
+            "producer", **{"linger.ms": 0, "client.id": "dpstream-probe",
+                           "message.timeout.ms": max(1000, int(timeout * 1000))}))
+        reports: list[tuple[KafkaError | None, int | None]] = []
+        producer.produce(topic, TICK, b"dpstream.tick", partition=partition,
+                         on_delivery=lambda err, msg: reports.append((err, msg.offset())))
+        producer.flush(timeout)
+        if not reports or reports[0][0] is not None or reports[0][1] is None:
+            why = reports[0][0].str() if reports and reports[0][0] is not None else "no answer"
+            raise DpstreamError(f"cannot write a probe record (a heartbeat tick) to "
+                                f"{topic}[{partition}] to check its timestamps: {why}")
+        offset = reports[0][1]
+    consumer = Consumer(clients.config(
+        "consumer", **{"group.id": "dpstream-probe", "enable.auto.commit": False,
+                       "enable.partition.eof": True, "auto.offset.reset": "earliest"}))
+    try:
+        consumer.assign([TopicPartition(topic, partition, offset)])
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            message = consumer.poll(min(0.5, max(0.01, deadline - time.monotonic())))
+            if message is None:
+                continue
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF and not write:
+                    return None
+                continue
+            return int(message.timestamp()[0])
+        return None
+    finally:
+        consumer.close()
+
+
+def broker_time_problem(topic: str, kind: int | None) -> str | None:
+    """Why ``flow.clock = "broker"`` cannot read ``topic`` (from a probed timestamp type).
+
+    None when the records carry broker time (LogAppendTime) or nothing could be probed.
+    """
+    if kind is None or kind == 2:
+        return None
+    got = ("the producer's time (CreateTime)" if kind == 1 else "no timestamp")
+    return (f"input topic {topic!r}: a probe record came back with {got}, not broker time "
+            "(LogAppendTime), so flow.clock = \"broker\" would dead-letter every event. "
+            "Either the topic lacks message.timestamp.type=LogAppendTime (set it: kafka-configs "
+            f"--alter --entity-type topics --entity-name {topic} --add-config "
+            "message.timestamp.type=LogAppendTime), or the broker ignores it (the embedded "
+            "`dpstream broker` does: use a broker that honours it), or, if every producer of "
+            "the topic is trusted, set flow.clock = \"producer\" (or DPSTREAM_FLOW_CLOCK=producer)")
 
 
 # --- input ----------------------------------------------------------------------------------
