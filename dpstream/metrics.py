@@ -58,7 +58,8 @@ answers and ``exhausted`` model records, each of which sets
 
 * ``dpstream_up`` -- 1 while the process serves metrics (count processes with ``sum``).
 * ``dpstream_partition_frontier_step{partition}`` -- the first step the input partition
-  has not closed; ``dpstream_partition_broker_time_seconds{partition}`` -- the latest
+  (``partition="topic[p]"``: its topic and its partition there) has not closed;
+  ``dpstream_partition_broker_time_seconds{partition}`` -- the latest
   trusted broker timestamp seen on it (Unix seconds).
 * ``dpstream_closed_step`` -- the smallest step through which every shard of this
   process has closed (all releases up to it are out); absent while a shard that reported
@@ -85,7 +86,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
@@ -212,6 +213,7 @@ class FlowMetrics:
                 "Records on the broker not yet read, by partition (exact: operator data).",
                 ["flow", "partition"], registry=r)
         self._clock = clock
+        self._partition_names: list[str] = []
         self._origin_seconds: float | None = None
         self._step_seconds: float | None = None
         self._shard_closed: dict[int, int | None] = {}
@@ -450,10 +452,23 @@ class FlowMetrics:
             self._origin_seconds = float(origin_seconds)
             self._step_seconds = float(step_seconds)
 
+    def set_partition_names(self, names: Sequence[str]) -> None:
+        """Name the flow's input partitions (``topic[partition]``), by flow partition number.
+
+        A flow numbers the partitions of all its input topics one after the other; the
+        ``partition`` label and the log lines name each by its topic and its own partition.
+        """
+        self._partition_names = list(names)
+
+    def partition_name(self, partition: int) -> str:
+        """``topic[partition]`` of a flow input partition (its number if it has no name)."""
+        names = self._partition_names
+        return names[partition] if 0 <= partition < len(names) else str(partition)
+
     def observe_partition(self, partition: int, frontier_step: int | None,
                           broker_seconds: float | None) -> None:
         """Publish an input partition's frontier and latest broker time (None: unchanged)."""
-        label = str(partition)
+        label = self.partition_name(partition)
         if frontier_step is not None:
             self.partition_frontier.labels(self.flow, label).set(frontier_step)
         if broker_seconds is not None:
@@ -491,7 +506,7 @@ class FlowMetrics:
         An exact count: recorded only with ``exact_counts``.
         """
         if self.exact_counts:
-            self.input_lag.labels(self.flow, str(partition)).set(records)
+            self.input_lag.labels(self.flow, self.partition_name(partition)).set(records)
 
     def observe_delivery(self, pending: int, delivered: dict[str, int], retried: int) -> None:
         """Publish the Kafka sink's state.

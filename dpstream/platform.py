@@ -45,7 +45,7 @@ from dpstream.metrics import FlowMetrics
 from dpstream.stream.operators import assign_steps
 
 __all__ = ["FlowParts", "build_flow", "check_broker_time", "input_partitions", "kafka_clients",
-           "output_topics"]
+           "output_topics", "partition_names"]
 
 log = logging.getLogger("dpstream")
 
@@ -86,6 +86,16 @@ def input_partitions(config: FlowConfig, clients: KafkaClients) -> dict[str, int
     return {topic: wait_for_topics(clients, topic, outputs if i == 0 else (),
                                    config.kafka.startup_timeout_seconds)
             for i, topic in enumerate(input_topics(config))}
+
+
+def partition_names(topics: list[str], counts: list[int]) -> list[str]:
+    """``topic[partition]`` of every flow input partition, in the flow's numbering.
+
+    The flow numbers the partitions of its input topics one after the other (a second topic's
+    partition 0 follows the first's last); logs and metrics name them by topic and partition.
+    """
+    return [f"{topic}[{p}]" for topic, count in zip(topics, counts, strict=True)
+            for p in range(count)]
 
 
 def check_broker_time(config: FlowConfig, clients: KafkaClients) -> None:
@@ -181,6 +191,7 @@ def build_flow(
     total = sum(counts)
     if metrics is not None:
         metrics.set_clock(config.origin.timestamp(), config.step_seconds)
+        metrics.set_partition_names(partition_names(topics, counts))
     assigned = assign_steps("assign_steps", raw, kind.clock(config, bases), metrics)
     parts = FlowParts(config, noise, instance, total, metrics, options)
     encoded = op.merge("encoded", kind.wire(parts, assigned.updates),
