@@ -76,6 +76,9 @@ answers and ``exhausted`` model records, each of which sets
 * ``dpstream_kafka_client_errors_total{client}`` (client: consumer, producer, admin) --
   error-level librdkafka log lines and error callbacks.
 * ``dpstream_input_lag_records{partition}`` -- exact; see above.
+* ``dpstream_topology_anomalies_total{topic, reason}`` -- a re-created, re-partitioned or
+  truncated input topic (:mod:`dpstream.topology`): a changed partition count, a vanished
+  partition, a recovery offset past a partition's end, offsets that went back.
 
 Counters with a fixed set of label values (delivered, retries, client errors) start at 0,
 so ``increase()`` sees their first increment.
@@ -212,6 +215,11 @@ class FlowMetrics:
                 "dpstream_input_lag_records",
                 "Records on the broker not yet read, by partition (exact: operator data).",
                 ["flow", "partition"], registry=r)
+        self.topology_anomalies = Counter(
+            "dpstream_topology_anomalies",
+            "Input topology anomalies, by topic and reason (partition_count_changed, "
+            "partition_vanished, offset_past_end, offsets_went_back): a re-created, "
+            "re-partitioned or truncated input topic.", ["flow", "topic", "reason"], registry=r)
         self._clock = clock
         self._partition_names: list[str] = []
         self._origin_seconds: float | None = None
@@ -451,6 +459,18 @@ class FlowMetrics:
         with self._lock:
             self._origin_seconds = float(origin_seconds)
             self._step_seconds = float(step_seconds)
+
+    def observe_topology(self, topic: str, reason: str) -> None:
+        """Count one input topology anomaly of ``topic`` (see :mod:`dpstream.topology`).
+
+        Raises:
+            ValueError: an unknown reason.
+        """
+        from dpstream.topology import REASONS
+
+        if reason not in REASONS:
+            raise ValueError(f"reason must be one of {', '.join(REASONS)}, got {reason!r}")
+        self.topology_anomalies.labels(self.flow, topic, reason).inc()
 
     def set_partition_names(self, names: Sequence[str]) -> None:
         """Name the flow's input partitions (``topic[partition]``), by flow partition number.

@@ -45,7 +45,7 @@ from dpstream.metrics import FlowMetrics
 from dpstream.stream.operators import assign_steps
 
 __all__ = ["FlowParts", "build_flow", "check_broker_time", "input_partitions", "kafka_clients",
-           "output_topics", "partition_names"]
+           "output_topics", "partition_names", "check_input_topology"]
 
 log = logging.getLogger("dpstream")
 
@@ -86,6 +86,44 @@ def input_partitions(config: FlowConfig, clients: KafkaClients) -> dict[str, int
     return {topic: wait_for_topics(clients, topic, outputs if i == 0 else (),
                                    config.kafka.startup_timeout_seconds)
             for i, topic in enumerate(input_topics(config))}
+
+
+def check_input_topology(config: FlowConfig, clients: KafkaClients, partitions: Mapping[str, int],
+                         recovery_dir: str | None, metrics: FlowMetrics | None
+                         ) -> dict[str, dict[int, int]]:
+    """Compare a resumed store's input partitions with the topics now (:mod:`dpstream.topology`).
+
+    Returns:
+        The partitions to read from their start (their recovery offset is past their end).
+
+    Raises:
+        ConfigError: a partition count differs from the store's (the message names the topic,
+            both counts and the stored offsets).
+    """
+    from dpstream.io.kafka import offset_past_end
+    from dpstream.topology import (
+        check_topology,
+        enforce,
+        rewinds,
+        store_is_complete,
+        stored_offsets,
+    )
+
+    if not recovery_dir:
+        return {}
+    topics = input_topics(config)
+    steps = {f"{config.name}.kafka_in" + ("" if i == 0 else f"_{i}"): topic
+             for i, topic in enumerate(topics)}
+    stored = stored_offsets(recovery_dir, steps)
+    if not stored:
+        return {}
+    anomalies = check_topology(
+        stored, partitions,
+        lambda topic, partition, offset: offset_past_end(clients, topic, partition, offset),
+        complete=store_is_complete(recovery_dir))
+    enforce(anomalies, metrics.observe_topology if metrics is not None
+            else (lambda _t, _r: None))
+    return rewinds(anomalies)
 
 
 def partition_names(topics: list[str], counts: list[int]) -> list[str]:
@@ -136,6 +174,7 @@ def build_flow(
     sink: Sink[Any] | None = None,
     metrics: FlowMetrics | None = None,
     sink_batches: bool = False,
+    rewind: Mapping[str, Mapping[int, int]] | None = None,
     **options: Any,
 ) -> Dataflow:
     """Build the dataflow of ``config``'s flow kind.
@@ -155,6 +194,8 @@ def build_flow(
             (a kind may emit a closed step's records as one
             :class:`~dpstream.io.records.EncodedBatch`) instead of one triple per record
             (``bench/``). The Kafka sink always takes both.
+        rewind: ``{topic: {partition: recovery offset}}`` of partitions whose recovery
+            offset lies past their end (:mod:`dpstream.topology`): read from their start.
         options: passed to the kind's wiring (e.g. the counters' ``shard_class`` for
             ``bench/``'s non-private baseline).
     """
@@ -170,12 +211,15 @@ def build_flow(
             partitions = {topics[0]: partitions}
         counts = [partitions[topic] for topic in topics]
         observe_lag = metrics.observe_input_lag if metrics is not None else None
+        observe_anomaly = metrics.observe_topology if metrics is not None else None
+        rewind = rewind or {}
         streams: list[Stream[RawBatch]] = []
         first = 0
         for i, (topic, count) in enumerate(zip(topics, counts, strict=True)):
             reader = KafkaInput(clients, topic, count, group_id=kafka.group_id,
                                 start_offset=kafka.start_offset, batch_size=kafka.batch_size,
-                                tail=kafka.tail, observe_lag=observe_lag, first_partition=first)
+                                tail=kafka.tail, observe_lag=observe_lag, first_partition=first,
+                                rewind=rewind.get(topic), observe_anomaly=observe_anomaly)
             streams.append(op.input("kafka_in" if i == 0 else f"kafka_in_{i}", flow, reader))
             first += count
         raw = streams[0] if len(streams) == 1 else op.merge("inputs", *streams)

@@ -247,6 +247,7 @@ def flow_from_environment(config_path: str | None = None, recovery_dir: str | No
     from dpstream.platform import (
         build_flow,
         check_broker_time,
+        check_input_topology,
         input_partitions,
         kafka_clients,
         output_topics,
@@ -300,8 +301,10 @@ def flow_from_environment(config_path: str | None = None, recovery_dir: str | No
              "README)", ", ".join(f"{t} ({n} partitions)" for t, n in partitions.items()),
              ",".join(config.kafka.brokers),
              ", ".join(f"{role} to {topic}" for role, topic in output_topics(config).items()))
+    rewind = check_input_topology(config, clients, partitions,
+                                  recovery_dir if instance.resumed else None, metrics)
     flow = build_flow(config, noise, instance=instance.id, partitions=partitions,
-                      metrics=metrics)
+                      metrics=metrics, rewind=rewind)
     if config.kafka.tail and config.heartbeat_seconds > 0:
         for topic, count in partitions.items():
             Heartbeat(clients, topic, count, config.heartbeat_seconds).start()

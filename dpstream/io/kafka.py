@@ -70,6 +70,7 @@ __all__ = [
     "RateLimitedLog",
     "broker_time_problem",
     "is_secret",
+    "offset_past_end",
     "probe_timestamp_type",
     "wait_for_topics",
 ]
@@ -392,6 +393,66 @@ def probe_timestamp_type(clients: KafkaClients, topic: str, partition: int = 0, 
         consumer.close()
 
 
+def offset_past_end(clients: KafkaClients, topic: str, partition: int, offset: int,
+                    timeout: float = 3.0) -> int | None:
+    """The end of ``topic[partition]`` if ``offset`` lies beyond it, else None.
+
+    The broker's high watermark answers first; a broker that under-reports it (Tansu) is
+    checked by reading the record just before ``offset``: a record there, or an end of
+    partition at ``offset`` or later, means the offset is within the partition. A fetch
+    beyond the end returns nothing on such a broker (a silent stall), which is what this
+    catches.
+    """
+    consumer = Consumer(clients.config(
+        "consumer", **{"group.id": "dpstream-probe", "enable.auto.commit": False,
+                       "enable.partition.eof": True, "auto.offset.reset": "error"}))
+    try:
+        try:
+            _low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition),
+                                                        timeout=timeout)
+        except KafkaException:
+            return None  # cannot tell: the reader itself reports what it meets
+        if offset <= high:
+            return None
+        # a record at or after offset - 1, or an end at or after offset: within the partition
+        first = _first_position(consumer, topic, partition, offset - 1, timeout, records=True)
+        if first is not None and first >= offset - 1:
+            return None
+        first = _first_position(consumer, topic, partition, offset - 1, timeout)
+        if first is not None and first >= offset:
+            return None
+        # past the end: the end is where a read from the reported high watermark stops
+        end = _first_position(consumer, topic, partition, max(high, 0), timeout, eof=True)
+        return high if end is None else end
+    finally:
+        consumer.close()
+
+
+def _first_position(consumer: Consumer, topic: str, partition: int, offset: int,
+                    timeout: float, eof: bool = False, records: bool = False) -> int | None:
+    """The offset of the first record at or after ``offset``, or of the partition's end.
+
+    With ``eof``, read on to the end of the partition and return its offset; with
+    ``records``, only a record counts (an end gives None). None when the broker answered
+    nothing (a fetch past the end on some brokers) or refused the offset.
+    """
+    consumer.assign([TopicPartition(topic, partition, offset)])
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        message = consumer.poll(0.2)
+        if message is None:
+            continue
+        error = message.error()
+        if error is None:
+            if eof:
+                continue
+            return int(message.offset())
+        if error.code() == KafkaError._PARTITION_EOF:
+            return None if records else int(message.offset())
+        return None  # out of range (auto.offset.reset = error)
+    return None
+
+
 def broker_time_problem(topic: str, kind: int | None) -> str | None:
     """Why ``flow.clock = "broker"`` cannot read ``topic`` (from a probed timestamp type).
 
@@ -412,6 +473,9 @@ def broker_time_problem(topic: str, kind: int | None) -> str | None:
 # --- input ----------------------------------------------------------------------------------
 
 Observer = Callable[[int, int], None]  # partition, records not yet read
+AnomalyObserver = Callable[[str, str], None]  # topic, reason (dpstream.topology.REASONS)
+_GONE: Final = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION,
+                          KafkaError._UNKNOWN_TOPIC})
 _IDLE_WAIT: Final = timedelta(milliseconds=20)
 
 
@@ -420,9 +484,12 @@ class _InputPartition(StatefulSourcePartition[RawBatch, int]):
 
     def __init__(self, config: dict[str, Any], topic: str, partition: int, offset: int,
                  batch_size: int, tail: bool, observe_lag: Observer,
-                 first_partition: int = 0) -> None:
+                 first_partition: int = 0,
+                 observe_anomaly: AnomalyObserver | None = None) -> None:
         self.topic, self.partition, self.batch_size, self.tail = topic, partition, \
             batch_size, tail
+        self.observe_anomaly = observe_anomaly or (lambda _t, _r: None)
+        self._reported: set[str] = set()
         self.flow_partition = first_partition + partition
         self.observe_lag = observe_lag
         self.offset = offset
@@ -458,6 +525,11 @@ class _InputPartition(StatefulSourcePartition[RawBatch, int]):
                     if not self.tail:
                         self._eof = True
                     continue
+                if error.code() in _GONE:
+                    self._anomaly("partition_vanished",
+                                  "input %s[%d] vanished (at offset %d): %s; the flow waits for "
+                                  "it, and steps stay open until it is back",
+                                  topic, partition, self.offset, error.str())
                 self.errors(f"consume:{error.code()}", logging.WARNING,
                             "input %s[%d]: %s", topic, partition, error.str())
                 continue
@@ -467,10 +539,23 @@ class _InputPartition(StatefulSourcePartition[RawBatch, int]):
         self._idle = not values
         if not values:
             return []
+        if self.offset >= 0 and offsets[0] < self.offset:  # type: ignore[operator]
+            self._anomaly("offsets_went_back",
+                          "input %s[%d]: expected offset %d next, the broker delivered offset %d: "
+                          "the partition is shorter than what was read (the topic was re-created "
+                          "or truncated); reading on from there", topic, partition, self.offset,
+                          offsets[0])
         self.offset = offsets[-1] + 1  # type: ignore[operator]
         kinds_ms = np.array(stamps, dtype=np.int64).reshape(-1, 2)
         return [RawBatch(self.flow_partition, values, offsets, [topic] * len(values),
                          kinds_ms[:, 1].astype(np.float64), kinds_ms[:, 0].copy())]
+
+    def _anomaly(self, reason: str, message: str, *args: Any) -> None:
+        """Count a topology anomaly; log it once per reason and partition."""
+        self.observe_anomaly(self.topic, reason)
+        if reason not in self._reported:
+            self._reported.add(reason)
+            log.warning(message, *args)
 
     def next_awake(self) -> datetime | None:
         if self._idle:  # nothing arrived: do not spin on the broker
@@ -504,6 +589,9 @@ class KafkaInput(FixedPartitionedSource[RawBatch, int]):
         batch_size: most records per batch.
         tail: keep reading at the end (``False``: the input ends at the end of the topic).
         observe_lag: called with (partition, records not yet read) from librdkafka's statistics.
+        rewind: partition -> a recovery offset found past the partition's end at start-up
+            (:mod:`dpstream.topology`): that partition is read from its start instead.
+        observe_anomaly: called with (topic, reason) on a topology anomaly met while reading.
         first_partition: the flow's input partition number of this topic's partition 0 (a
             flow with several input topics numbers their partitions one after the other).
     """
@@ -511,7 +599,8 @@ class KafkaInput(FixedPartitionedSource[RawBatch, int]):
     def __init__(self, clients: KafkaClients, topic: str, partitions: int, *,
                  group_id: str, start_offset: str = "earliest", batch_size: int = 10_000,
                  tail: bool = True, observe_lag: Observer | None = None,
-                 first_partition: int = 0) -> None:
+                 first_partition: int = 0, rewind: Mapping[int, int] | None = None,
+                 observe_anomaly: AnomalyObserver | None = None) -> None:
         if start_offset not in START_OFFSETS:
             raise ConfigError(f"kafka.start_offset must be one of {sorted(START_OFFSETS)}, "
                               f"got {start_offset!r}")
@@ -520,6 +609,8 @@ class KafkaInput(FixedPartitionedSource[RawBatch, int]):
         self.batch_size, self.tail = batch_size, tail
         self.observe_lag = observe_lag or (lambda _p, _n: None)
         self.first_partition = first_partition
+        self.rewind = dict(rewind or {})
+        self.observe_anomaly = observe_anomaly
 
     def list_parts(self) -> list[str]:
         """One Bytewax input partition per Kafka partition, named by its index."""
@@ -535,8 +626,12 @@ class KafkaInput(FixedPartitionedSource[RawBatch, int]):
                            "auto.offset.reset": "earliest",
                            "statistics.interval.ms": 5000})
         offset = START_OFFSETS[self.start_offset] if resume_state is None else resume_state
-        return _InputPartition(config, self.topic, int(for_part), offset, self.batch_size,
-                               self.tail, self.observe_lag, self.first_partition)
+        partition = int(for_part)
+        if resume_state is not None and self.rewind.get(partition) == resume_state:
+            offset = OFFSET_BEGINNING  # past the partition's end (dpstream.topology)
+        return _InputPartition(config, self.topic, partition, offset, self.batch_size,
+                               self.tail, self.observe_lag, self.first_partition,
+                               self.observe_anomaly)
 
 
 # --- output ---------------------------------------------------------------------------------
