@@ -472,6 +472,18 @@ class FlowMetrics:
             raise ValueError(f"reason must be one of {', '.join(REASONS)}, got {reason!r}")
         self.topology_anomalies.labels(self.flow, topic, reason).inc()
 
+    def declare_input_topics(self, topics: Iterable[str]) -> None:
+        """Start ``dpstream_topology_anomalies_total`` at 0 for every input topic and reason.
+
+        The series then exist from the start (the alert's and the dashboards' selectors find
+        them), and ``increase()`` sees a first anomaly.
+        """
+        from dpstream.topology import REASONS
+
+        for topic in topics:
+            for reason in REASONS:
+                self.topology_anomalies.labels(self.flow, topic, reason)
+
     def set_partition_names(self, names: Sequence[str]) -> None:
         """Name the flow's input partitions (``topic[partition]``), by flow partition number.
 

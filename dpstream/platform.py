@@ -236,6 +236,7 @@ def build_flow(
     if metrics is not None:
         metrics.set_clock(config.origin.timestamp(), config.step_seconds)
         metrics.set_partition_names(partition_names(topics, counts))
+        metrics.declare_input_topics(topics)
     assigned = assign_steps("assign_steps", raw, kind.clock(config, bases), metrics)
     parts = FlowParts(config, noise, instance, total, metrics, options)
     encoded = op.merge("encoded", kind.wire(parts, assigned.updates),

@@ -301,6 +301,7 @@ def flow_from_environment(config_path: str | None = None, recovery_dir: str | No
              "README)", ", ".join(f"{t} ({n} partitions)" for t, n in partitions.items()),
              ",".join(config.kafka.brokers),
              ", ".join(f"{role} to {topic}" for role, topic in output_topics(config).items()))
+    metrics.declare_input_topics(partitions)
     rewind = check_input_topology(config, clients, partitions,
                                   recovery_dir if instance.resumed else None, metrics)
     flow = build_flow(config, noise, instance=instance.id, partitions=partitions,
