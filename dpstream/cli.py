@@ -146,7 +146,7 @@ def _topics(args: argparse.Namespace) -> int:
                 else TIMESTAMP_NAMES.get(got, str(got))
             asked = "asked for LogAppendTime, " if existed is None else ""
             line += f"; {asked}records get timestamp type {shown}"
-            if got is not None and got != 2 and config.clock == "broker":
+            if got is not None and got != 2:
                 unusable.append(name)
         print(line)
     if unusable:

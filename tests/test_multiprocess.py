@@ -240,6 +240,7 @@ mode = "declared"
 keys = {keys}
 [metrics]
 port = {metrics_port}
+exact_counts = true  # these tests read the exact input counts
 """
 
 
@@ -289,6 +290,7 @@ accounting = "pure"
 budget = 2.0
 [metrics]
 port = {metrics_port}
+exact_counts = true  # these tests read the exact input counts
 """ + "".join(f"""
 [[histograms]]
 name = "{histogram}"
@@ -367,6 +369,7 @@ accounting = "pure"
 epsilon = 2.0
 [metrics]
 port = {metrics_port}
+exact_counts = true  # these tests read the exact input counts
 [model]
 classes = ["no", "yes"]
 dimension = {dimension}

@@ -461,8 +461,8 @@ def broker_time_problem(topic: str, kind: int | None) -> str | None:
     if kind is None or kind == 2:
         return None
     got = ("the producer's time (CreateTime)" if kind == 1 else "no timestamp")
-    return (f"input topic {topic!r}: a probe record came back with {got}, not broker time "
-            "(LogAppendTime), so flow.clock = \"broker\" would dead-letter every event. "
+    return (f"input topic {topic!r}: records of {topic}[0] come back with {got}, not broker "
+            "time (LogAppendTime), so flow.clock = \"broker\" would dead-letter every event. "
             "Either the topic lacks message.timestamp.type=LogAppendTime (set it: kafka-configs "
             f"--alter --entity-type topics --entity-name {topic} --add-config "
             "message.timestamp.type=LogAppendTime), or the broker ignores it (the embedded "
