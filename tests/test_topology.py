@@ -193,3 +193,59 @@ def test_offsets_past_the_end_of_a_recreated_topic_warn_and_read_it_from_its_sta
                                                     idle=1)]
     assert max(r["step"] for r in after) > last_step  # the new topic's events were read
     assert "Traceback" not in again.stderr
+
+
+def test_check_topology_rules_without_a_broker():
+    from dpstream.topology import check_topology, rewinds
+
+    def never(_t, _p, _o):
+        return None
+
+    # a store split over per-process volumes may hold only some partitions: not "added"
+    assert check_topology({"e": {0: 5}}, {"e": 2}, never, complete=False) == []
+    [added] = check_topology({"e": {0: 5}}, {"e": 2}, never, complete=True)
+    assert added.fatal and added.reason == "partition_count_changed" and "e[1]..e[1]" in added.text
+    # a vanished partition is certain whatever the store holds
+    [gone] = check_topology({"e": {0: 5, 3: 7}}, {"e": 2}, never, complete=False)
+    assert gone.fatal and gone.reason == "partition_vanished" and "e[3] vanished" in gone.text
+    # start positions (never read: negative) are not offsets; a past-end offset is a warning
+    past = check_topology({"e": {0: -2, 1: 9}}, {"e": 2},
+                          lambda t, p, o: 4 if (t, p, o) == ("e", 1, 9) else None)
+    assert [(a.reason, a.fatal, a.partition) for a in past] == [("offset_past_end", False, 1)]
+    assert rewinds(past) == {"e": {1: 9}}
+    assert "e[1]: the recovery store resumes at offset 9 but the partition ends at offset 4" \
+        in past[0].text
+
+
+def test_a_tailing_partition_whose_position_is_past_the_end_reads_it_again_from_its_start(
+        broker, topic_factory, monkeypatch):
+    """While the flow runs: a position past the end (a topic re-created under the flow).
+
+    The embedded broker answers a fetch past the end with nothing at all (no error, no end of
+    partition): the reader was silent for ever. Deleting a topic under a running consumer
+    crashes librdkafka against this broker (see NOTES.md), so the reader is started past the
+    end of a topic instead, as it is after a re-creation.
+    """
+    from dpstream.io import kafka
+    from dpstream.io.kafka import KafkaClients, KafkaInput
+    from dpstream.io.topics import produce
+
+    monkeypatch.setattr(kafka, "TOPOLOGY_CHECK_SECONDS", 0.0)
+    topic = topic_factory(1)
+    produce(broker.bootstrap, topic, [(None, b'{"key":"a","ts":1}')] * 5)
+    seen: list[tuple[str, str]] = []
+    reader = KafkaInput(KafkaClients((broker.bootstrap,)), topic, 1, group_id="g-past-end",
+                        observe_anomaly=lambda t, r: seen.append((t, r)))
+    part = reader.build_part("s", "0", 40)  # resumed at 40, the partition has 5 records
+    try:
+        got: list[int] = []
+        deadline = time.monotonic() + 30
+        while len(got) < 5 and time.monotonic() < deadline:
+            for batch in part.next_batch():
+                got.extend(batch.offsets)
+            time.sleep(0.05)
+        assert got == [0, 1, 2, 3, 4]
+        assert seen == [(topic, "offset_past_end")]
+        assert part.snapshot() == 5
+    finally:
+        part.close()

@@ -474,6 +474,8 @@ def broker_time_problem(topic: str, kind: int | None) -> str | None:
 
 Observer = Callable[[int, int], None]  # partition, records not yet read
 AnomalyObserver = Callable[[str, str], None]  # topic, reason (dpstream.topology.REASONS)
+TOPOLOGY_CHECK_SECONDS: Final = float(os.environ.get("DPSTREAM_TOPOLOGY_CHECK_SECONDS", "60"))
+"""How long a tailing input partition is idle before it checks its position is in the topic."""
 _GONE: Final = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION,
                           KafkaError._UNKNOWN_TOPIC})
 _IDLE_WAIT: Final = timedelta(milliseconds=20)
@@ -485,11 +487,14 @@ class _InputPartition(StatefulSourcePartition[RawBatch, int]):
     def __init__(self, config: dict[str, Any], topic: str, partition: int, offset: int,
                  batch_size: int, tail: bool, observe_lag: Observer,
                  first_partition: int = 0,
-                 observe_anomaly: AnomalyObserver | None = None) -> None:
+                 observe_anomaly: AnomalyObserver | None = None,
+                 clients: KafkaClients | None = None) -> None:
         self.topic, self.partition, self.batch_size, self.tail = topic, partition, \
             batch_size, tail
         self.observe_anomaly = observe_anomaly or (lambda _t, _r: None)
         self._reported: set[str] = set()
+        self.clients = clients
+        self._idle_since: float | None = None
         self.flow_partition = first_partition + partition
         self.observe_lag = observe_lag
         self.offset = offset
@@ -538,7 +543,9 @@ class _InputPartition(StatefulSourcePartition[RawBatch, int]):
             stamps.append(m.timestamp())
         self._idle = not values
         if not values:
+            self._check_when_idle()
             return []
+        self._idle_since = None
         if self.offset >= 0 and offsets[0] < self.offset:  # type: ignore[operator]
             self._anomaly("offsets_went_back",
                           "input %s[%d]: expected offset %d next, the broker delivered offset %d: "
@@ -549,6 +556,33 @@ class _InputPartition(StatefulSourcePartition[RawBatch, int]):
         kinds_ms = np.array(stamps, dtype=np.int64).reshape(-1, 2)
         return [RawBatch(self.flow_partition, values, offsets, [topic] * len(values),
                          kinds_ms[:, 1].astype(np.float64), kinds_ms[:, 0].copy())]
+
+    def _check_when_idle(self) -> None:
+        """After ``TOPOLOGY_CHECK_SECONDS`` without records, check the position is in the topic.
+
+        A topic re-created while the flow runs leaves the reader's position past the new
+        partition's end; some brokers (Tansu) then answer every fetch with nothing, not an
+        error, and the partition holds every step open in silence. Then the partition is
+        read from its start, with a warning and ``offset_past_end`` counted.
+        """
+        if not self.tail or self.clients is None or self.offset < 0:
+            return
+        now = time.monotonic()
+        if self._idle_since is None:
+            self._idle_since = now
+            return
+        if now - self._idle_since < TOPOLOGY_CHECK_SECONDS:
+            return
+        self._idle_since = now
+        end = offset_past_end(self.clients, self.topic, self.partition, self.offset)
+        if end is None:
+            return
+        self._anomaly("offset_past_end",
+                      "input %s[%d]: the next offset %d is past the partition's end %d (the "
+                      "topic was re-created or truncated while the flow ran): reading it from "
+                      "its start", self.topic, self.partition, self.offset, end)
+        self.consumer.assign([TopicPartition(self.topic, self.partition, OFFSET_BEGINNING)])
+        self.offset = OFFSET_BEGINNING
 
     def _anomaly(self, reason: str, message: str, *args: Any) -> None:
         """Count a topology anomaly; log it once per reason and partition."""
@@ -631,7 +665,7 @@ class KafkaInput(FixedPartitionedSource[RawBatch, int]):
             offset = OFFSET_BEGINNING  # past the partition's end (dpstream.topology)
         return _InputPartition(config, self.topic, partition, offset, self.batch_size,
                                self.tail, self.observe_lag, self.first_partition,
-                               self.observe_anomaly)
+                               self.observe_anomaly, self.clients)
 
 
 # --- output ---------------------------------------------------------------------------------
