@@ -442,13 +442,13 @@ def _first_position(consumer: Consumer, topic: str, partition: int, offset: int,
         message = consumer.poll(0.2)
         if message is None:
             continue
-        error = message.error()
+        error, position = message.error(), message.offset()
         if error is None:
             if eof:
                 continue
-            return int(message.offset())
+            return position
         if error.code() == KafkaError._PARTITION_EOF:
-            return None if records else int(message.offset())
+            return None if records else position
         return None  # out of range (auto.offset.reset = error)
     return None
 
