@@ -29,7 +29,7 @@ from bytewax.outputs import Sink
 
 from dpstream.config import FlowConfig
 from dpstream.core.noise import NoiseKey
-from dpstream.errors import ConfigError
+from dpstream.errors import ConfigError, DpstreamError
 from dpstream.io.kafka import (
     KafkaClients,
     KafkaInput,
@@ -152,7 +152,11 @@ def check_broker_time(config: FlowConfig, clients: KafkaClients) -> None:
         return
     write = config.kafka.tail and config.heartbeat_seconds > 0
     for topic in input_topics(config):
-        kind = probe_timestamp_type(clients, topic, 0, write=write)
+        try:
+            kind = probe_timestamp_type(clients, topic, 0, write=write)
+        except DpstreamError as exc:  # no write access, say: the heartbeat will say so too
+            log.warning("%s; checking the first record instead", exc)
+            kind = probe_timestamp_type(clients, topic, 0, write=False)
         problem = broker_time_problem(topic, kind)
         if problem is not None:
             raise ConfigError(problem)
