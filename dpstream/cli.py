@@ -107,9 +107,17 @@ def _write_new_private_file(path: str, text: str) -> None:
 
 
 def _topics(args: argparse.Namespace) -> int:
-    """Create the flow's input and output topics that are missing."""
+    """Create the flow's input and output topics that are missing; say what the broker did.
+
+    Each input topic is asked for ``message.timestamp.type=LogAppendTime``. Under ``flow.clock
+    = "broker"`` one heartbeat tick (which every consumer of the flow skips, and whose broker
+    time precedes every later record's) is then written to its partition 0 and read back, and
+    the line reports the timestamp type the broker actually gave it: a broker that accepts the
+    setting but ignores it (the embedded ``dpstream broker``) shows as CreateTime. Under the
+    producer clock nothing is written: a tick stamped now would make backfilled events late.
+    """
     from dpstream.config import load_config
-    from dpstream.io.kafka import create_missing_topics
+    from dpstream.io.kafka import TIMESTAMP_NAMES, create_missing_topics, probe_timestamp_type
     from dpstream.kinds import flow_kind
     from dpstream.platform import kafka_clients
 
@@ -120,16 +128,35 @@ def _topics(args: argparse.Namespace) -> int:
     roles = {setting.removesuffix("_topic").replace("_", "-"):
              (config.kafka.topic(setting), stamped if setting in kind.inputs else {})
              for setting in kind.topics}
+    clients = kafka_clients(config)
     result = create_missing_topics(
-        kafka_clients(config), {name: (args.partitions, settings)
-                                for name, settings in roles.values()}, timeout=args.timeout)
+        clients, {name: (args.partitions, settings) for name, settings in roles.values()},
+        timeout=args.timeout)
+    unusable = []
     for role, (name, settings) in roles.items():
         existed = result[name]
-        if existed is not None:
-            print(f"exists   {role:<12} {name} ({existed} partitions)")
-        else:
-            extra = " with LogAppendTime" if settings else ""
-            print(f"created  {role:<12} {name} ({args.partitions} partitions{extra})")
+        line = (f"exists   {role:<12} {name} ({existed} partitions)" if existed is not None
+                else f"created  {role:<12} {name} ({args.partitions} partitions)")
+        if settings and config.clock != "broker":
+            line += ("; timestamps not probed (flow.clock = \"producer\" places events by "
+                     "their producers' timestamps)")
+        elif settings:  # an input topic: what does the broker stamp its records with?
+            got = probe_timestamp_type(clients, name, 0, write=True, timeout=args.timeout)
+            shown = "unknown (the probe record was not read back)" if got is None \
+                else TIMESTAMP_NAMES.get(got, str(got))
+            asked = "asked for LogAppendTime, " if existed is None else ""
+            line += f"; {asked}records get timestamp type {shown}"
+            if got is not None and got != 2:
+                unusable.append(name)
+        print(line)
+    if unusable:
+        print(f"dpstream: warning: {', '.join(unusable)}: records carry no broker time "
+              "(LogAppendTime), so this flow's clock (flow.clock = \"broker\") would "
+              "dead-letter every event and `dpstream run` refuses to start. The "
+              "broker ignores LogAppendTime (the embedded `dpstream broker` does) or the topic "
+              "lacks it: set message.timestamp.type=LogAppendTime on the topic, use a broker "
+              "that honours it, or, with trusted producers only, flow.clock = \"producer\" "
+              "(DPSTREAM_FLOW_CLOCK=producer)", file=sys.stderr)
     return 0
 
 

@@ -90,7 +90,10 @@ class FlowConfig:
     time_field: str
     kafka: KafkaConfig
     metrics_port: int
-    metrics_exact_counts: bool = True
+    metrics_exact_counts: bool = False
+    """Register the exact input counts (events, dead letters): operator data, off by default."""
+    metrics_host: str = "127.0.0.1"
+    """The address the metrics endpoint binds (``metrics.host``): this host only by default."""
     heartbeat_seconds: float = 0.0
     """Seconds between heartbeat ticks to every input partition (0: none)."""
     tick_delay_seconds: float = 2.0
@@ -245,7 +248,12 @@ def parse_common(raw: dict[str, Any], source: str, *, kind_tables: frozenset[str
     if not 0 <= fields["metrics_port"] <= 65535:
         raise ConfigError(f"metrics.port must be in 0..65535 (0 = off), "
                           f"got {fields['metrics_port']}")
-    fields["metrics_exact_counts"] = metrics.get("exact_counts", True, bool)
+    fields["metrics_exact_counts"] = metrics.get("exact_counts", False, bool)
+    host = metrics.get("host", "127.0.0.1", str)
+    if not host or any(c.isspace() for c in host):
+        raise ConfigError(f"metrics.host must be an address such as '127.0.0.1' or '0.0.0.0' "
+                          f"(every interface), got {host!r}")
+    fields["metrics_host"] = host
     metrics.finish()
     fields["source"] = source
     return fields, kind_sections
@@ -370,7 +378,9 @@ def parse_config(raw: dict[str, Any], source: str = "<dict>") -> Any:
 _ENV_OVERRIDES: Final = {
     "DPSTREAM_BROKERS": ("kafka", "brokers"),
     "DPSTREAM_METRICS_PORT": ("metrics", "port"),
+    "DPSTREAM_METRICS_HOST": ("metrics", "host"),
     "DPSTREAM_FLOW_NAME": ("flow", "name"),
+    "DPSTREAM_FLOW_CLOCK": ("flow", "clock"),
 }
 _TOPIC_ENV: Final = ("input_topic", "dead_letter_topic", "releases_topic", "alerts_topic",
                      "queries_topic", "answers_topic")
@@ -381,7 +391,9 @@ def load_config(path: str | os.PathLike[str] | None = None,
     """Load the TOML file at ``path`` (or ``$DPSTREAM_CONFIG``) and apply environment overrides.
 
     Environment overrides: ``DPSTREAM_BROKERS`` (comma-separated), ``DPSTREAM_METRICS_PORT``,
-    ``DPSTREAM_FLOW_NAME``, and a topic setting as ``DPSTREAM_<SETTING>`` (e.g.
+    ``DPSTREAM_METRICS_HOST``, ``DPSTREAM_FLOW_NAME``, ``DPSTREAM_FLOW_CLOCK`` (``producer`` for
+    a trial on the embedded broker, which ignores LogAppendTime), and a topic setting as
+    ``DPSTREAM_<SETTING>`` (e.g.
     ``DPSTREAM_INPUT_TOPIC``, ``DPSTREAM_RELEASES_TOPIC``, ``DPSTREAM_ANSWERS_TOPIC``).
     """
     env = os.environ if environ is None else environ

@@ -58,7 +58,8 @@ answers and ``exhausted`` model records, each of which sets
 
 * ``dpstream_up`` -- 1 while the process serves metrics (count processes with ``sum``).
 * ``dpstream_partition_frontier_step{partition}`` -- the first step the input partition
-  has not closed; ``dpstream_partition_broker_time_seconds{partition}`` -- the latest
+  (``partition="topic[p]"``: its topic and its partition there) has not closed;
+  ``dpstream_partition_broker_time_seconds{partition}`` -- the latest
   trusted broker timestamp seen on it (Unix seconds).
 * ``dpstream_closed_step`` -- the smallest step through which every shard of this
   process has closed (all releases up to it are out); absent while a shard that reported
@@ -77,6 +78,9 @@ answers and ``exhausted`` model records, each of which sets
 * ``dpstream_kafka_client_errors_total{client}`` (client: consumer, producer, admin) --
   error-level librdkafka log lines and error callbacks.
 * ``dpstream_input_lag_records{partition}`` -- exact; see above.
+* ``dpstream_topology_anomalies_total{topic, reason}`` -- a re-created, re-partitioned or
+  truncated input topic (:mod:`dpstream.topology`): a changed partition count, a vanished
+  partition, a recovery offset past a partition's end, offsets that went back.
 
 Counters with a fixed set of label values (delivered, retries, client errors) start at 0,
 so ``increase()`` sees their first increment.
@@ -87,7 +91,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
@@ -213,7 +217,13 @@ class FlowMetrics:
                 "dpstream_input_lag_records",
                 "Records on the broker not yet read, by partition (exact: operator data).",
                 ["flow", "partition"], registry=r)
+        self.topology_anomalies = Counter(
+            "dpstream_topology_anomalies",
+            "Input topology anomalies, by topic and reason (partition_count_changed, "
+            "partition_vanished, offset_past_end, offsets_went_back): a re-created, "
+            "re-partitioned or truncated input topic.", ["flow", "topic", "reason"], registry=r)
         self._clock = clock
+        self._partition_names: list[str] = []
         self._origin_seconds: float | None = None
         self._step_seconds: float | None = None
         self._shard_closed: dict[int, int | None] = {}
@@ -221,8 +231,8 @@ class FlowMetrics:
         self._closed: int | None = None
         r.register(_StepLagCollector(self))
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
-        """Expose the registry over HTTP on ``port``."""
+    def serve(self, port: int, addr: str = "127.0.0.1") -> None:
+        """Expose the registry over HTTP on ``addr:port`` (this host only by default)."""
         start_http_server(port, addr=addr, registry=self.registry)
 
     def observe_input(self, name: str, amount: int) -> None:
@@ -452,10 +462,47 @@ class FlowMetrics:
             self._origin_seconds = float(origin_seconds)
             self._step_seconds = float(step_seconds)
 
+    def observe_topology(self, topic: str, reason: str) -> None:
+        """Count one input topology anomaly of ``topic`` (see :mod:`dpstream.topology`).
+
+        Raises:
+            ValueError: an unknown reason.
+        """
+        from dpstream.topology import REASONS
+
+        if reason not in REASONS:
+            raise ValueError(f"reason must be one of {', '.join(REASONS)}, got {reason!r}")
+        self.topology_anomalies.labels(self.flow, topic, reason).inc()
+
+    def declare_input_topics(self, topics: Iterable[str]) -> None:
+        """Start ``dpstream_topology_anomalies_total`` at 0 for every input topic and reason.
+
+        The series then exist from the start (the alert's and the dashboards' selectors find
+        them), and ``increase()`` sees a first anomaly.
+        """
+        from dpstream.topology import REASONS
+
+        for topic in topics:
+            for reason in REASONS:
+                self.topology_anomalies.labels(self.flow, topic, reason)
+
+    def set_partition_names(self, names: Sequence[str]) -> None:
+        """Name the flow's input partitions (``topic[partition]``), by flow partition number.
+
+        A flow numbers the partitions of all its input topics one after the other; the
+        ``partition`` label and the log lines name each by its topic and its own partition.
+        """
+        self._partition_names = list(names)
+
+    def partition_name(self, partition: int) -> str:
+        """``topic[partition]`` of a flow input partition (its number if it has no name)."""
+        names = self._partition_names
+        return names[partition] if 0 <= partition < len(names) else str(partition)
+
     def observe_partition(self, partition: int, frontier_step: int | None,
                           broker_seconds: float | None) -> None:
         """Publish an input partition's frontier and latest broker time (None: unchanged)."""
-        label = str(partition)
+        label = self.partition_name(partition)
         if frontier_step is not None:
             self.partition_frontier.labels(self.flow, label).set(frontier_step)
         if broker_seconds is not None:
@@ -493,7 +540,7 @@ class FlowMetrics:
         An exact count: recorded only with ``exact_counts``.
         """
         if self.exact_counts:
-            self.input_lag.labels(self.flow, str(partition)).set(records)
+            self.input_lag.labels(self.flow, self.partition_name(partition)).set(records)
 
     def observe_delivery(self, pending: int, delivered: dict[str, int], retried: int) -> None:
         """Publish the Kafka sink's state.

@@ -29,7 +29,15 @@ from bytewax.outputs import Sink
 
 from dpstream.config import FlowConfig
 from dpstream.core.noise import NoiseKey
-from dpstream.io.kafka import KafkaClients, KafkaInput, KafkaOutput, wait_for_topics
+from dpstream.errors import ConfigError, DpstreamError
+from dpstream.io.kafka import (
+    KafkaClients,
+    KafkaInput,
+    KafkaOutput,
+    broker_time_problem,
+    probe_timestamp_type,
+    wait_for_topics,
+)
 from dpstream.io.records import encode_dead_letter, flatten
 from dpstream.kinds import flow_kind
 from dpstream.messages import RawBatch, RawMessage
@@ -38,7 +46,8 @@ from dpstream.stream.clock import ShardUpdate
 from dpstream.stream.operators import assign_steps
 from dpstream.stream.quarantine import Quarantine, SkippedRecord
 
-__all__ = ["FlowParts", "build_flow", "input_partitions", "kafka_clients", "output_topics"]
+__all__ = ["FlowParts", "build_flow", "check_broker_time", "input_partitions", "kafka_clients",
+           "output_topics", "partition_names", "check_input_topology"]
 
 log = logging.getLogger("dpstream")
 
@@ -118,6 +127,86 @@ def input_partitions(config: FlowConfig, clients: KafkaClients) -> dict[str, int
             for i, topic in enumerate(input_topics(config))}
 
 
+def check_input_topology(config: FlowConfig, clients: KafkaClients, partitions: Mapping[str, int],
+                         recovery_dir: str | None, metrics: FlowMetrics | None
+                         ) -> dict[str, dict[int, int]]:
+    """Compare a resumed store's input partitions with the topics now (:mod:`dpstream.topology`).
+
+    Returns:
+        The partitions to read from their start (their recovery offset is past their end).
+
+    Raises:
+        ConfigError: a partition count differs from the store's (the message names the topic,
+            both counts and the stored offsets).
+    """
+    from dpstream.io.kafka import offset_past_end
+    from dpstream.topology import (
+        check_topology,
+        enforce,
+        rewinds,
+        store_is_complete,
+        stored_offsets,
+    )
+
+    if not recovery_dir:
+        return {}
+    topics = input_topics(config)
+    steps = {f"{config.name}.kafka_in" + ("" if i == 0 else f"_{i}"): topic
+             for i, topic in enumerate(topics)}
+    stored = stored_offsets(recovery_dir, steps)
+    if not stored:
+        return {}
+    anomalies = check_topology(
+        stored, partitions,
+        lambda topic, partition, offset: offset_past_end(clients, topic, partition, offset),
+        complete=store_is_complete(recovery_dir))
+    enforce(anomalies, metrics.observe_topology if metrics is not None
+            else (lambda _t, _r: None))
+    return rewinds(anomalies)
+
+
+def partition_names(topics: list[str], counts: list[int]) -> list[str]:
+    """``topic[partition]`` of every flow input partition, in the flow's numbering.
+
+    The flow numbers the partitions of its input topics one after the other (a second topic's
+    partition 0 follows the first's last); logs and metrics name them by topic and partition.
+    """
+    return [f"{topic}[{p}]" for topic, count in zip(topics, counts, strict=True)
+            for p in range(count)]
+
+
+def check_broker_time(config: FlowConfig, clients: KafkaClients) -> None:
+    """Stop at start-up if ``flow.clock = "broker"`` cannot work on the input topics.
+
+    Probes partition 0 of every input topic (:func:`~dpstream.io.kafka.probe_timestamp_type`):
+    when the flow writes heartbeat ticks anyway (``kafka.tail`` and ``flow.heartbeat`` on), it
+    writes one tick and reads its timestamp type back; otherwise it reads the partition's first
+    record, if any, and writes nothing. A broker that ignores LogAppendTime (the embedded
+    ``dpstream broker``) or a topic without it would turn every event into a dead letter.
+
+    Raises:
+        ConfigError: a probed record carries no broker time; the message names the fixes.
+    """
+    if config.clock != "broker":
+        return
+    write = config.kafka.tail and config.heartbeat_seconds > 0
+    for topic in input_topics(config):
+        try:
+            kind = probe_timestamp_type(clients, topic, 0, write=write)
+        except DpstreamError as exc:  # no write access, say: the heartbeat will say so too
+            log.warning("%s; checking the first record instead", exc)
+            kind = probe_timestamp_type(clients, topic, 0, write=False)
+        problem = broker_time_problem(topic, kind)
+        if problem is not None:
+            raise ConfigError(problem)
+        if kind is None:
+            log.info("input topic %s: no record to check its timestamp type on (an empty "
+                     "topic and no heartbeat): records without broker time (LogAppendTime) "
+                     "become dead letters", topic)
+        else:
+            log.info("input topic %s: records carry broker time (LogAppendTime)", topic)
+
+
 def build_flow(
     config: FlowConfig,
     noise: NoiseKey,
@@ -129,6 +218,7 @@ def build_flow(
     metrics: FlowMetrics | None = None,
     sink_batches: bool = False,
     skip_records: Iterable[SkippedRecord] = (),
+    rewind: Mapping[str, Mapping[int, int]] | None = None,
     **options: Any,
 ) -> Dataflow:
     """Build the dataflow of ``config``'s flow kind.
@@ -151,6 +241,8 @@ def build_flow(
         skip_records: records the operator quarantined, as (topic, partition of that topic,
             offset): each becomes a dead letter (reason "quarantined by the operator")
             before anything reads it (:mod:`dpstream.stream.quarantine`).
+        rewind: ``{topic: {partition: recovery offset}}`` of partitions whose recovery
+            offset lies past their end (:mod:`dpstream.topology`): read from their start.
         options: passed to the kind's wiring (e.g. the counters' ``shard_class`` for
             ``bench/``'s non-private baseline).
     """
@@ -166,12 +258,15 @@ def build_flow(
             partitions = {topics[0]: partitions}
         counts = [partitions[topic] for topic in topics]
         observe_lag = metrics.observe_input_lag if metrics is not None else None
+        observe_anomaly = metrics.observe_topology if metrics is not None else None
+        rewind = rewind or {}
         streams: list[Stream[RawBatch]] = []
         first = 0
         for i, (topic, count) in enumerate(zip(topics, counts, strict=True)):
             reader = KafkaInput(clients, topic, count, group_id=kafka.group_id,
                                 start_offset=kafka.start_offset, batch_size=kafka.batch_size,
-                                tail=kafka.tail, observe_lag=observe_lag, first_partition=first)
+                                tail=kafka.tail, observe_lag=observe_lag, first_partition=first,
+                                rewind=rewind.get(topic), observe_anomaly=observe_anomaly)
             streams.append(op.input("kafka_in" if i == 0 else f"kafka_in_{i}", flow, reader))
             first += count
         raw = streams[0] if len(streams) == 1 else op.merge("inputs", *streams)
@@ -187,6 +282,8 @@ def build_flow(
     total = sum(counts)
     if metrics is not None:
         metrics.set_clock(config.origin.timestamp(), config.step_seconds)
+        metrics.set_partition_names(partition_names(topics, counts))
+        metrics.declare_input_topics(topics)
     skipped = frozenset(SkippedRecord(*record) for record in skip_records)
     assigned = assign_steps("assign_steps", raw, kind.clock(config, bases), metrics,
                             Quarantine(skipped, bases))

@@ -105,11 +105,16 @@ def process_count(argv: list[str] | None = None,
     return max(1, len([a for a in addresses.split(";") if a.strip()]))
 
 
-def serve_metrics(metrics: Any, port: int) -> int:
-    """Serve ``metrics`` on ``port`` + this process's id; a clear error if it is taken."""
+def serve_metrics(metrics: Any, port: int, host: str = "127.0.0.1") -> int:
+    """Serve ``metrics`` on ``host``, port ``port`` + this process's id; a clear error if taken.
+
+    ``host`` is ``metrics.host``: 127.0.0.1 unless the configuration (or
+    ``DPSTREAM_METRICS_HOST``, which the container and Kubernetes files set to 0.0.0.0) opens
+    the endpoint to other hosts. It has no authentication.
+    """
     chosen = port + process_id()
     try:
-        metrics.serve(chosen)
+        metrics.serve(chosen, host)
     except OSError as exc:
         if exc.errno in (errno.EADDRINUSE, errno.EACCES):
             raise ConfigError(
@@ -145,9 +150,21 @@ def _lag_text(lag: float) -> str:
             "trusted clock ahead of this host's)")
 
 
-def progress_line(registry: CollectorRegistry) -> str:
-    """What the flow has done so far, in one line (operator data: exact counts included)."""
+EXACT_SERIES = ("dpstream_events_total", "dpstream_dead_letters_total",
+                "dpstream_input_lag_records")
+"""The series that are exact input counts (see :mod:`dpstream.metrics`)."""
+
+
+def progress_line(registry: CollectorRegistry, exact_counts: bool = False) -> str:
+    """What the flow has done so far, in one line.
+
+    Exact input counts (events, dead letters) appear only with ``exact_counts``
+    (``metrics.exact_counts``): a log line is shown as widely as a dashboard.
+    """
     t = _totals(registry)
+    if not exact_counts:
+        for name in EXACT_SERIES:
+            t.pop(name, None)
     parts = []
     if "dpstream_closed_step" in t:
         parts.append(f"closed through step {t['dpstream_closed_step']:.0f}")
@@ -171,9 +188,9 @@ def progress_line(registry: CollectorRegistry) -> str:
     return ", ".join(parts)
 
 
-def _report_progress(registry: CollectorRegistry, interval: float) -> None:
+def _report_progress(registry: CollectorRegistry, interval: float, exact_counts: bool) -> None:
     while not stopping.wait(interval):
-        log.info("progress: %s", progress_line(registry))
+        log.info("progress: %s", progress_line(registry, exact_counts))
 
 
 def one_blas_thread() -> None:
@@ -320,7 +337,14 @@ def flow_from_environment(config_path: str | None = None, recovery_dir: str | No
     from dpstream.io.kafka import Heartbeat, is_secret
     from dpstream.kinds import flow_kind
     from dpstream.metrics import FlowMetrics
-    from dpstream.platform import build_flow, input_partitions, kafka_clients, output_topics
+    from dpstream.platform import (
+        build_flow,
+        check_broker_time,
+        check_input_topology,
+        input_partitions,
+        kafka_clients,
+        output_topics,
+    )
     from dpstream.store_lock import lock_recovery_store
     from dpstream.stream.quarantine import parse_skipped
 
@@ -362,8 +386,10 @@ def flow_from_environment(config_path: str | None = None, recovery_dir: str | No
                              skip_records=requested)
     metrics = FlowMetrics(config.name, exact_counts=config.metrics_exact_counts)
     if config.metrics_port:
-        port = serve_metrics(metrics, config.metrics_port)
-        log.info("metrics on :%d/metrics", port)
+        port = serve_metrics(metrics, config.metrics_port, config.metrics_host)
+        log.info("metrics on %s:%d/metrics%s", config.metrics_host, port,
+                 " (exact input counts included: metrics.exact_counts)"
+                 if config.metrics_exact_counts else "")
     log.info("%s\nnoise key fingerprint %s", config.describe(), noise.fingerprint())
     if instance.durable:
         log.info("flow instance %s (%s, kept in %s)", instance.id,
@@ -383,12 +409,19 @@ def flow_from_environment(config_path: str | None = None, recovery_dir: str | No
                  "theirs")
     clients = kafka_clients(config, metrics)
     partitions = input_partitions(config, clients)
+    check_broker_time(config, clients)
+    if config.clock == "producer":
+        log.info("flow.clock = \"producer\": the input's producer timestamps are trusted (every "
+                 "producer of %s must be)", ", ".join(partitions))
     log.info("reading %s from %s; %s (delivery is at least once: consumers de-duplicate, see "
              "README)", ", ".join(f"{t} ({n} partitions)" for t, n in partitions.items()),
              ",".join(config.kafka.brokers),
              ", ".join(f"{role} to {topic}" for role, topic in output_topics(config).items()))
+    metrics.declare_input_topics(partitions)
+    rewind = check_input_topology(config, clients, partitions,
+                                  recovery_dir if instance.resumed else None, metrics)
     flow = build_flow(config, noise, instance=instance.id, partitions=partitions,
-                      metrics=metrics, skip_records=instance.skipped)
+                      metrics=metrics, skip_records=instance.skipped, rewind=rewind)
     if config.kafka.tail and config.heartbeat_seconds > 0:
         delay = config.tick_delay_seconds if config.clock == "producer" else 0.0
         for topic, count in partitions.items():
@@ -404,11 +437,12 @@ def flow_from_environment(config_path: str | None = None, recovery_dir: str | No
                     "(value %s) or by broker time (LogAppendTime)", TICK.decode())
     interval = float(os.environ.get(PROGRESS_ENV, "30"))
     if interval > 0:
-        threading.Thread(target=_report_progress, args=(metrics.registry, interval),
+        threading.Thread(target=_report_progress, args=(metrics.registry, interval,
+                                               config.metrics_exact_counts),
                          name="dpstream-progress", daemon=True).start()
     if not config.kafka.tail:
         atexit.register(lambda: None if stopping.stop_requested() else log.info(
-            "input ended: %s", progress_line(metrics.registry)))
+            "input ended: %s", progress_line(metrics.registry, config.metrics_exact_counts)))
     return flow
 
 

@@ -245,7 +245,8 @@ def test_the_example_configuration_loads_and_reports_its_guarantees():
 
     cfg = load_config("deploy/pmwg.example.toml")
     text = cfg.describe()
-    assert cfg.kind == "pmwg" and "histogram 'sessions'" in text and "xi_n" in text
+    assert cfg.kind == "pmwg" and "histogram 'sessions'" in text and "Theorem 27" in text
+    assert "VIOLATED" not in text  # issue 22 item 9: the example passes its own check
 
 
 def test_check_config_says_which_mechanism_suits_the_universe():

@@ -242,6 +242,7 @@ mode = "declared"
 keys = {keys}
 [metrics]
 port = {metrics_port}
+exact_counts = true  # these tests read the exact input counts
 """
 
 
@@ -292,6 +293,7 @@ accounting = "pure"
 budget = 2.0
 [metrics]
 port = {metrics_port}
+exact_counts = true  # these tests read the exact input counts
 """ + "".join(f"""
 [[histograms]]
 name = "{histogram}"
@@ -371,6 +373,7 @@ accounting = "pure"
 epsilon = 2.0
 [metrics]
 port = {metrics_port}
+exact_counts = true  # these tests read the exact input counts
 [model]
 classes = ["no", "yes"]
 dimension = {dimension}

@@ -89,6 +89,7 @@ startup_timeout = "10s"
 METRICS = """
 [metrics]
 port = {port}
+exact_counts = true  # the dashboard's input panels show them (off by default)
 """
 COUNTERS = """
 releases_topic = "{releases}"

@@ -73,6 +73,7 @@ mode = "declared"
 keys = {json.dumps(KEYS)}
 [metrics]
 port = {metrics_port}
+exact_counts = true  # these tests read the exact input counts
 """)
     return path
 
@@ -193,13 +194,15 @@ def test_an_idle_partition_is_reported_and_the_heartbeat_moves_it(broker, topic_
 
         values = wait_until(read_and_waiting, 60, "steps pending", proc)
         assert metric(values, "dpstream_releases_total") == 0
-        assert 'dpstream_partition_frontier_step{flow="ops",partition="0"}' in values
+        # partitions are named topic[partition] (issue 22 item 9)
+        assert (f'dpstream_partition_frontier_step{{flow="ops",partition="{topics["events"]}[0]"}}'
+                in values)
         time.sleep(2 * float(ENV["DPSTREAM_STALL_REPORT_SECONDS"]))  # the report's interval
     finally:
         out = stop(proc)
     assert proc.returncode == 0
     assert_clean(out)
-    assert "wait for input partition(s) 2" in out, out[-3000:]
+    assert f"wait for input partition(s) {topics['events']}[2]" in out, out[-3000:]
 
     # the same flow with heartbeats: partition 2 moves by the ticks alone
     hb_topics = dict(topics, releases=topic_factory(1, "rel2"))

@@ -141,6 +141,7 @@ mode = "declared"
 keys = {json.dumps(KEYS)}
 [metrics]
 port = {metrics_port}
+exact_counts = true  # these tests read the exact input counts
 """)
     return path
 

@@ -185,6 +185,8 @@ def _flow_env(values: Values, *, init: bool) -> dict[str, str]:
         "DPSTREAM_WORKERS": str(values.workers),
         "DPSTREAM_CLUSTER_PORT": str(values.cluster_port),
         "DPSTREAM_POD_METRICS_PORT": str(values.metrics_port),
+        # the Service and Prometheus reach the pod's address: bind every interface
+        "DPSTREAM_METRICS_HOST": "0.0.0.0",
         "DPSTREAM_RECOVERY_DIR": RECOVERY_STORE,
         "DPSTREAM_RECOVERY_PARTITIONS": str(values.partitions),
         "DPSTREAM_RECOVERY_OWNERS": str(values.owners),

@@ -28,7 +28,8 @@ from typing import Any, Final, Literal
 from dpstream.core._checks import fraction_text
 from dpstream.errors import BudgetExhaustedError, InvalidParameterError
 
-__all__ = ["Accounting", "PrivacyCharge", "PrivacyLedger", "exact", "zcdp_to_approx_dp"]
+__all__ = ["Accounting", "PrivacyCharge", "PrivacyLedger", "approx_dp", "exact",
+           "zcdp_to_approx_dp"]
 
 Accounting = Literal["pure", "zcdp"]
 _ACCOUNTINGS: Final = ("pure", "zcdp")
@@ -85,6 +86,18 @@ def zcdp_to_approx_dp(rho: float, delta: float) -> float:
     if not 0 < delta < 1:
         raise InvalidParameterError(f"delta must be in (0, 1), got {delta!r}")
     return rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta))
+
+
+def approx_dp(rho: float, conversion_delta: float, extra_delta: float = 0.0
+              ) -> tuple[float, float]:
+    """The (epsilon, delta) a release reports for a rho-zCDP spend (BS16, Prop. 1.3).
+
+    ``conversion_delta`` is the delta the conversion is made at (``privacy.delta``);
+    ``extra_delta`` is the additive delta spent besides (the open universe's admission delta
+    and any delta the ledger committed). Releases and ``check-config`` both call this, so the
+    pair ``check-config`` prints is the pair every release carries.
+    """
+    return zcdp_to_approx_dp(rho, conversion_delta), conversion_delta + extra_delta
 
 
 class PrivacyLedger:

@@ -69,7 +69,10 @@ __all__ = [
     "KafkaOutput",
     "OutputError",
     "RateLimitedLog",
+    "broker_time_problem",
     "is_secret",
+    "offset_past_end",
+    "probe_timestamp_type",
     "wait_for_topics",
 ]
 
@@ -330,9 +333,152 @@ def create_missing_topics(clients: KafkaClients, wanted: Mapping[str, tuple[int,
     return {name: existing.get(name) for name in wanted}
 
 
+# --- timestamp probe ------------------------------------------------------------------------
+
+PROBE_TIMEOUT_SECONDS: Final = 10.0
+TIMESTAMP_NAMES: Final = {0: "none", 1: "CreateTime", 2: "LogAppendTime"}
+
+
+def probe_timestamp_type(clients: KafkaClients, topic: str, partition: int = 0, *,
+                         write: bool = True, timeout: float = PROBE_TIMEOUT_SECONDS
+                         ) -> int | None:
+    """The timestamp type the broker gives records of ``topic[partition]``.
+
+    With ``write``, a heartbeat tick (:data:`~dpstream.messages.TICK`, which every consumer
+    of the flow skips) is written to the partition and read back at the offset its delivery
+    report names, so the answer is what the broker did with a record written now: a topic
+    with ``message.timestamp.type=LogAppendTime`` on a broker that honours it gives 2
+    (LogAppendTime); a topic without it, or a broker that ignores it (Tansu, the embedded
+    ``dpstream broker``), gives 1 (CreateTime). Without ``write`` the partition's first
+    record is read (nothing is written), if there is one.
+
+    Returns:
+        0 (no timestamp), 1 (CreateTime) or 2 (LogAppendTime); None when nothing could be
+        read back within ``timeout`` (an empty partition without ``write``).
+
+    Raises:
+        DpstreamError: the probe record could not be written.
+    """
+    offset = OFFSET_BEGINNING
+    if write:
+        producer = Producer(clients.config(
+            "producer", **{"linger.ms": 0, "client.id": "dpstream-probe",
+                           "message.timeout.ms": max(1000, int(timeout * 1000))}))
+        reports: list[tuple[KafkaError | None, int | None]] = []
+        producer.produce(topic, TICK, b"dpstream.tick", partition=partition,
+                         on_delivery=lambda err, msg: reports.append((err, msg.offset())))
+        producer.flush(timeout)
+        if not reports or reports[0][0] is not None or reports[0][1] is None:
+            why = reports[0][0].str() if reports and reports[0][0] is not None else "no answer"
+            raise DpstreamError(f"cannot write a probe record (a heartbeat tick) to "
+                                f"{topic}[{partition}] to check its timestamps: {why}")
+        offset = reports[0][1]
+    consumer = Consumer(clients.config(
+        "consumer", **{"group.id": "dpstream-probe", "enable.auto.commit": False,
+                       "enable.partition.eof": True, "auto.offset.reset": "earliest"}))
+    try:
+        consumer.assign([TopicPartition(topic, partition, offset)])
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            message = consumer.poll(min(0.5, max(0.01, deadline - time.monotonic())))
+            if message is None:
+                continue
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF and not write:
+                    return None
+                continue
+            return int(message.timestamp()[0])
+        return None
+    finally:
+        consumer.close()
+
+
+def offset_past_end(clients: KafkaClients, topic: str, partition: int, offset: int,
+                    timeout: float = 3.0) -> int | None:
+    """The end of ``topic[partition]`` if ``offset`` lies beyond it, else None.
+
+    The broker's high watermark answers first; a broker that under-reports it (Tansu) is
+    checked by reading the record just before ``offset``: a record there, or an end of
+    partition at ``offset`` or later, means the offset is within the partition. A fetch
+    beyond the end returns nothing on such a broker (a silent stall), which is what this
+    catches.
+    """
+    consumer = Consumer(clients.config(
+        "consumer", **{"group.id": "dpstream-probe", "enable.auto.commit": False,
+                       "enable.partition.eof": True, "auto.offset.reset": "error"}))
+    try:
+        try:
+            _low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition),
+                                                        timeout=timeout)
+        except KafkaException:
+            return None  # cannot tell: the reader itself reports what it meets
+        if offset <= high:
+            return None
+        # a record at or after offset - 1, or an end at or after offset: within the partition
+        first = _first_position(consumer, topic, partition, offset - 1, timeout, records=True)
+        if first is not None and first >= offset - 1:
+            return None
+        first = _first_position(consumer, topic, partition, offset - 1, timeout)
+        if first is not None and first >= offset:
+            return None
+        # past the end: the end is where a read from the reported high watermark stops
+        end = _first_position(consumer, topic, partition, max(high, 0), timeout, eof=True)
+        return high if end is None else end
+    finally:
+        consumer.close()
+
+
+def _first_position(consumer: Consumer, topic: str, partition: int, offset: int,
+                    timeout: float, eof: bool = False, records: bool = False) -> int | None:
+    """The offset of the first record at or after ``offset``, or of the partition's end.
+
+    With ``eof``, read on to the end of the partition and return its offset; with
+    ``records``, only a record counts (an end gives None). None when the broker answered
+    nothing (a fetch past the end on some brokers) or refused the offset.
+    """
+    consumer.assign([TopicPartition(topic, partition, offset)])
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        message = consumer.poll(0.2)
+        if message is None:
+            continue
+        error, position = message.error(), message.offset()
+        if error is None:
+            if eof:
+                continue
+            return position
+        if error.code() == KafkaError._PARTITION_EOF:
+            return None if records else position
+        return None  # out of range (auto.offset.reset = error)
+    return None
+
+
+def broker_time_problem(topic: str, kind: int | None) -> str | None:
+    """Why ``flow.clock = "broker"`` cannot read ``topic`` (from a probed timestamp type).
+
+    None when the records carry broker time (LogAppendTime) or nothing could be probed.
+    """
+    if kind is None or kind == 2:
+        return None
+    got = ("the producer's time (CreateTime)" if kind == 1 else "no timestamp")
+    return (f"input topic {topic!r}: records of {topic}[0] come back with {got}, not broker "
+            "time (LogAppendTime), so flow.clock = \"broker\" would dead-letter every event. "
+            "Either the topic lacks message.timestamp.type=LogAppendTime (set it: kafka-configs "
+            f"--alter --entity-type topics --entity-name {topic} --add-config "
+            "message.timestamp.type=LogAppendTime), or the broker ignores it (the embedded "
+            "`dpstream broker` does: use a broker that honours it), or, if every producer of "
+            "the topic is trusted, set flow.clock = \"producer\" (or DPSTREAM_FLOW_CLOCK=producer)")
+
+
 # --- input ----------------------------------------------------------------------------------
 
 Observer = Callable[[int, int], None]  # partition, records not yet read
+AnomalyObserver = Callable[[str, str], None]  # topic, reason (dpstream.topology.REASONS)
+TOPOLOGY_CHECK_SECONDS: Final = float(os.environ.get("DPSTREAM_TOPOLOGY_CHECK_SECONDS", "60"))
+"""How long a tailing input partition is idle before it checks its position is in the topic."""
+_GONE: Final = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION,
+                          KafkaError._UNKNOWN_TOPIC})
 _IDLE_WAIT: Final = timedelta(milliseconds=20)
 
 
@@ -341,9 +487,15 @@ class _InputPartition(StatefulSourcePartition[RawBatch, int]):
 
     def __init__(self, config: dict[str, Any], topic: str, partition: int, offset: int,
                  batch_size: int, tail: bool, observe_lag: Observer,
-                 first_partition: int = 0) -> None:
+                 first_partition: int = 0,
+                 observe_anomaly: AnomalyObserver | None = None,
+                 clients: KafkaClients | None = None) -> None:
         self.topic, self.partition, self.batch_size, self.tail = topic, partition, \
             batch_size, tail
+        self.observe_anomaly = observe_anomaly or (lambda _t, _r: None)
+        self._reported: set[str] = set()
+        self.clients = clients
+        self._idle_since: float | None = None
         self.flow_partition = first_partition + partition
         self.observe_lag = observe_lag
         self.offset = offset
@@ -379,6 +531,11 @@ class _InputPartition(StatefulSourcePartition[RawBatch, int]):
                     if not self.tail:
                         self._eof = True
                     continue
+                if error.code() in _GONE:
+                    self._anomaly("partition_vanished",
+                                  "input %s[%d] vanished (at offset %d): %s; the flow waits for "
+                                  "it, and steps stay open until it is back",
+                                  topic, partition, self.offset, error.str())
                 self.errors(f"consume:{error.code()}", logging.WARNING,
                             "input %s[%d]: %s", topic, partition, error.str())
                 continue
@@ -387,11 +544,53 @@ class _InputPartition(StatefulSourcePartition[RawBatch, int]):
             stamps.append(m.timestamp())
         self._idle = not values
         if not values:
+            self._check_when_idle()
             return []
+        self._idle_since = None
+        if self.offset >= 0 and offsets[0] < self.offset:  # type: ignore[operator]
+            self._anomaly("offsets_went_back",
+                          "input %s[%d]: expected offset %d next, the broker delivered offset %d: "
+                          "the partition is shorter than what was read (the topic was re-created "
+                          "or truncated); reading on from there", topic, partition, self.offset,
+                          offsets[0])
         self.offset = offsets[-1] + 1  # type: ignore[operator]
         kinds_ms = np.array(stamps, dtype=np.int64).reshape(-1, 2)
         return [RawBatch(self.flow_partition, values, offsets, [topic] * len(values),
                          kinds_ms[:, 1].astype(np.float64), kinds_ms[:, 0].copy())]
+
+    def _check_when_idle(self) -> None:
+        """After ``TOPOLOGY_CHECK_SECONDS`` without records, check the position is in the topic.
+
+        A topic re-created while the flow runs leaves the reader's position past the new
+        partition's end; some brokers (Tansu) then answer every fetch with nothing, not an
+        error, and the partition holds every step open in silence. Then the partition is
+        read from its start, with a warning and ``offset_past_end`` counted.
+        """
+        if not self.tail or self.clients is None or self.offset < 0:
+            return
+        now = time.monotonic()
+        if self._idle_since is None:
+            self._idle_since = now
+            return
+        if now - self._idle_since < TOPOLOGY_CHECK_SECONDS:
+            return
+        self._idle_since = now
+        end = offset_past_end(self.clients, self.topic, self.partition, self.offset)
+        if end is None:
+            return
+        self._anomaly("offset_past_end",
+                      "input %s[%d]: the next offset %d is past the partition's end %d (the "
+                      "topic was re-created or truncated while the flow ran): reading it from "
+                      "its start", self.topic, self.partition, self.offset, end)
+        self.consumer.assign([TopicPartition(self.topic, self.partition, OFFSET_BEGINNING)])
+        self.offset = OFFSET_BEGINNING
+
+    def _anomaly(self, reason: str, message: str, *args: Any) -> None:
+        """Count a topology anomaly; log it once per reason and partition."""
+        self.observe_anomaly(self.topic, reason)
+        if reason not in self._reported:
+            self._reported.add(reason)
+            log.warning(message, *args)
 
     def next_awake(self) -> datetime | None:
         if self._idle:  # nothing arrived: do not spin on the broker
@@ -425,6 +624,9 @@ class KafkaInput(FixedPartitionedSource[RawBatch, int]):
         batch_size: most records per batch.
         tail: keep reading at the end (``False``: the input ends at the end of the topic).
         observe_lag: called with (partition, records not yet read) from librdkafka's statistics.
+        rewind: partition -> a recovery offset found past the partition's end at start-up
+            (:mod:`dpstream.topology`): that partition is read from its start instead.
+        observe_anomaly: called with (topic, reason) on a topology anomaly met while reading.
         first_partition: the flow's input partition number of this topic's partition 0 (a
             flow with several input topics numbers their partitions one after the other).
     """
@@ -432,7 +634,8 @@ class KafkaInput(FixedPartitionedSource[RawBatch, int]):
     def __init__(self, clients: KafkaClients, topic: str, partitions: int, *,
                  group_id: str, start_offset: str = "earliest", batch_size: int = 10_000,
                  tail: bool = True, observe_lag: Observer | None = None,
-                 first_partition: int = 0) -> None:
+                 first_partition: int = 0, rewind: Mapping[int, int] | None = None,
+                 observe_anomaly: AnomalyObserver | None = None) -> None:
         if start_offset not in START_OFFSETS:
             raise ConfigError(f"kafka.start_offset must be one of {sorted(START_OFFSETS)}, "
                               f"got {start_offset!r}")
@@ -441,6 +644,8 @@ class KafkaInput(FixedPartitionedSource[RawBatch, int]):
         self.batch_size, self.tail = batch_size, tail
         self.observe_lag = observe_lag or (lambda _p, _n: None)
         self.first_partition = first_partition
+        self.rewind = dict(rewind or {})
+        self.observe_anomaly = observe_anomaly
 
     def list_parts(self) -> list[str]:
         """One Bytewax input partition per Kafka partition, named by its index."""
@@ -456,8 +661,12 @@ class KafkaInput(FixedPartitionedSource[RawBatch, int]):
                            "auto.offset.reset": "earliest",
                            "statistics.interval.ms": 5000})
         offset = START_OFFSETS[self.start_offset] if resume_state is None else resume_state
-        return _InputPartition(config, self.topic, int(for_part), offset, self.batch_size,
-                               self.tail, self.observe_lag, self.first_partition)
+        partition = int(for_part)
+        if resume_state is not None and self.rewind.get(partition) == resume_state:
+            offset = OFFSET_BEGINNING  # past the partition's end (dpstream.topology)
+        return _InputPartition(config, self.topic, partition, offset, self.batch_size,
+                               self.tail, self.observe_lag, self.first_partition,
+                               self.observe_anomaly, self.clients)
 
 
 # --- output ---------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ import orjson
 
 from dpstream.core.key_statistics import Alert, BudgetExhausted, Release
 from dpstream.core.key_table import AlertColumns
-from dpstream.core.ledger import zcdp_to_approx_dp
+from dpstream.core.ledger import approx_dp
 from dpstream.core.noise import JoinedNames
 from dpstream.core.sequences import IndexedSequence
 from dpstream.messages import DeadLetter, Encoded, step_window
@@ -261,9 +261,8 @@ class RecordEncoder:
         privacy: dict[str, object] = {"unit": "event", "accounting": unit, "spent": spent,
                                       "budget": budget, "delta": delta}
         if unit == "rho" and self.conversion_delta > 0:
-            privacy["approx_dp"] = {  # rho-zCDP => (eps, delta)-DP, BS16 Prop. 1.3
-                "epsilon": zcdp_to_approx_dp(spent, self.conversion_delta),
-                "delta": self.conversion_delta + delta}
+            epsilon, total_delta = approx_dp(spent, self.conversion_delta, delta)
+            privacy["approx_dp"] = {"epsilon": epsilon, "delta": total_delta}
         return {"schema": RELEASE_SCHEMA, "flow": self.flow, "mechanism": mechanism,
                 "key": key, "step": step, "window": self.window(step), "value": value,
                 "std": std, "privacy": privacy}

@@ -32,7 +32,7 @@ from bytewax.dataflow import Stream
 from dpstream.config import FlowConfig, Section, build_spec, parse_common, positive
 from dpstream.core.blt_counter import BltCounterSpec
 from dpstream.core.key_statistics import StatisticsSpec
-from dpstream.core.ledger import PrivacyCharge, PrivacyLedger
+from dpstream.core.ledger import PrivacyCharge, PrivacyLedger, approx_dp
 from dpstream.core.threshold_monitor import (
     ThresholdMonitorSpec,
     lazy_start_delta,
@@ -151,12 +151,27 @@ class CountersConfig(FlowConfig):
         if self.release_every > 1:
             lines.append(f"releases: published every {self.release_every} steps "
                          "(post-processing, no privacy cost)")
-        if self.privacy.accounting == "zcdp":
-            lines.append(
-                f"as (epsilon, delta): ({ledger.epsilon_spent(self.privacy.delta):.4g}, "
-                f"{self.privacy.delta:g}) per key"
-            )
+        epsilon, delta = self.release_epsilon_delta()
+        lines.append(f"as (epsilon, delta): ({epsilon:.4g}, {delta:.3g}) per key, as every "
+                     "release reports it" + (" (privacy.approx_dp)"
+                                             if self.privacy.accounting == "zcdp" else ""))
         return "\n".join(lines)
+
+    def release_epsilon_delta(self) -> tuple[float, float]:
+        """The (epsilon, delta) a key's releases report once every charge is committed.
+
+        Pure: epsilon spent and the delta of ``privacy.delta`` in a release (the ledger's
+        delta plus the admission delta). zCDP: ``privacy.approx_dp`` of a release, converted
+        at ``privacy.delta`` by :func:`~dpstream.core.ledger.approx_dp`, the function the
+        record encoder calls, with the admission delta added.
+        """
+        ledger = self.privacy.new_ledger()
+        for charge in self.per_key_charges():
+            ledger.charge(charge)
+        extra = ledger.spent_delta + self.admission.delta
+        if self.privacy.accounting == "zcdp":
+            return approx_dp(ledger.spent, self.privacy.delta, extra)
+        return ledger.spent, extra
 
 
 def _privacy_section(privacy: Section) -> tuple[str, float, float]:

@@ -42,7 +42,7 @@ from dpstream.config import FlowConfig, Section, build_spec, parse_common, posit
 from dpstream.core.blackboxes import HistogramSynopsis, NoisyHistogram
 from dpstream.core.blt_counter import BltCounter, BltCounterSpec
 from dpstream.core.key_statistics import parameter_digest
-from dpstream.core.ledger import PrivacyCharge, PrivacyLedger, zcdp_to_approx_dp
+from dpstream.core.ledger import PrivacyCharge, PrivacyLedger, approx_dp
 from dpstream.core.noise import NoiseKey
 from dpstream.core.pmwg import Answer, Pmwg, PmwgSpec
 from dpstream.core.queries import LinearQuery, QueryCompiler, QueryError
@@ -608,8 +608,8 @@ class AnswerEncoder:
         privacy: dict[str, Any] = {"unit": "event", "accounting": self.config.accounting,
                                    "spent": a.spent, "budget": a.budget}
         if self.config.accounting == "zcdp":
-            privacy["approx_dp"] = {"epsilon": zcdp_to_approx_dp(a.spent, self.config.delta),
-                                    "delta": self.config.delta}
+            epsilon, delta = approx_dp(a.spent, self.config.delta)  # as check-config prints
+            privacy["approx_dp"] = {"epsilon": epsilon, "delta": delta}
         body: dict[str, Any] = {
             "schema": ANSWER_SCHEMA, "flow": self.config.name, "histogram": a.histogram,
             "mechanism": a.mechanism, "id": a.query_id, "step": a.step,

@@ -238,7 +238,8 @@ class _ShardLogic(StatefulBatchLogic[ShardUpdate, Any, dict[str, Any]]):
             lagging, step = waiting_for(shard)
             if lagging and now - _last_stall_report[0] >= STALL_REPORT_SECONDS * 0.9:
                 _last_stall_report[0] = now
-                behind = ", ".join(f"{p} (at step {shard.frontiers.get(p, 'none')})"
+                name = getattr(self.observer, "partition_name", str)
+                behind = ", ".join(f"{name(p)} (at step {shard.frontiers.get(p, 'none')})"
                                    for p in lagging[:10])
                 log.warning("shard %d (and maybe others): %d step(s) from step %s wait for "
                             "input partition(s) %s; "
