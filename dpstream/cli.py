@@ -394,13 +394,14 @@ def _tail(args: argparse.Namespace) -> int:
     if getattr(args, "log_level", "info") != "debug":  # kafka-python logs every refused
         logging.getLogger("kafka").setLevel(logging.CRITICAL)  # connection: our error says it
     mode = "json" if args.json else "live" if sys.stdout.isatty() else "append"
-    title = f"dpstream tail {', '.join(topics)}" + (f" (flow {flow})" if flow else "")
+    title = f"dpstream tail {', '.join(topics)}" + (f" (flow {flow})" if flow else "") \
+        + (f" (instance {args.instance})" if args.instance else "")
     stop = threading.Event()  # Ctrl-C or SIGTERM: the loop ends between polls, never inside
     previous = {signum: signal.signal(signum, lambda *_: stop.set())  # kafka-python's code
                 for signum in (signal.SIGINT, signal.SIGTERM)}
     consumer = web = None
     try:
-        consumer = RecordConsumer(brokers, topics, flow=flow,
+        consumer = RecordConsumer(brokers, topics, flow=flow, instance=args.instance or None,
                                   from_beginning=args.from_beginning,
                                   strict_versions=not args.skip_unsupported, **settings)
         output = _TailOutput(mode, title, consumer)
@@ -412,10 +413,9 @@ def _tail(args: argparse.Namespace) -> int:
             output.tick(final=True)  # also after Ctrl-C or SIGTERM: the way to stop a live tail
         except BrokenPipeError:  # `dpstream tail --json | head`: the reader is gone
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        counts = consumer.latest.counts
-        print(f"dpstream tail: {consumer.stats.describe()}; {counts.duplicates} duplicates and "
-              f"{counts.stale} stale copies dropped"
-              + (f", {counts.conflicts} CONFLICTING copies" if counts.conflicts else ""),
+        from dpstream.client.render import store_summary
+
+        print(f"dpstream tail: {consumer.stats.describe()}; {store_summary(consumer.latest)}",
               file=sys.stderr, flush=True)
         return 0
     finally:
@@ -598,6 +598,9 @@ def main(argv: list[str] | None = None) -> int:
                       "(repeat or comma-separate; default: the configuration's output topics)")
     tail.add_argument("--flow", help="only this flow's records (default with --config: its "
                       "flow.name; --flow '' shows every flow)")
+    tail.add_argument("--instance", metavar="ID", help="only this flow instance's records (its "
+                      "id, or a prefix of it: every record names its instance; two instances "
+                      "of one flow name publish independent values)")
     tail.add_argument("--from-beginning", action="store_true",
                       help="read each topic from its first record (default: from its end)")
     tail.add_argument("--json", action="store_true", help="one record per line, as published "

@@ -148,7 +148,8 @@ def build_flow(
     parts = FlowParts(config, noise, instance, total, metrics, options)
     encoded = op.merge("encoded", kind.wire(parts, assigned.updates),
                        op.map("encode_dead", assigned.dead_letters,
-                              partial(encode_dead_letter, config.name)))
+                              partial(encode_dead_letter, config.name,
+                                      instance=instance)))
     if sink is None:
         observe = metrics.observe_delivery if metrics is not None else None
         op.output("kafka_out", encoded, KafkaOutput(clients, output_topics(config), observe))

@@ -381,7 +381,7 @@ class CountersKind:
                                    config.declared_layout, parts.noise, parts.metrics,
                                    shard_class, config.release_every)
         encoder = RecordEncoder(config.name, config.origin, config.step_seconds,
-                                config.privacy.delta)
+                                config.privacy.delta, instance=parts.instance)
         return op.map("encode", outputs, encoder.encode_item)
 
 
