@@ -119,6 +119,8 @@ def progress_line(registry: CollectorRegistry) -> str:
         parts.append(f"closed through step {t['dpstream_closed_step']:.0f}")
     if "dpstream_step_lag_seconds" in t:
         parts.append(f"{t['dpstream_step_lag_seconds']:.0f} s behind the clock")
+    if t.get("dpstream_backlog_steps"):
+        parts.append(f"closing {t['dpstream_backlog_steps']:.0f} steps of backlog")
     if t.get("dpstream_steps_pending"):
         parts.append(f"{t['dpstream_steps_pending']:.0f} steps waiting for input partitions")
     if "dpstream_events_total" in t:
