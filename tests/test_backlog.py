@@ -3,8 +3,14 @@ they close, reported as a backlog, estimated up front, and a stop during it is p
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -221,3 +227,78 @@ def test_the_operator_reports_backlog_and_waiting_apart(lagging, monkeypatch):
     assert logic.notify_at() == operators._PAST  # the rest at the next activation
     logic.on_notify()
     assert seen[-1] == ((480, 19) if lagging else (0, 499))
+
+
+# -- a real `dpstream run` over a backlog ----------------------------------------------------
+
+
+def _run_config(path, broker, topics: dict[str, str], origin: str) -> None:
+    path.write_text(f"""
+[flow]
+name = "backlog-run"
+step = "1s"
+origin = "{origin}"
+shards = 2
+clock = "producer"  # the embedded broker ignores LogAppendTime; these producers are trusted
+heartbeat = "1s"
+[kafka]
+brokers = ["{broker.bootstrap}"]
+input_topic = "{topics['events']}"
+releases_topic = "{topics['releases']}"
+alerts_topic = "{topics['alerts']}"
+dead_letter_topic = "{topics['dead']}"
+tail = true
+[admission]
+mode = "declared"
+keys = {json.dumps(KEYS)}
+[metrics]
+port = 0
+""")
+
+
+@pytest.mark.integration
+def test_sigterm_during_a_backlog_stops_a_real_run_within_10_s(broker, topic_factory, tmp_path):
+    from dpstream.io.topics import produce, read_all
+
+    topics = {role: topic_factory(1, role) for role in ("events", "releases", "alerts", "dead")}
+    now = time.time()
+    origin = datetime.fromtimestamp(now - 14 * 3600, UTC).replace(microsecond=0)
+    _run_config(tmp_path / "b.toml", broker, topics,
+                origin.isoformat().replace("+00:00", "Z"))
+    produce(broker.bootstrap, topics["events"],
+            [(None, json.dumps({"key": k, "ts": now}).encode(), int(now * 1000)) for k in KEYS])
+    env = dict(os.environ, PYTHONUNBUFFERED="1", DPSTREAM_PROGRESS_SECONDS="1",
+               DPSTREAM_NOISE_KEY="5e6f9d1c2b3a48577b0c1d2e3f40516"
+                                  "2738495a6b7c8d9eafb0c1d2e3f405162")
+    started = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "dpstream.cli", "run", "--config",
+                             str(tmp_path / "b.toml"), "--ephemeral"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        # the first releases of the 50,400-step backlog are out long before the backlog is
+        # closed (before: nothing for as long as closing all of it took)
+        first = read_all(broker.bootstrap, topics["releases"], expect=len(KEYS), timeout=10)
+        waited = time.monotonic() - started
+        if proc.poll() is not None:
+            pytest.fail(proc.communicate()[0].decode(errors="replace")[-4000:])
+        time.sleep(1.5)  # a progress line or two
+        asked = time.monotonic()
+        proc.send_signal(signal.SIGTERM)  # in the middle of the backlog
+        out, _ = proc.communicate(timeout=120)
+        took = time.monotonic() - asked
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = out.decode(errors="replace")
+    print(f"{len(first)} releases read {waited:.1f} s after the start; stopped {took:.1f} s "
+          "after SIGTERM")
+    assert first, f"no release within {waited:.1f} s of the start\n{text[-3000:]}"
+    assert min(json.loads(r.value)["step"] for r in first) == 0
+    assert proc.returncode == 0, text[-3000:]
+    assert took < 10, f"{took:.1f} s to stop\n{text[-3000:]}"
+    assert "closing a backlog of" in text, text[-3000:]
+    written = read_all(broker.bootstrap, topics["releases"], timeout=10)
+    print(f"{len(written)} releases written")
+    assert len(written) < 50_000 * len(KEYS)  # stopped in the middle of the backlog
+    assert "closing" in text and "steps of backlog" in text  # the progress line
