@@ -139,6 +139,27 @@ def progress_line(registry: CollectorRegistry) -> str:
     return ", ".join(parts)
 
 
+BACKLOG_WARN_SECONDS = 60.0
+"""A backlog estimated to take longer than this is logged as a warning."""
+
+
+def _log_backlog(config: Any) -> None:
+    """Log the backlog a new instance starts with (``flow.origin`` to now), and its time."""
+    from dpstream.backlog import estimate
+
+    try:
+        found = estimate(config)
+    except Exception as exc:  # noqa: BLE001 - an estimate must never stop a start
+        log.debug("no backlog estimate: %s", type(exc).__name__)
+        return
+    if found.steps <= 1:
+        return
+    seconds = found.seconds
+    level = logging.WARNING if seconds is not None and seconds > BACKLOG_WARN_SECONDS \
+        else logging.INFO
+    log.log(level, "%s (dpstream_backlog_steps follows it)", found.describe())
+
+
 def _report_progress(registry: CollectorRegistry, interval: float) -> None:
     while not stopping.wait(interval):
         log.info("progress: %s", progress_line(registry))
@@ -267,6 +288,8 @@ def flow_from_environment(config_path: str | None = None, recovery_dir: str | No
                     "everything again under a new instance", instance.id)
     log.info("reprocessing an input topic is a new flow instance: its privacy spend adds to "
              "every earlier instance's over the same events, and its ledgers cannot see theirs")
+    if not instance.resumed:  # a resumed instance's backlog starts where it stopped
+        _log_backlog(config)
     clients = kafka_clients(config, metrics)
     partitions = input_partitions(config, clients)
     log.info("reading %s from %s; %s (delivery is at least once: consumers de-duplicate, see "

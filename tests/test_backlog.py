@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -298,7 +299,51 @@ def test_sigterm_during_a_backlog_stops_a_real_run_within_10_s(broker, topic_fac
     assert proc.returncode == 0, text[-3000:]
     assert took < 10, f"{took:.1f} s to stop\n{text[-3000:]}"
     assert "closing a backlog of" in text, text[-3000:]
+    assert re.search(r"backlog at start: 50,40\d steps from flow.origin to now x 5 declared "
+                     r"keys = 252,0\d\d to close; about", text)  # the start-up log
     written = read_all(broker.bootstrap, topics["releases"], timeout=10)
     print(f"{len(written)} releases written")
     assert len(written) < 50_000 * len(KEYS)  # stopped in the middle of the backlog
     assert "closing" in text and "steps of backlog" in text  # the progress line
+
+
+# -- check-config and the estimate ------------------------------------------------------------
+
+
+def test_the_estimate_counts_steps_times_declared_keys_and_measures_the_rate():
+    from dpstream.backlog import estimate
+
+    cfg = config(shards=2)
+    now = ORIGIN + 14 * 3600 + 0.5
+    found = estimate(cfg, now=now)
+    assert (found.steps, found.members, found.member_steps) == (50_400, 5, 252_000)
+    assert found.seconds_per_step is not None and found.seconds_per_step > 0
+    assert found.seconds == pytest.approx(50_400 * found.seconds_per_step)
+    line = found.describe()
+    assert line.startswith("backlog at start: 50,400 steps from flow.origin to now x 5 "
+                           "declared keys = 252,000 to close; about ")
+    assert "key-steps/s" in line and "measured in this process" in line
+    assert estimate(cfg, now=ORIGIN - 10).describe() == \
+        "backlog at start: none (flow.origin is not in the past)"
+    unmeasured = estimate(cfg, now=now, measure=False)
+    assert unmeasured.seconds is None and "about" not in unmeasured.describe()
+
+
+def test_check_config_prints_the_backlog(tmp_path, capsys):
+    from dpstream.cli import main
+
+    origin = datetime.fromtimestamp(time.time() - 14 * 3600 - 30, UTC).replace(microsecond=0)
+    path = tmp_path / "c.toml"
+    path.write_text(f"""
+[flow]
+name = "c"
+step = "1s"
+origin = "{origin.isoformat().replace('+00:00', 'Z')}"
+[admission]
+mode = "declared"
+keys = {json.dumps(KEYS)}
+""")
+    assert main(["check-config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "backlog at start: 50,4" in out and " x 5 declared keys = 252," in out
+    assert "key-steps/s" in out
