@@ -459,12 +459,14 @@ def _budget(args: argparse.Namespace) -> int:
 
     now = time.time()
     if args.prometheus is not None:
-        rows = budget_from_prometheus(args.prometheus, flow=args.flow, window=args.window)
+        rows = budget_from_prometheus(args.prometheus, flow=args.flow, window=args.window,
+                                      instance=args.instance or None)
         source, hint = args.prometheus, ""
     else:
         if args.interval < 0:
             raise DpstreamError(f"--interval must be >= 0 seconds, got {args.interval}")
-        rows = budget_from_metrics(args.metrics, flow=args.flow, interval=args.interval)
+        rows = budget_from_metrics(args.metrics, flow=args.flow, interval=args.interval,
+                                   instance=args.instance or None)
         source, hint = ",".join(args.metrics), "sample twice: --interval SECONDS"
     if args.json:
         print(json.dumps({"source": source, "time": now,
@@ -630,6 +632,8 @@ def main(argv: list[str] | None = None) -> int:
     source.add_argument("--prometheus", metavar="URL",
                         help="a Prometheus server scraping the flows (http://host:9090)")
     budget.add_argument("--flow", help="only this flow")
+    budget.add_argument("--instance", metavar="ID", help="only the processes running this flow "
+                        "instance (its id, or a prefix of it; dpstream_flow_instance_info)")
     budget.add_argument("--interval", type=float, default=0.0, metavar="SECONDS",
                         help="with --metrics: sample twice, this far apart, to measure the "
                         "burn rate (default 0: the burn rate is unknown)")

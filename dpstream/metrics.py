@@ -31,7 +31,8 @@ alerts, status records, answers and models, which are private) and of the config
 ``dpstream_releases_total``, ``dpstream_alerts_total``,
 ``dpstream_refused_releases_total``, ``dpstream_budget_exhausted``,
 ``dpstream_privacy_spent``, ``dpstream_privacy_remaining`` (both read from published
-records), ``dpstream_privacy_budget``, ``dpstream_flow_info``, the PMWG series
+records), ``dpstream_privacy_budget``, ``dpstream_flow_info``,
+``dpstream_flow_instance_info`` (the flow instance id, random), the PMWG series
 (``dpstream_answers_total``, ``dpstream_bottom_answers_total``,
 ``dpstream_hard_queries``, ``dpstream_histogram_privacy_*``), the ERM series
 (``dpstream_models_released_total``, ``dpstream_model_*``),
@@ -158,6 +159,10 @@ class FlowMetrics:
             ["flow", "mechanism"], registry=r)
         self.info = Gauge("dpstream_flow_info", "1, labelled with the flow's kind.",
                           ["flow", "kind"], registry=r)
+        self.instance_info = Gauge(
+            "dpstream_flow_instance_info",
+            "1, labelled with the flow instance this process runs (the records' 'instance').",
+            ["flow", "flow_instance"], registry=r)
         self._lock = threading.Lock()
         self._spent_by_stream: dict[tuple[str, str], dict[str, tuple[float, float]]] = {}
         self._units: dict[str, str] = {}
@@ -272,6 +277,13 @@ class FlowMetrics:
         if refused:
             self.refused.labels(self.flow, mechanism).inc(refused)
             self._mark_exhausted(mechanism)
+
+    def set_instance(self, instance: str) -> None:
+        """Publish ``dpstream_flow_instance_info{flow_instance}`` (``dpstream budget --instance``).
+
+        The label is ``flow_instance``: Prometheus gives ``instance`` to the scrape target.
+        """
+        self.instance_info.labels(self.flow, instance).set(1)
 
     def set_kind(self, kind: str) -> None:
         """Publish ``dpstream_flow_info{kind}`` (counters, pmwg, erm): rules select by it.

@@ -144,6 +144,7 @@ def build_flow(
     total = sum(counts)
     if metrics is not None:
         metrics.set_clock(config.origin.timestamp(), config.step_seconds)
+        metrics.set_instance(instance)
     assigned = assign_steps("assign_steps", raw, kind.clock(config, bases), metrics)
     parts = FlowParts(config, noise, instance, total, metrics, options)
     encoded = op.merge("encoded", kind.wire(parts, assigned.updates),

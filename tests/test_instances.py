@@ -177,3 +177,33 @@ def test_tail_filters_by_instance_and_shows_instances_and_conflicts(broker, topi
     again = subprocess.run([*base, "--instance", B], capture_output=True, timeout=60,
                            text=True)
     assert "1 CONFLICTING copies" in again.stderr
+
+
+def test_budget_keeps_only_the_processes_of_one_instance():
+    from prometheus_client import start_http_server
+
+    from dpstream.client import budget_from_metrics
+    from dpstream.core.key_statistics import Release as CoreRelease
+    from dpstream.io.broker import free_port
+    from dpstream.metrics import FlowMetrics
+
+    urls, servers = [], []
+    for instance, spent in ((A, 0.25), (B, 0.75)):
+        metrics = FlowMetrics("twice")
+        metrics.set_instance(instance)
+        metrics.set_budget("tree-laplace", "epsilon", 1.0)
+        metrics.observe_outputs([CoreRelease("k", 0, 1.0, 1.0, "tree-laplace", spent, 1.0,
+                                             "epsilon", 0.0)], "tree-laplace")
+        port = free_port()
+        servers.append(start_http_server(port, addr="127.0.0.1", registry=metrics.registry))
+        urls.append(f"127.0.0.1:{port}")
+    try:
+        both = budget_from_metrics(urls)
+        assert [row.spent for row in both] == [0.75]  # the largest spend of the two
+        only_a = budget_from_metrics(urls, instance=A[:8])
+        assert [row.spent for row in only_a] == [0.25]
+        assert budget_from_metrics(urls, instance="c" * 8) == []
+    finally:
+        for server, thread in servers:
+            server.shutdown()
+            thread.join()
