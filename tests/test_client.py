@@ -44,6 +44,7 @@ ORIGIN = datetime(2026, 9, 21, 14, 13, 20, tzinfo=UTC)
 ENV = dict(os.environ, PYTHONUNBUFFERED="1",
            DPSTREAM_NOISE_KEY="5e6f9d1c2b3a48577b0c1d2e3f405162738495a6b7c8d9eafb0c1d2e3f405162")
 HOT, COLD = ["hot-a", "hot-b", "hot-c"], "cold"
+INSTANCE = "0123456789abcdef0123456789abcdef"  # the flow instance of the real runs below
 STEPS = 12
 
 
@@ -52,7 +53,7 @@ STEPS = 12
 
 def counters_values(flow: str = "it") -> dict[str, bytes]:
     """One record of each counters kind, encoded by the flow's own encoder."""
-    pure = RecordEncoder(flow, ORIGIN, 1.0)
+    pure = RecordEncoder(flow, ORIGIN, 1.0, instance=INSTANCE)
     return {
         "release": pure.encode(core.Release("k1", 4, 17.5, 2.25, "tree-laplace", 0.9, 1.0,
                                             "epsilon", 3e-7))[2],
@@ -186,7 +187,7 @@ def test_fields_added_within_a_major_version_are_ignored():
 
 
 def make_release(key: str, step: int, value: float, flow: str = "it") -> Release:
-    encoder = RecordEncoder(flow, ORIGIN, 1.0)
+    encoder = RecordEncoder(flow, ORIGIN, 1.0, instance=INSTANCE)
     record = decode(encoder.encode(core.Release(key, step, value, 1.0, "tree-laplace", 0.9, 1.0,
                                                 "epsilon", 0.0))[2])
     assert isinstance(record, Release)
@@ -301,7 +302,7 @@ def run_real_flow(broker, topic_factory, tmp_path: Path, name: str = "it") -> di
     # and the cold key would now and then be admitted)
     out = subprocess.run([sys.executable, "-m", "dpstream.cli", "run", "--config", str(config),
                           "--recovery-dir", str(tmp_path / f"{name}-recovery")],
-                         env={**ENV, "DPSTREAM_INSTANCE_ID": "0123456789abcdef0123456789abcdef"},
+                         env={**ENV, "DPSTREAM_INSTANCE_ID": INSTANCE},
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     return topics
