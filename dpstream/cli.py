@@ -293,10 +293,12 @@ class _TailOutput:
         self.mode, self.title, self.consumer = mode, title, consumer
         self.dirty, self.drawn_at, self.header_done = True, 0.0, False
         self.flows: set[str] = set()
+        self.instances: set[str | None] = set()
 
     def take(self, item: Any) -> None:
         """Show one new record."""
         self.flows.add(item.record.flow)
+        self.instances.add(item.record.instance)
         if self.mode == "json":
             sys.stdout.buffer.write(item.value.rstrip(b"\n") + b"\n")
             sys.stdout.flush()
@@ -306,7 +308,8 @@ class _TailOutput:
             if not self.header_done:
                 print(table_header(), flush=False)
                 self.header_done = True
-            print(record_row(item.record, several_flows=len(self.flows) > 1), flush=True)
+            print(record_row(item.record, several_flows=len(self.flows) > 1,
+                             several_instances=len(self.instances) > 1), flush=True)
         else:
             self.dirty = True
 

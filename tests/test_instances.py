@@ -162,6 +162,9 @@ def test_tail_filters_by_instance_and_shows_instances_and_conflicts(broker, topi
     assert len(both.stdout.splitlines()) == len(releases)
     assert "flow 'twice' has 2 instances (aaaaaaaa, bbbbbbbb)" in both.stderr
     assert "0 conflicts" in both.stderr
+    rows = subprocess.run([arg for arg in base if arg != "--json"], capture_output=True,
+                          timeout=60, text=True)  # the table, a row per record
+    assert "k1@aaaaaaaa" in rows.stdout and "k1@bbbbbbbb" in rows.stdout, rows.stdout[-2000:]
     one = subprocess.run([*base, "--instance", B[:8]], capture_output=True, timeout=60,
                          text=True)
     assert one.returncode == 0, one.stderr

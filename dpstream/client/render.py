@@ -127,10 +127,16 @@ def table_header(key_width: int = _KEY_WIDTH) -> str:
     return _line(_HEADER, key_width)
 
 
-def record_row(record: Record, key_width: int = _KEY_WIDTH, several_flows: bool = False
-               ) -> str:
-    """One record as a row under :func:`table_header` (the append mode of ``tail``)."""
-    return _line(_cells(record, record_key(record, several_flows)), key_width)
+def record_row(record: Record, key_width: int = _KEY_WIDTH, several_flows: bool = False,
+               several_instances: bool = False) -> str:
+    """One record as a row under :func:`table_header` (the append mode of ``tail``).
+
+    ``several_instances``: mark the key with its flow instance (``key@5f0c9a1e``).
+    """
+    key = record_key(record, several_flows)
+    if several_instances and key:
+        key = f"{key}@{_short(record.instance)}"
+    return _line(_cells(record, key), key_width)
 
 
 def _short(instance: str | None) -> str:

@@ -105,7 +105,7 @@ class CoreFlow:
         self.shards = {s: ShardState(spec, partitions, declared, noise, states["shards"].get(s))
                        for s in range(config.shards)}
         self.encoder = RecordEncoder(config.name, config.origin, config.step_seconds,
-                                     config.privacy.delta)
+                                     config.privacy.delta, instance=instance)
         self.records: list[Record] = []
         self.dead_letters: list[Any] = []
 
