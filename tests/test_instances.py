@@ -182,10 +182,11 @@ def test_tail_filters_by_instance_and_shows_instances_and_conflicts(broker, topi
     assert "1 CONFLICTING copies" in again.stderr
 
 
-def test_budget_keeps_only_the_processes_of_one_instance():
+@pytest.mark.integration
+def test_budget_keeps_only_the_processes_of_one_instance(prometheus_factory):
     from prometheus_client import start_http_server
 
-    from dpstream.client import budget_from_metrics
+    from dpstream.client import budget_from_metrics, budget_from_prometheus
     from dpstream.core.key_statistics import Release as CoreRelease
     from dpstream.io.broker import free_port
     from dpstream.metrics import FlowMetrics
@@ -206,6 +207,14 @@ def test_budget_keeps_only_the_processes_of_one_instance():
         only_a = budget_from_metrics(urls, instance=A[:8])
         assert [row.spent for row in only_a] == [0.25]
         assert budget_from_metrics(urls, instance="c" * 8) == []
+        prom = prometheus_factory(urls)
+        prom.wait_for('dpstream_flow_instance_info', lambda r: len(r) == 2, timeout=60)
+        prom.wait_for('dpstream_privacy_spent', lambda r: len(r) == 2, timeout=60)
+        assert [row.spent for row in budget_from_prometheus(prom.url)] == [0.75]
+        only_b = budget_from_prometheus(prom.url, instance=B)
+        assert [row.spent for row in only_b] == [0.75]
+        only_a = budget_from_prometheus(prom.url, instance=A[:8], flow="twice")
+        assert [row.spent for row in only_a] == [0.25]
     finally:
         for server, thread in servers:
             server.shutdown()
