@@ -112,7 +112,7 @@ def _duration(seconds: float) -> str:
 def steps_since_origin(config: Any, now: float | None = None) -> int:
     """Steps from ``flow.origin`` to ``now`` (Unix seconds; default: the clock)."""
     now = time.time() if now is None else now
-    return max(0, math.floor((now - config.origin.timestamp()) / config.step_seconds))
+    return max(0, int(math.floor((now - config.origin.timestamp()) / config.step_seconds)))
 
 
 def estimate(config: Any, *, now: float | None = None, measure: bool = True

@@ -248,7 +248,7 @@ class LatestValues:
         """Every ``(flow, key)`` with a release, status or alert, sorted."""
         slots = set(self._releases.series) | set(self._statuses.series) \
             | set(self._alerts.series)
-        return sorted(s for s in slots if flow is None or s[0] == flow)  # type: ignore[misc]
+        return sorted((s[0], s[1]) for s in slots if flow is None or s[0] == flow)
 
     def flows(self) -> list[str]:
         """Every flow with a release, status, alert, answer or model."""
