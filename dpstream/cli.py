@@ -50,9 +50,12 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _check_config(args: argparse.Namespace) -> int:
+    from dpstream.backlog import estimate
     from dpstream.config import load_config
 
-    print(load_config(args.config).describe())
+    config = load_config(args.config)
+    print(config.describe())
+    print(estimate(config).describe())  # measures the mechanisms for ~0.3 s
     return 0
 
 
@@ -321,10 +324,12 @@ class _TailOutput:
         self.mode, self.title, self.consumer = mode, title, consumer
         self.dirty, self.drawn_at, self.header_done = True, 0.0, False
         self.flows: set[str] = set()
+        self.instances: set[str | None] = set()
 
     def take(self, item: Any) -> None:
         """Show one new record."""
         self.flows.add(item.record.flow)
+        self.instances.add(item.record.instance)
         if self.mode == "json":
             sys.stdout.buffer.write(item.value.rstrip(b"\n") + b"\n")
             sys.stdout.flush()
@@ -334,7 +339,8 @@ class _TailOutput:
             if not self.header_done:
                 print(table_header(), flush=False)
                 self.header_done = True
-            print(record_row(item.record, several_flows=len(self.flows) > 1), flush=True)
+            print(record_row(item.record, several_flows=len(self.flows) > 1,
+                             several_instances=len(self.instances) > 1), flush=True)
         else:
             self.dirty = True
 
@@ -430,7 +436,8 @@ def _tail(args: argparse.Namespace) -> int:
     if getattr(args, "log_level", "info") != "debug":  # kafka-python logs every refused
         logging.getLogger("kafka").setLevel(logging.CRITICAL)  # connection: our error says it
     mode = "json" if args.json else "live" if sys.stdout.isatty() else "append"
-    title = f"dpstream tail {', '.join(topics)}" + (f" (flow {flow})" if flow else "")
+    title = f"dpstream tail {', '.join(topics)}" + (f" (flow {flow})" if flow else "") \
+        + (f" (instance {args.instance})" if args.instance else "")
     stop = threading.Event()  # Ctrl-C or SIGTERM: the loop ends between polls, never inside
     stopped_by: list[int] = []  # kafka-python's code
 
@@ -442,7 +449,7 @@ def _tail(args: argparse.Namespace) -> int:
                 for signum in (signal.SIGINT, signal.SIGTERM)}
     consumer = web = None
     try:
-        consumer = RecordConsumer(brokers, topics, flow=flow,
+        consumer = RecordConsumer(brokers, topics, flow=flow, instance=args.instance or None,
                                   from_beginning=args.from_beginning,
                                   strict_versions=not args.skip_unsupported, **settings)
         output = _TailOutput(mode, title, consumer)
@@ -456,10 +463,9 @@ def _tail(args: argparse.Namespace) -> int:
             output.tick(final=True)  # also after Ctrl-C or SIGTERM: the way to stop a live tail
         except BrokenPipeError:  # `dpstream tail --json | head`: the reader is gone
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        counts = consumer.latest.counts
-        print(f"dpstream tail: {consumer.stats.describe()}; {counts.duplicates} duplicates and "
-              f"{counts.stale} stale copies dropped"
-              + (f", {counts.conflicts} CONFLICTING copies" if counts.conflicts else ""),
+        from dpstream.client.render import store_summary
+
+        print(f"dpstream tail: {consumer.stats.describe()}; {store_summary(consumer.latest)}",
               file=sys.stderr, flush=True)
         return 130 if stopped_by[:1] == [signal.SIGINT] else 0  # Ctrl-C: 128 + SIGINT
     finally:
@@ -500,12 +506,14 @@ def _budget(args: argparse.Namespace) -> int:
 
     now = time.time()
     if args.prometheus is not None:
-        rows = budget_from_prometheus(args.prometheus, flow=args.flow, window=args.window)
+        rows = budget_from_prometheus(args.prometheus, flow=args.flow, window=args.window,
+                                      instance=args.instance or None)
         source, hint = args.prometheus, ""
     else:
         if args.interval < 0:
             raise DpstreamError(f"--interval must be >= 0 seconds, got {args.interval}")
-        rows = budget_from_metrics(args.metrics, flow=args.flow, interval=args.interval)
+        rows = budget_from_metrics(args.metrics, flow=args.flow, interval=args.interval,
+                                   instance=args.instance or None)
         source, hint = ",".join(args.metrics), "sample twice: --interval SECONDS"
     if args.json:
         print(json.dumps({"source": source, "time": now,
@@ -713,6 +721,9 @@ def main(argv: list[str] | None = None) -> int:
                       "(repeat or comma-separate; default: the configuration's output topics)")
     tail.add_argument("--flow", help="only this flow's records (default with --config: its "
                       "flow.name; --flow '' shows every flow)")
+    tail.add_argument("--instance", metavar="ID", help="only this flow instance's records (its "
+                      "id, or a prefix of it: every record names its instance; two instances "
+                      "of one flow name publish independent values)")
     tail.add_argument("--from-beginning", action="store_true",
                       help="read each topic from its first record (default: from its end)")
     tail.add_argument("--json", action="store_true", help="one record per line, as published "
@@ -739,6 +750,8 @@ def main(argv: list[str] | None = None) -> int:
     source.add_argument("--prometheus", metavar="URL",
                         help="a Prometheus server scraping the flows (http://host:9090)")
     budget.add_argument("--flow", help="only this flow")
+    budget.add_argument("--instance", metavar="ID", help="only the processes running this flow "
+                        "instance (its id, or a prefix of it; dpstream_flow_instance_info)")
     budget.add_argument("--interval", type=float, default=0.0, metavar="SECONDS",
                         help="with --metrics: sample twice, this far apart, to measure the "
                         "burn rate (default 0: the burn rate is unknown)")

@@ -31,7 +31,8 @@ alerts, status records, answers and models, which are private) and of the config
 ``dpstream_releases_total``, ``dpstream_alerts_total``,
 ``dpstream_refused_releases_total``, ``dpstream_budget_exhausted``,
 ``dpstream_privacy_spent``, ``dpstream_privacy_remaining`` (both read from published
-records), ``dpstream_privacy_budget``, ``dpstream_flow_info``, the PMWG series
+records), ``dpstream_privacy_budget``, ``dpstream_flow_info``,
+``dpstream_flow_instance_info`` (the flow instance id, random), the PMWG series
 (``dpstream_answers_total``, ``dpstream_bottom_answers_total``,
 ``dpstream_hard_queries``, ``dpstream_histogram_privacy_*``), the ERM series
 (``dpstream_models_released_total``, ``dpstream_model_*``),
@@ -64,7 +65,9 @@ answers and ``exhausted`` model records, each of which sets
 * ``dpstream_closed_step`` -- the smallest step through which every shard of this
   process has closed (all releases up to it are out); absent while a shard that reported
   has closed nothing. ``dpstream_steps_pending`` -- the most steps a shard of this
-  process holds open, waiting for a partition.
+  process holds open, waiting for a partition. ``dpstream_backlog_steps`` -- steps every
+  partition has passed that the shards have not closed yet (a ``flow.origin`` in the past,
+  or a restart after an outage): closed in chunks, each written out as it closes.
 * ``dpstream_step_lag_seconds`` -- computed at scrape time: now minus the end of the
   closed step, ``origin + (closed_step + 1) * step``. A healthy flow stays between
   ``flow.lateness`` and ``flow.lateness + flow.step`` (plus the ingestion delay, and
@@ -162,6 +165,10 @@ class FlowMetrics:
             ["flow", "mechanism"], registry=r)
         self.info = Gauge("dpstream_flow_info", "1, labelled with the flow's kind.",
                           ["flow", "kind"], registry=r)
+        self.instance_info = Gauge(
+            "dpstream_flow_instance_info",
+            "1, labelled with the flow instance this process runs (the records' 'instance').",
+            ["flow", "flow_instance"], registry=r)
         self._lock = threading.Lock()
         self._spent_by_stream: dict[tuple[str, str], dict[str, tuple[float, float]]] = {}
         self._units: dict[str, str] = {}
@@ -188,6 +195,11 @@ class FlowMetrics:
             "dpstream_steps_pending",
             "Largest number of steps a shard of this process holds open, waiting for a "
             "partition.", ["flow"], registry=r)
+        self.backlog_steps = Gauge(
+            "dpstream_backlog_steps",
+            "Steps every input partition has passed that shards of this process have not "
+            "closed yet (summed over the shards): a backlog being closed in chunks.",
+            ["flow"], registry=r)
         self.output_pending = Gauge(
             "dpstream_output_pending_records",
             "Records handed to the Kafka sink and not yet confirmed delivered.",
@@ -228,6 +240,7 @@ class FlowMetrics:
         self._step_seconds: float | None = None
         self._shard_closed: dict[int, int | None] = {}
         self._shard_pending: dict[int, int] = {}
+        self._shard_backlog: dict[int, int] = {}
         self._closed: int | None = None
         r.register(_StepLagCollector(self))
 
@@ -276,6 +289,13 @@ class FlowMetrics:
         if refused:
             self.refused.labels(self.flow, mechanism).inc(refused)
             self._mark_exhausted(mechanism)
+
+    def set_instance(self, instance: str) -> None:
+        """Publish ``dpstream_flow_instance_info{flow_instance}`` (``dpstream budget --instance``).
+
+        The label is ``flow_instance``: Prometheus gives ``instance`` to the scrape target.
+        """
+        self.instance_info.labels(self.flow, instance).set(1)
 
     def set_kind(self, kind: str) -> None:
         """Publish ``dpstream_flow_info{kind}`` (counters, pmwg, erm): rules select by it.
@@ -508,21 +528,27 @@ class FlowMetrics:
         if broker_seconds is not None:
             self.partition_broker_time.labels(self.flow, label).set(broker_seconds)
 
-    def observe_shard(self, shard: int, closed_step: int | None, pending_steps: int) -> None:
+    def observe_shard(self, shard: int, closed_step: int | None, pending_steps: int,
+                      backlog_steps: int = 0) -> None:
         """Record a shard's progress and publish the aggregate over this process's shards.
 
         Args:
             shard: the shard's index.
             closed_step: the last step the shard has closed (None: none yet).
             pending_steps: how many steps the shard holds open, waiting for a partition.
+            backlog_steps: how many steps every partition has passed that the shard has not
+                closed yet (a backlog it closes in chunks).
 
         ``dpstream_closed_step`` becomes the smallest closed step over the shards that
-        reported (absent while one of them has closed nothing) and
-        ``dpstream_steps_pending`` the largest number of pending steps.
+        reported (absent while one of them has closed nothing),
+        ``dpstream_steps_pending`` the largest number of pending steps and
+        ``dpstream_backlog_steps`` the sum of the backlogs.
         """
         with self._lock:
             self._shard_closed[shard] = closed_step
             self._shard_pending[shard] = pending_steps
+            self._shard_backlog[shard] = backlog_steps
+            self.backlog_steps.labels(self.flow).set(sum(self._shard_backlog.values()))
             known = [c for c in self._shard_closed.values() if c is not None]
             closed = min(known) if len(known) == len(self._shard_closed) else None
             pending = max(self._shard_pending.values())

@@ -284,6 +284,7 @@ def build_flow(
         metrics.set_clock(config.origin.timestamp(), config.step_seconds)
         metrics.set_partition_names(partition_names(topics, counts))
         metrics.declare_input_topics(topics)
+        metrics.set_instance(instance)
     skipped = frozenset(SkippedRecord(*record) for record in skip_records)
     assigned = assign_steps("assign_steps", raw, kind.clock(config, bases), metrics,
                             Quarantine(skipped, bases))
@@ -294,7 +295,8 @@ def build_flow(
                            op.input("every_shard", flow, _EveryShard(config.shards)))
     encoded = op.merge("encoded", kind.wire(parts, updates),
                        op.map("encode_dead", assigned.dead_letters,
-                              partial(encode_dead_letter, config.name)))
+                              partial(encode_dead_letter, config.name,
+                                      instance=instance)))
     if sink is None:
         observe = metrics.observe_delivery if metrics is not None else None
         op.output("kafka_out", encoded, KafkaOutput(clients, output_topics(config), observe))

@@ -170,6 +170,8 @@ def progress_line(registry: CollectorRegistry, exact_counts: bool = False) -> st
         parts.append(f"closed through step {t['dpstream_closed_step']:.0f}")
     if "dpstream_step_lag_seconds" in t:
         parts.append(_lag_text(t["dpstream_step_lag_seconds"]))
+    if t.get("dpstream_backlog_steps"):
+        parts.append(f"closing {t['dpstream_backlog_steps']:.0f} steps of backlog")
     if t.get("dpstream_steps_pending"):
         parts.append(f"{t['dpstream_steps_pending']:.0f} steps waiting for input partitions")
     if "dpstream_events_total" in t:
@@ -186,6 +188,27 @@ def progress_line(registry: CollectorRegistry, exact_counts: bool = False) -> st
     if t.get("dpstream_output_pending_records"):
         parts.append(f"{t['dpstream_output_pending_records']:.0f} output records unacknowledged")
     return ", ".join(parts)
+
+
+BACKLOG_WARN_SECONDS = 60.0
+"""A backlog estimated to take longer than this is logged as a warning."""
+
+
+def _log_backlog(config: Any) -> None:
+    """Log the backlog a new instance starts with (``flow.origin`` to now), and its time."""
+    from dpstream.backlog import estimate
+
+    try:
+        found = estimate(config)
+    except Exception as exc:  # noqa: BLE001 - an estimate must never stop a start
+        log.debug("no backlog estimate: %s", type(exc).__name__)
+        return
+    if found.steps <= 1:
+        return
+    seconds = found.seconds
+    level = logging.WARNING if seconds is not None and seconds > BACKLOG_WARN_SECONDS \
+        else logging.INFO
+    log.log(level, "%s (dpstream_backlog_steps follows it)", found.describe())
 
 
 def _report_progress(registry: CollectorRegistry, interval: float, exact_counts: bool) -> None:
@@ -407,6 +430,8 @@ def flow_from_environment(config_path: str | None = None, recovery_dir: str | No
         log.info("reprocessing an input topic is a new flow instance: its privacy spend adds "
                  "to every earlier instance's over the same events, and its ledgers cannot see "
                  "theirs")
+    if not instance.resumed:  # a resumed instance's backlog starts where it stopped
+        _log_backlog(config)
     clients = kafka_clients(config, metrics)
     partitions = input_partitions(config, clients)
     check_broker_time(config, clients)

@@ -55,15 +55,20 @@ def step_outputs(draw):
 flows = st.sampled_from(["bench", "100%", "a\"b\\c", "\x00dpstream-key\x00", "ü"])
 
 
+instances = st.sampled_from(["", "0123456789abcdef0123456789abcdef", "\x00dpstream-value\x00"])
+
+
 @settings(max_examples=300, deadline=None)
 @given(step_outputs(), flows, st.sampled_from([1.0, 60.0, 0.25]),
-       st.sampled_from([0.0, 1e-6]))
-def test_encode_step_is_byte_identical_to_encoding_each_output(outputs, flow, seconds, delta):
-    encoder = RecordEncoder(flow, ORIGIN, seconds, delta)
+       st.sampled_from([0.0, 1e-6]), instances)
+def test_encode_step_is_byte_identical_to_encoding_each_output(outputs, flow, seconds, delta,
+                                                                instance):
+    encoder = RecordEncoder(flow, ORIGIN, seconds, delta, instance=instance)
     batch = encoder.encode_step(outputs)
     assert isinstance(batch, EncodedBatch)
     assert batch == [encoder.encode(o) for o in outputs]
     assert all(type(v) is bytes and type(k) is bytes for _, k, v in batch)
+    assert all(orjson.loads(v)["instance"] == instance for _, _, v in batch)
 
 
 def test_the_values_are_formatted_as_orjson_formats_python_floats():

@@ -94,12 +94,16 @@ def test_kafka_and_heartbeat_settings_are_validated():
 def test_record_identities_for_de_duplication():
     from datetime import UTC, datetime
 
-    encoder = RecordEncoder("f", datetime(2026, 1, 1, tzinfo=UTC), 1.0)
+    encoder = RecordEncoder("f", datetime(2026, 1, 1, tzinfo=UTC), 1.0, instance="i1")
     _, _, value = encoder.encode_dead_letter(DeadLetter("invalid JSON", b"{", "events", 2, 7))
-    assert identity(orjson.loads(value)) == ("dpstream.dead_letter/1", "f", "events", 2, 7)
-    release = {"schema": "dpstream.release/1", "flow": "f", "key": "k", "step": 3, "value": 1.0}
-    assert identity(release) == ("dpstream.release/1", "f", "k", 3)
+    assert identity(orjson.loads(value)) == ("dpstream.dead_letter/1", "f", "i1", "events", 2,
+                                             7)
+    release = {"schema": "dpstream.release/1", "flow": "f", "instance": "i1", "key": "k",
+               "step": 3, "value": 1.0}
+    assert identity(release) == ("dpstream.release/1", "f", "i1", "k", 3)
     assert identity(dict(release, value=2.0)) == identity(release)
+    # two instances of one flow name publish the same coordinates independently
+    assert identity(dict(release, instance="i2")) != identity(release)
     with pytest.raises(ValueError, match="not a dpstream record"):
         identity({"schema": "other"})
 

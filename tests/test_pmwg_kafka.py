@@ -51,8 +51,8 @@ COUNTRIES = {"de": 5, "fr": 3, "us": 2}  # value -> weight of the synthetic dist
 DEVICES = {"ios": 6, "web": 4}
 AGES = [(0, 30, 3), (30, 60, 5), (60, 120, 2)]  # bucket [lo, hi) -> weight
 HISTOGRAM = "sessions"
-ANSWER_KEYS = {"schema", "flow", "histogram", "mechanism", "id", "step", "window", "t", "kind",
-               "value", "reason", "hard_queries", "privacy"}
+ANSWER_KEYS = {"schema", "flow", "instance", "histogram", "mechanism", "id", "step", "window",
+               "t", "kind", "value", "reason", "hard_queries", "privacy"}
 BOTTOM_REASONS = {"privacy budget exhausted", "hard-query budget exceeded"}
 TOLERANCE = 0.2
 """On fractions. Hard answers carry Laplace noise of std ~0.32 / sqrt(t / 200) (check-config:

@@ -25,6 +25,7 @@ from prometheus_client import start_http_server
 from test_client import (  # the flow and the records the client tests use
     ENV,
     HOT,
+    INSTANCE,
     ORIGIN,
     STEPS,
     counters_values,
@@ -55,7 +56,7 @@ def dpstream(*args: str, timeout: float = TAIL_TIMEOUT) -> subprocess.CompletedP
 
 def status_record(step: int) -> bytes:
     """A budget-exhausted status of the first hot key, as the flow's encoder writes it."""
-    encoder = RecordEncoder("it", ORIGIN, 1.0)
+    encoder = RecordEncoder("it", ORIGIN, 1.0, instance=INSTANCE)
     return encoder.encode(core.BudgetExhausted(HOT[0], step, "counter", "budget exhausted",
                                                10.0, 10.0, "epsilon"))[2]
 

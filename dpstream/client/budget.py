@@ -11,7 +11,10 @@ A flow publishes its spend as Prometheus gauges (``docs/metrics.md``):
   an ERM flow's model stream;
 * ``dpstream_budget_exhausted`` ``{flow, mechanism}``: 1 once a key, histogram or model stream
   of the mechanism stopped for want of budget (a status record, a ⊥ answer, an exhausted
-  model was published).
+  model was published);
+* ``dpstream_flow_instance_info`` ``{flow, flow_instance}``: the flow instance a process runs
+  (``instance=`` keeps only the processes of one instance: two instances of one flow name
+  spend separate budgets over the same events).
 
 :func:`from_metrics` reads them from flows' ``/metrics`` endpoints (several processes of a
 flow: the largest spend wins, as it does for the guarantee); :func:`from_prometheus` from a
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 import urllib.error
 import urllib.parse
@@ -62,6 +66,7 @@ FAMILIES: Final = (
 )
 _KINDS: Final = ("spent", "budget", "remaining")
 _STOPPED: Final = "dpstream_budget_exhausted"
+_INSTANCE_INFO: Final = "dpstream_flow_instance_info"
 _HTTP_TIMEOUT: Final = 10.0
 
 _Group = tuple[str, str, str | None, str | None]
@@ -172,12 +177,15 @@ def metrics_url(text: str) -> str:
 
 
 def from_metrics(urls: Sequence[str], *, flow: str | None = None,
-                 interval: float | None = None) -> list[BudgetRow]:
+                 interval: float | None = None, instance: str | None = None
+                 ) -> list[BudgetRow]:
     """Read the spend from flows' metrics endpoints (one flow's processes, or several flows).
 
     Args:
         urls: the endpoints (``http://host:9464/metrics``; see :func:`metrics_url`).
         flow: keep only this flow.
+        instance: keep only the endpoints running this flow instance (its id or a prefix,
+            from ``dpstream_flow_instance_info{flow_instance}``).
         interval: sample again after this many seconds to measure the burn rate (None or 0:
             the rate is unknown).
 
@@ -188,13 +196,13 @@ def from_metrics(urls: Sequence[str], *, flow: str | None = None,
     if not pages:
         raise DpstreamError("no metrics endpoint given")
     started = time.monotonic()
-    first = _scrape_all(pages, flow)
+    first = _scrape_all(pages, flow, instance)
     first_at = (started + time.monotonic()) / 2
     if not interval:
         return _rows(first, {})
     time.sleep(max(0.0, started + interval - time.monotonic()))
     started = time.monotonic()
-    second = _scrape_all(pages, flow)
+    second = _scrape_all(pages, flow, instance)
     elapsed = (started + time.monotonic()) / 2 - first_at
     rates = {}
     for group, values in second.values.items():
@@ -204,25 +212,32 @@ def from_metrics(urls: Sequence[str], *, flow: str | None = None,
     return _rows(second, rates)  # a spend that went down (a restart) has no rate
 
 
-def from_prometheus(url: str, *, flow: str | None = None, window: str = "1h"
-                    ) -> list[BudgetRow]:
+def from_prometheus(url: str, *, flow: str | None = None, window: str = "1h",
+                    instance: str | None = None) -> list[BudgetRow]:
     """Read the spend from Prometheus; the burn rate is ``deriv(spent[window])``.
+
+    ``instance``: keep only the targets running this flow instance (its id or a prefix, from
+    ``dpstream_flow_instance_info{flow_instance}``).
 
     Raises:
         DpstreamError: Prometheus cannot be reached or refuses a query.
     """
     base = url if "://" in url else f"http://{url}"
     selector = "" if flow is None else f'{{flow="{_escape(flow)}"}}'
+    only = "" if instance is None else (
+        f' and on(job, instance, flow) {_INSTANCE_INFO}'
+        f'{{flow_instance=~"{_escape(re.escape(instance))}.*"}}')
     sample = _Sample({}, set())
     rates: dict[_Group, float] = {}
-    for labels, value in _query(base, f"{_STOPPED}{selector}"):
+    for labels, value in _query(base, f"{_STOPPED}{selector}{only}"):
         if value > 0:
             sample.stopped.add((labels.get("flow", ""), labels.get("mechanism", "")))
     for family in FAMILIES:
         for kind in _KINDS:
-            series = _query(base, f"{family.stem}_{kind}{selector}")
+            series = _query(base, f"{family.stem}_{kind}{selector}{only}")
             _merge(sample.values, family, kind, series)
-        for labels, rate in _query(base, f"deriv({family.stem}_spent{selector}[{window}])"):
+        for labels, rate in _query(
+                base, f"deriv({family.stem}_spent{selector}[{window}]){only}"):
             group = _group(family, labels)
             if math.isfinite(rate):
                 rates[group] = max(rate, rates.get(group, -math.inf))
@@ -232,11 +247,22 @@ def from_prometheus(url: str, *, flow: str | None = None, window: str = "1h"
 # -- reading -------------------------------------------------------------------------------
 
 
-def _scrape_all(urls: Iterable[str], flow: str | None) -> _Sample:
+def _scrape_all(urls: Iterable[str], flow: str | None, instance: str | None = None
+                ) -> _Sample:
     sample = _Sample({}, set())
     for url in urls:
-        for family, kind, labels, value in _scrape(url):
+        found = list(_scrape(url))
+        flows = None  # the flows this endpoint runs as the instance asked for
+        if instance is not None:
+            flows = {labels.get("flow") for family, kind, labels, _ in found
+                     if kind == "instance" and labels.get("flow_instance", "").startswith(
+                         instance)}
+        for family, kind, labels, value in found:
+            if kind == "instance":
+                continue
             if flow is not None and labels.get("flow") != flow:
+                continue
+            if flows is not None and labels.get("flow") not in flows:
                 continue
             if family is None:
                 if value > 0:
@@ -252,6 +278,7 @@ def _scrape(url: str) -> Iterable[tuple[_Family | None, str, dict[str, str], flo
     wanted: dict[str, tuple[_Family | None, str]] = {
         f"{family.stem}_{kind}": (family, kind) for family in FAMILIES for kind in _KINDS}
     wanted[_STOPPED] = (None, "stopped")
+    wanted[_INSTANCE_INFO] = (None, "instance")
     try:
         for metric in text_string_to_metric_families(text):
             for sample in metric.samples:

@@ -3,7 +3,7 @@
 :class:`RecordConsumer` assigns every partition of the topics it is given (no consumer group,
 nothing committed: any number of consumers read independently) and starts at the end of
 each partition, or at its beginning with ``from_beginning=True``. Each record is decoded by
-:func:`~dpstream.client.records.decode`, filtered by flow, and added to a
+:func:`~dpstream.client.records.decode`, filtered by flow (and flow instance), and added to a
 :class:`~dpstream.client.latest.LatestValues` store (``consumer.latest``), which marks
 replayed copies: iterating yields only new records unless asked for every one.
 
@@ -78,6 +78,8 @@ class ReadStats:
     """Records of the flow (or every flow) decoded."""
     other_flows: int = 0
     """Records of other flows, skipped (``flow=`` filter)."""
+    other_instances: int = 0
+    """Records of other flow instances, skipped (``instance=`` filter)."""
     skipped: Counter[str] = field(default_factory=Counter)
     """Records that are not usable, by reason (``not JSON``, ``unknown schema``, ...)."""
 
@@ -86,6 +88,8 @@ class ReadStats:
         parts = [f"read {self.read} records: {self.decoded} decoded"]
         if self.other_flows:
             parts.append(f"{self.other_flows} of other flows")
+        if self.other_instances:
+            parts.append(f"{self.other_instances} of other flow instances")
         if self.skipped:
             reasons = ", ".join(f"{n} {reason}" for reason, n in sorted(self.skipped.items()))
             parts.append(f"{sum(self.skipped.values())} skipped ({reasons})")
@@ -99,6 +103,9 @@ class RecordConsumer:
         brokers: ``host:port`` of the bootstrap brokers (a comma-separated string or a list).
         topics: the topics to read (a flow's releases, alerts, answers or models topic).
         flow: keep only this flow's records (others are counted in ``stats.other_flows``).
+        instance: keep only this flow instance's records (its 32 hex digits, or a prefix of
+            them; others are counted in ``stats.other_instances``). Records without an
+            ``instance`` field (an older dpstream) never match.
         from_beginning: start at the first record of each partition instead of its end.
         strict_versions: raise :class:`SchemaVersionError` on a known record type at another
             major version; with False, count and skip it.
@@ -120,7 +127,8 @@ class RecordConsumer:
     """
 
     def __init__(self, brokers: str | Sequence[str], topics: str | Sequence[str], *,
-                 flow: str | None = None, from_beginning: bool = False,
+                 flow: str | None = None, instance: str | None = None,
+                 from_beginning: bool = False,
                  strict_versions: bool = True, latest: LatestValues | None = None,
                  **kafka_config: Any) -> None:
         self.brokers = _names(brokers, "brokers", "host:port")
@@ -130,6 +138,9 @@ class RecordConsumer:
             raise ValueError(f"unknown kafka-python consumer setting(s): "
                              f"{', '.join(sorted(unknown))}")
         self.flow, self.strict_versions = flow, strict_versions
+        if instance is not None and not instance:
+            raise ValueError("instance must name a flow instance (its id, or a prefix of it)")
+        self.instance = instance
         self.latest = latest if latest is not None else LatestValues()
         self.stats = ReadStats()
         self._consumer: KafkaConsumer | None = None
@@ -265,6 +276,9 @@ class RecordConsumer:
             return None
         if self.flow is not None and record.flow != self.flow:
             self.stats.other_flows += 1
+            return None
+        if self.instance is not None and not (record.instance or "").startswith(self.instance):
+            self.stats.other_instances += 1
             return None
         self.stats.decoded += 1
         new = self.latest.add(record)

@@ -2,15 +2,33 @@
 
 A flow's delivery is at least once: after a crash it publishes the open epoch again, byte
 for byte (same noise), so a consumer sees some records twice, and an older step's copy may
-arrive after a newer step. :class:`LatestValues` keeps, per key, the record of the highest
-step, and counts what it drops:
+arrive after a newer step. :class:`LatestValues` keeps, per key *and flow instance*, the
+record of the highest step, and counts what it drops.
 
-* ``duplicates``: an identical copy of the record it holds (a replay);
-* ``stale``: a record of an older step than the one it holds (in practice a replayed copy;
-  the store keeps no history to compare it with);
-* ``conflicts``: a *different* record for the same coordinates as the one it holds. A
-  correct flow never publishes one: two differently noised values of the same count could
-  be averaged. The first record is kept; report a conflict to the flow's operators.
+**Coordinates.** A record's coordinate is what a correct flow instance publishes exactly
+once: ``(flow, instance, record type, subject, step)``, where the subject is the key
+(releases, statuses, alerts), the histogram and question id (answers), or the model stream,
+role and level (models). The store remembers a digest of every record it took for the last
+``history`` steps of each subject (default :data:`HISTORY_STEPS`) and compares each record
+with the one already seen at its coordinate, **whatever the order of arrival**:
+
+* ``duplicates``: an identical copy of a record seen at the same coordinate (a replay);
+* ``conflicts``: a *different* record at a coordinate already seen. A correct flow never
+  publishes one: two differently noised values of the same count could be averaged. The
+  first record is kept; report a conflict to the flow's operators;
+* ``stale``: the first record of a coordinate older than the subject's latest step (it
+  arrived after a newer step; it is checked and remembered, but is not the latest value);
+* ``unchecked``: a record older than the remembered history of its subject, which can be
+  neither compared nor kept.
+
+**Instances.** Every record names the flow instance that published it (``instance``). Two
+instances of one flow name (a reprocessing, a second deployment) publish the same
+coordinates with independent noise: those are two series, not a conflict, and are kept
+apart. :meth:`LatestValues.instances` lists the instances seen of each flow; the readers take
+an ``instance=`` argument, and without it return the record of the highest step over every
+instance (the first one seen on a tie). To read one instance only, filter at the source
+(``RecordConsumer(instance=...)``, ``dpstream tail --instance``). Records of a dpstream that
+did not write the field have instance None, which is one instance like any other.
 
 What a "key" is depends on the record type:
 
@@ -31,7 +49,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 from dpstream.client.records import (
     Alert,
@@ -43,54 +61,123 @@ from dpstream.client.records import (
     Status,
 )
 
-__all__ = ["LatestValues", "StoreCounts"]
+__all__ = ["HISTORY_STEPS", "LatestValues", "StoreCounts"]
 
-_R = TypeVar("_R", Release, Status, Alert, Model)
+HISTORY_STEPS: Final = 64
+"""How many steps behind a subject's latest one the store still compares copies with."""
+
+_R = TypeVar("_R", Release, Status, Alert, Model, Answer)
 
 
 @dataclass
 class StoreCounts:
-    """What :class:`LatestValues` dropped (see the module docstring)."""
+    """What :class:`LatestValues` dropped or flagged (see the module docstring)."""
 
     duplicates: int = 0
     stale: int = 0
     conflicts: int = 0
+    unchecked: int = 0
+
+
+@dataclass
+class _Series(Generic[_R]):
+    """One subject of one flow instance: its latest record, and the digests it remembers."""
+
+    latest: _R
+    seen: dict[tuple[Any, ...], int] = field(default_factory=dict)
+    """Coordinate ``(step, detail)`` -> the hash of the record first seen there, in order of
+    arrival (pruned from the front once older than the history)."""
 
 
 @dataclass
 class _Latest(Generic[_R]):
-    """The record of the highest step per slot."""
+    """The series of one record type, by subject and instance."""
 
     counts: StoreCounts
-    records: dict[tuple[Any, ...], _R] = field(default_factory=dict)
+    history: int
+    series: dict[tuple[Any, ...], dict[str | None, _Series[_R]]] = field(default_factory=dict)
 
-    def add(self, slot: tuple[Any, ...], record: _R) -> bool:
-        held = self.records.get(slot)
-        if held is None or record.step > held.step:
-            self.records[slot] = record
+    def add(self, slot: tuple[Any, ...], record: _R, detail: Any = None) -> bool:
+        """Take ``record`` of subject ``slot`` (``detail``: what else its coordinate holds)."""
+        by_instance = self.series.setdefault(slot, {})
+        series = by_instance.get(record.instance)
+        step, digest = record.step, hash(record)
+        if series is None:
+            by_instance[record.instance] = _Series(record, {(step, detail): digest})
             return True
-        if record.step < held.step:
+        held = series.seen.get((step, detail))
+        if held is not None:
+            if held == digest:
+                self.counts.duplicates += 1
+            else:
+                self.counts.conflicts += 1
+            return False
+        newest = series.latest.step
+        if step < newest - self.history:
+            self.counts.unchecked += 1
+            return False
+        seen = series.seen
+        seen[(step, detail)] = digest
+        if step < newest:
             self.counts.stale += 1
-        elif record == held:
-            self.counts.duplicates += 1
-        else:
-            self.counts.conflicts += 1
-        return False
+            return False
+        series.latest = record
+        floor = step - self.history
+        while seen:
+            oldest = next(iter(seen))
+            if oldest[0] >= floor:
+                break
+            del seen[oldest]
+        return True
+
+    def get(self, slot: tuple[Any, ...], instance: str | None | type[_Any]) -> _R | None:
+        """The latest record of ``slot`` (of ``instance``; of any: the highest step)."""
+        by_instance = self.series.get(slot)
+        if not by_instance:
+            return None
+        if instance is not _Any:
+            series = by_instance.get(instance)  # type: ignore[arg-type]
+            return None if series is None else series.latest
+        best: _R | None = None
+        for series in by_instance.values():
+            if best is None or series.latest.step > best.step:
+                best = series.latest
+        return best
+
+    def slots(self) -> list[tuple[Any, ...]]:
+        return list(self.series)
+
+    def instances(self) -> set[tuple[str, str | None]]:
+        return {(slot[0], instance) for slot, by in self.series.items() for instance in by}
+
+
+class _Any:
+    """Any instance (the default of the readers)."""
+
+
+ANY: Final = _Any
 
 
 class LatestValues:
-    """The latest release, status, alert, answer and model of every key (see module docs)."""
+    """The latest release, status, alert, answer and model of every key (see module docs).
 
-    def __init__(self) -> None:
+    Args:
+        history: how many steps behind a subject's latest one copies are still compared
+            (see the module docstring); each remembered coordinate costs about 100 bytes.
+    """
+
+    def __init__(self, history: int = HISTORY_STEPS) -> None:
+        if history < 0:
+            raise ValueError(f"history must be >= 0 steps, got {history}")
         self.counts = StoreCounts()
-        self._releases: _Latest[Release] = _Latest(self.counts)
-        self._statuses: _Latest[Status] = _Latest(self.counts)
-        self._alerts: _Latest[Alert] = _Latest(self.counts)
-        self._models: _Latest[Model] = _Latest(self.counts)
-        self._answers: dict[tuple[str, str], tuple[int, dict[str, Answer]]] = {}
-        self._latest_answer: dict[tuple[str, str], Answer] = {}
+        self._releases: _Latest[Release] = _Latest(self.counts, history)
+        self._statuses: _Latest[Status] = _Latest(self.counts, history)
+        self._alerts: _Latest[Alert] = _Latest(self.counts, history)
+        self._models: _Latest[Model] = _Latest(self.counts, history)
+        self._answers: _Latest[Answer] = _Latest(self.counts, history)
         self.dead_letters: Counter[str] = Counter()
         """Dead letters seen, by reason (replayed copies included)."""
+        self._dead_instances: set[tuple[str, str | None]] = set()
 
     def add(self, record: Record) -> bool:
         """Take one record; True if it is new (not a duplicate, stale or conflicting copy)."""
@@ -104,91 +191,85 @@ class LatestValues:
             return self._models.add((record.flow, record.stream, record.role, record.level),
                                     record)
         if isinstance(record, Answer):
-            return self._add_answer(record)
+            return self._answers.add((record.flow, record.histogram), record, record.id)
         if isinstance(record, DeadLetter):
             self.dead_letters[record.reason] += 1
+            self._dead_instances.add((record.flow, record.instance))
             return True
         raise TypeError(f"not a dpstream record: {type(record).__name__}")
 
-    def _add_answer(self, answer: Answer) -> bool:
-        """Keep the answers of the latest step of each histogram (by id) and the last one."""
-        slot = (answer.flow, answer.histogram)
-        step, by_id = self._answers.get(slot, (-1, {}))
-        if answer.step < step:
-            self.counts.stale += 1
-            return False
-        if answer.step > step:
-            step, by_id = answer.step, {}
-            self._answers[slot] = (step, by_id)
-        held = by_id.get(answer.id)
-        if held is not None:
-            if held == answer:
-                self.counts.duplicates += 1
-            else:
-                self.counts.conflicts += 1
-            return False
-        by_id[answer.id] = answer
-        self._latest_answer[slot] = answer
-        return True
-
     # -- reading ------------------------------------------------------------------------------
 
-    def release(self, flow: str, key: str) -> Release | None:
-        """The latest release of ``key`` in ``flow``."""
-        return self._releases.records.get((flow, key))
+    def release(self, flow: str, key: str, instance: Any = ANY) -> Release | None:
+        """The latest release of ``key`` in ``flow`` (of ``instance``, or of any)."""
+        return self._releases.get((flow, key), instance)
 
-    def status(self, flow: str, key: str) -> Status | None:
+    def status(self, flow: str, key: str, instance: Any = ANY) -> Status | None:
         """The latest status of ``key`` (budget exhausted), if any."""
-        return self._statuses.records.get((flow, key))
+        return self._statuses.get((flow, key), instance)
 
-    def alert(self, flow: str, key: str) -> Alert | None:
+    def alert(self, flow: str, key: str, instance: Any = ANY) -> Alert | None:
         """The latest alert of ``key``, if any."""
-        return self._alerts.records.get((flow, key))
+        return self._alerts.get((flow, key), instance)
 
-    def answer(self, flow: str, histogram: str) -> Answer | None:
+    def answer(self, flow: str, histogram: str, instance: Any = ANY) -> Answer | None:
         """The last answer of ``histogram`` (of its latest step)."""
-        return self._latest_answer.get((flow, histogram))
+        return self._answers.get((flow, histogram), instance)
 
-    def model(self, flow: str, stream: str, role: str, level: int | None = None
-              ) -> Model | None:
+    def model(self, flow: str, stream: str, role: str, level: int | None = None,
+              instance: Any = ANY) -> Model | None:
         """The latest model of one role (and level) of ``stream``."""
-        return self._models.records.get((flow, stream, role, level))
+        return self._models.get((flow, stream, role, level), instance)
 
     def releases(self, flow: str | None = None) -> list[Release]:
         """Every key's latest release (of ``flow``, or all flows), sorted by flow and key."""
-        return _sorted(self._releases.records, flow)
+        return _sorted(self._releases, flow)
 
     def statuses(self, flow: str | None = None) -> list[Status]:
         """Every key's latest status, sorted by flow and key."""
-        return _sorted(self._statuses.records, flow)
+        return _sorted(self._statuses, flow)
 
     def alerts(self, flow: str | None = None) -> list[Alert]:
         """Every key's latest alert, sorted by flow and key."""
-        return _sorted(self._alerts.records, flow)
+        return _sorted(self._alerts, flow)
 
     def answers(self, flow: str | None = None) -> list[Answer]:
         """Every histogram's last answer, sorted by flow and histogram."""
-        return _sorted(self._latest_answer, flow)
+        return _sorted(self._answers, flow)
 
     def models(self, flow: str | None = None) -> list[Model]:
         """The latest model of every (stream, role, level), sorted by them."""
-        return [self._models.records[slot] for slot in sorted(
-            self._models.records, key=lambda s: (s[0], s[1], s[2], -1 if s[3] is None else s[3]))
-            if flow is None or slot[0] == flow]
+        slots = sorted(self._models.slots(),
+                       key=lambda s: (s[0], s[1], s[2], -1 if s[3] is None else s[3]))
+        return [m for s in slots if flow is None or s[0] == flow
+                if (m := self._models.get(s, ANY)) is not None]
 
     def keys(self, flow: str | None = None) -> list[tuple[str, str]]:
         """Every ``(flow, key)`` with a release, status or alert, sorted."""
-        slots = set(self._releases.records) | set(self._statuses.records) \
-            | set(self._alerts.records)
-        return sorted(s for s in slots if flow is None or s[0] == flow)
+        slots = set(self._releases.series) | set(self._statuses.series) \
+            | set(self._alerts.series)
+        return sorted((s[0], s[1]) for s in slots if flow is None or s[0] == flow)
 
     def flows(self) -> list[str]:
-        """Every flow seen."""
-        names = {s[0] for table in (self._releases.records, self._statuses.records,
-                                    self._alerts.records, self._models.records,
-                                    self._latest_answer) for s in table}
-        return sorted(names)
+        """Every flow with a release, status, alert, answer or model."""
+        return sorted({flow for flow, _ in self._all_instances(dead_letters=False)})
+
+    def instances(self, flow: str | None = None) -> dict[str, list[str | None]]:
+        """The flow instances seen, by flow (None: records without the ``instance`` field)."""
+        out: dict[str, set[str | None]] = {}
+        for name, instance in self._all_instances():
+            if flow is None or name == flow:
+                out.setdefault(name, set()).add(instance)
+        return {name: sorted(found, key=lambda i: "" if i is None else i)
+                for name, found in sorted(out.items())}
+
+    def _all_instances(self, dead_letters: bool = True) -> set[tuple[str, str | None]]:
+        found = (self._releases.instances() | self._statuses.instances()
+                 | self._alerts.instances() | self._models.instances()
+                 | self._answers.instances())
+        return found | self._dead_instances if dead_letters else found
 
 
-def _sorted(table: dict[Any, Any], flow: str | None) -> list[Any]:
-    return [table[slot] for slot in sorted(table) if flow is None or slot[0] == flow]
+def _sorted(table: _Latest[Any], flow: str | None) -> list[Any]:
+    return [r for slot in sorted(table.slots()) if flow is None or slot[0] == flow
+            if (r := table.get(slot, ANY)) is not None]

@@ -16,6 +16,11 @@ fields are only ever *added*; a change a reader could misread gets a new major v
 The records are immutable :class:`msgspec.Struct` values (hashable, comparable): sequences are
 tuples and times are timezone-aware :class:`~datetime.datetime` values. ``to_dict()`` gives
 the record back as plain JSON data with the field names of the topic.
+
+Every record carries ``instance``, the id of the flow instance that published it (an additive
+field of the ``/1`` schemas; None on records of a dpstream that did not write it). Two
+instances of one flow name publish the same coordinates with independent noise: compare
+records of one instance only (see :mod:`dpstream.client.latest`).
 """
 
 from __future__ import annotations
@@ -176,6 +181,8 @@ class Release(_Record, frozen=True, tag="dpstream.release/1"):
     value: float
     std: float
     privacy: Privacy
+    instance: str | None = None
+    """The flow instance that published it (None from a dpstream before the field existed)."""
 
     def interval(self, z: float = 1.96) -> tuple[float, float]:
         """``value ∓ z·std`` (1.96: a 95 % interval when the noise is close to normal)."""
@@ -195,6 +202,8 @@ class Status(_Record, frozen=True, tag="dpstream.status/1"):
     spent: float
     budget: float
     accounting: str
+    instance: str | None = None
+    """The flow instance that published it (None from a dpstream before the field existed)."""
 
 
 class Alert(_Record, frozen=True, tag="dpstream.alert/1"):
@@ -206,6 +215,8 @@ class Alert(_Record, frozen=True, tag="dpstream.alert/1"):
     window: Window
     threshold: int
     epsilon: float
+    instance: str | None = None
+    """The flow instance that published it (None from a dpstream before the field existed)."""
 
 
 class Answer(_Record, frozen=True, tag="dpstream.answer/1"):
@@ -228,6 +239,8 @@ class Answer(_Record, frozen=True, tag="dpstream.answer/1"):
     hard_queries: int
     privacy: Privacy
     kinds: tuple[str, ...] | None = None
+    instance: str | None = None
+    """The flow instance that published it (None from a dpstream before the field existed)."""
 
 
 class ModelFeatures(_Data, frozen=True):
@@ -274,6 +287,8 @@ class Model(_Record, frozen=True, tag="dpstream.model/1"):
     features: ModelFeatures | None = None
     noise: ModelNoise | None = None
     holdout: ModelHoldout | None = None
+    instance: str | None = None
+    """The flow instance that published it (None from a dpstream before the field existed)."""
 
     @property
     def has_weights(self) -> bool:
@@ -309,6 +324,8 @@ class DeadLetter(_Record, frozen=True, tag="dpstream.dead_letter/1"):
     original_size: int
     original_sha256: str
     original_truncated: bool
+    instance: str | None = None
+    """The flow instance that published it (None from a dpstream before the field existed)."""
 
 
 Record = Release | Status | Alert | Answer | Model | DeadLetter

@@ -31,7 +31,7 @@ from dpstream.client.records import (
     Status,
 )
 
-__all__ = ["budget_table", "live_table", "record_row", "table_header"]
+__all__ = ["budget_table", "live_table", "record_row", "store_summary", "table_header"]
 
 _UNITS: Final = {"epsilon": "ε", "pure": "ε", "rho": "ρ", "zcdp": "ρ", "approx_dp": "ε (ε,δ)"}
 _KEY_WIDTH: Final = 20
@@ -127,28 +127,55 @@ def table_header(key_width: int = _KEY_WIDTH) -> str:
     return _line(_HEADER, key_width)
 
 
-def record_row(record: Record, key_width: int = _KEY_WIDTH, several_flows: bool = False
-               ) -> str:
-    """One record as a row under :func:`table_header` (the append mode of ``tail``)."""
-    return _line(_cells(record, record_key(record, several_flows)), key_width)
+def record_row(record: Record, key_width: int = _KEY_WIDTH, several_flows: bool = False,
+               several_instances: bool = False) -> str:
+    """One record as a row under :func:`table_header` (the append mode of ``tail``).
+
+    ``several_instances``: mark the key with its flow instance (``key@5f0c9a1e``).
+    """
+    key = record_key(record, several_flows)
+    if several_instances and key:
+        key = f"{key}@{_short(record.instance)}"
+    return _line(_cells(record, key), key_width)
+
+
+def _short(instance: str | None) -> str:
+    """A flow instance as shown: its first 8 hex digits (``?`` for records without one)."""
+    return "?" if instance is None else instance[:8]
 
 
 def _latest_rows(latest: LatestValues) -> list[Cells]:
-    """One row per key (its release, marked with its alert and status), answer and model."""
+    """One row per key (its release, marked with its alert and status), answer and model.
+
+    A flow seen from several instances gets one row per key and instance (``key@abcd1234``):
+    their values are independent releases, not versions of one.
+    """
     several = len(latest.flows()) > 1
+    instances = latest.instances()
     rows: list[Cells] = []
     for flow, key in latest.keys():
         shown = f"{flow}:{key}" if several else key
-        release, alert, status = (latest.release(flow, key), latest.alert(flow, key),
-                                  latest.status(flow, key))
-        notes = []
-        if alert is not None:
-            notes.append(f"alert@{alert.step}")
-        if status is not None:
-            notes.append(f"EXHAUSTED@{status.step} ({status.refused} refused)")
-        what, _, value, std, step, end, privacy, _ = (
-            _cells(release, shown) if release is not None else ("key", shown, *[""] * 6))
-        rows.append((what, shown, value, std, step, end, privacy, " ".join(notes)))
+        found = instances.get(flow, [None])
+        for instance in found:
+            if len(found) > 1:
+                release, alert, status = (latest.release(flow, key, instance),
+                                          latest.alert(flow, key, instance),
+                                          latest.status(flow, key, instance))
+                if release is None and alert is None and status is None:
+                    continue
+                label = f"{shown}@{_short(instance)}"
+            else:
+                release, alert, status = (latest.release(flow, key), latest.alert(flow, key),
+                                          latest.status(flow, key))
+                label = shown
+            notes = []
+            if alert is not None:
+                notes.append(f"alert@{alert.step}")
+            if status is not None:
+                notes.append(f"EXHAUSTED@{status.step} ({status.refused} refused)")
+            what, _, value, std, step, end, privacy, _ = (
+                _cells(release, label) if release is not None else ("key", label, *[""] * 6))
+            rows.append((what, label, value, std, step, end, privacy, " ".join(notes)))
     others: list[Answer | Model] = [*latest.answers(), *latest.models()]
     for record in others:
         rows.append(_cells(record, record_key(record, several)))
@@ -157,16 +184,35 @@ def _latest_rows(latest: LatestValues) -> list[Cells]:
     return rows
 
 
+def store_summary(latest: LatestValues) -> str:
+    """What the store dropped and flagged, and the flows seen from several instances.
+
+    ``dropped 3 duplicates, 1 stale; 0 conflicts`` (conflicts are always shown: a correct
+    flow instance never publishes one coordinate twice with different values).
+    """
+    counts = latest.counts
+    text = f"dropped {counts.duplicates} duplicates, {counts.stale} stale"
+    if counts.unchecked:
+        text += f", {counts.unchecked} too old to check"
+    if counts.conflicts:
+        text += (f"; {counts.conflicts} CONFLICTING copies (one flow instance published a "
+                 "coordinate twice with different values: report them to the operators)")
+    else:
+        text += "; 0 conflicts"
+    for flow, found in latest.instances().items():
+        if len(found) > 1:
+            text += (f"; flow {flow!r} has {len(found)} instances ("
+                     + ", ".join(map(_short, found))
+                     + "): their releases are independent (--instance ID shows one)")
+    return text
+
+
 def live_table(latest: LatestValues, stats: ReadStats, title: str,
                height: int | None = None) -> str:
     """The latest value of every key as a table, cut to ``height`` lines (for a terminal)."""
     rows = _latest_rows(latest)
     width = max([_KEY_WIDTH, *(len(r[1]) for r in rows)])
-    counts = latest.counts
-    footer = (f"{stats.describe()}; dropped {counts.duplicates} duplicates, {counts.stale} "
-              "stale")
-    if counts.conflicts:
-        footer += f", {counts.conflicts} CONFLICTING copies (report them to the operators)"
+    footer = f"{stats.describe()}; {store_summary(latest)}"
     lines = [f"{title}   {time.strftime('%H:%M:%S')}", table_header(width)]
     room = None if height is None else max(1, height - len(lines) - 2)
     if room is not None and len(rows) > room:

@@ -11,8 +11,16 @@
 **Delivery is at least once.** Records are written before the snapshot that covers them is
 committed, and a restart replays the open epoch, so a record may appear twice; a replay
 reproduces it byte for byte (same noise). Consumers de-duplicate releases and statuses on
-``(flow, key, step, schema)``, alerts on ``(flow, key, step)`` and dead letters on
-``source``; :func:`identity` gives that identity for any record.
+``(flow, instance, key, step, schema)``, alerts on ``(flow, instance, key, step)`` and dead
+letters on ``(flow, instance, source)``; :func:`identity` gives that identity for any record.
+
+**Every record names its flow instance** (``instance``, the 32 hex digits of
+:mod:`dpstream.instance`: random at the instance's creation, or given by the operator, so it
+tells nothing about the data). Two instances of one ``flow.name`` (a reprocessing, a second
+deployment) publish the same coordinates with independent noise; the field tells them apart.
+It was added to the ``/1`` schemas (an additive field: readers ignore fields they do not
+know). In the bulk encoders it is part of the constant template every record of a column
+shares, so it costs no per-record work.
 """
 
 from __future__ import annotations
@@ -220,8 +228,9 @@ class RecordEncoder:
     """
 
     def __init__(self, flow: str, origin: datetime, step_seconds: float,
-                 conversion_delta: float = 1e-6) -> None:
+                 conversion_delta: float = 1e-6, *, instance: str = "") -> None:
         self.flow, self.origin, self.step_seconds = flow, origin, step_seconds
+        self.instance = instance
         self.conversion_delta = conversion_delta
         # the keys' JSON of the latest key tuples, by identity (each tuple kept alive here);
         # the workers of a process share the encoder, so the cache has a lock
@@ -263,13 +272,15 @@ class RecordEncoder:
         if unit == "rho" and self.conversion_delta > 0:
             epsilon, total_delta = approx_dp(spent, self.conversion_delta, delta)
             privacy["approx_dp"] = {"epsilon": epsilon, "delta": total_delta}
-        return {"schema": RELEASE_SCHEMA, "flow": self.flow, "mechanism": mechanism,
+        return {"schema": RELEASE_SCHEMA, "flow": self.flow, "instance": self.instance,
+                "mechanism": mechanism,
                 "key": key, "step": step, "window": self.window(step), "value": value,
                 "std": std, "privacy": privacy}
 
     def _alert_body(self, key: object, step: int, threshold: int,
                     epsilon: float) -> dict[str, Any]:
-        return {"schema": ALERT_SCHEMA, "flow": self.flow, "key": key, "step": step,
+        return {"schema": ALERT_SCHEMA, "flow": self.flow, "instance": self.instance,
+                "key": key, "step": step,
                 "window": self.window(step), "threshold": threshold, "epsilon": epsilon}
 
     def encode(self, item: Release | Alert | BudgetExhausted) -> tuple[str, bytes, bytes]:
@@ -282,7 +293,8 @@ class RecordEncoder:
             return "alerts", item.key.encode(), orjson.dumps(self._alert_body(
                 item.key, item.step, item.threshold, item.epsilon), option=_NUMPY)
         return "releases", item.key.encode(), orjson.dumps({
-            "schema": STATUS_SCHEMA, "flow": self.flow, "status": "budget_exhausted",
+            "schema": STATUS_SCHEMA, "flow": self.flow, "instance": self.instance,
+            "status": "budget_exhausted",
             "key": item.key, "step": item.step, "window": self.window(item.step),
             "refused": item.label, "reason": item.reason, "spent": item.spent,
             "budget": item.budget, "accounting": item.unit,
@@ -347,7 +359,7 @@ class RecordEncoder:
 
     def encode_dead_letter(self, letter: DeadLetter) -> tuple[str, bytes | None, bytes]:
         """Encode a dead letter for the dead-letter topic."""
-        return encode_dead_letter(self.flow, letter)
+        return encode_dead_letter(self.flow, letter, instance=self.instance)
 
 
 def _bulk(role: str, body: dict[str, Any], keys: Sequence[str], values: FloatArray | None,
@@ -603,10 +615,12 @@ def _releases(c: ReleaseColumns) -> Iterable[Release]:
                       c.delta)
 
 
-def encode_dead_letter(flow: str, letter: DeadLetter) -> tuple[str, bytes | None, bytes]:
-    """Encode a dead letter of flow ``flow`` for the dead-letter topic (every flow kind)."""
+def encode_dead_letter(flow: str, letter: DeadLetter, *, instance: str = ""
+                       ) -> tuple[str, bytes | None, bytes]:
+    """Encode a dead letter of flow ``flow`` (instance ``instance``) for the dead-letter topic."""
     return "dead_letters", None, orjson.dumps({
-        "schema": DEAD_LETTER_SCHEMA, "flow": flow, "reason": letter.reason,
+        "schema": DEAD_LETTER_SCHEMA, "flow": flow, "instance": instance,
+        "reason": letter.reason,
         "source": {"topic": letter.topic, "partition": letter.partition,
                    "offset": letter.offset},
         "original_base64": base64.b64encode(letter.original[:MAX_ORIGINAL_BYTES]).decode(),
@@ -625,8 +639,9 @@ def identity(body: Mapping[str, Any]) -> tuple[Any, ...]:
     schema = body.get("schema")
     if schema == DEAD_LETTER_SCHEMA:
         source = body.get("source") or {}
-        return (schema, body.get("flow"), source.get("topic"), source.get("partition"),
-                source.get("offset"))
+        return (schema, body.get("flow"), body.get("instance"), source.get("topic"),
+                source.get("partition"), source.get("offset"))
     if schema in (RELEASE_SCHEMA, ALERT_SCHEMA, STATUS_SCHEMA):
-        return (schema, body.get("flow"), body.get("key"), body.get("step"))
+        return (schema, body.get("flow"), body.get("instance"), body.get("key"),
+                body.get("step"))
     raise ValueError(f"not a dpstream record: schema {schema!r}")

@@ -399,7 +399,7 @@ class CountersKind:
                                    shard_class, config.release_every,
                                    end_step_of(config))
         encoder = RecordEncoder(config.name, config.origin, config.step_seconds,
-                                config.privacy.delta)
+                                config.privacy.delta, instance=parts.instance)
         return op.map("encode", outputs, encoder.encode_item)
 
 

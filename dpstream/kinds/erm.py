@@ -575,8 +575,8 @@ class ErmShard(MechanismShard):
 class ModelEncoder:
     """Encodes models as ``dpstream.model/1`` records (keyed by model stream)."""
 
-    def __init__(self, config: ErmConfig) -> None:
-        self.config = config
+    def __init__(self, config: ErmConfig, instance: str = "") -> None:
+        self.config, self.instance = config, instance
 
     def _window(self, first: int, last: int) -> dict[str, Any]:
         return {"first_step": first, "last_step": last,
@@ -590,7 +590,8 @@ class ModelEncoder:
         if config.algorithm == "ermg":  # BBImprover charges rho; spent and budget are the
             privacy.update(accounting="approx_dp", delta=config.delta)  # epsilon of (eps, delta)
         body: dict[str, Any] = {
-            "schema": MODEL_SCHEMA, "flow": config.name, "stream": m.stream,
+            "schema": MODEL_SCHEMA, "flow": config.name, "instance": self.instance,
+            "stream": m.stream,
             "algorithm": config.algorithm, "role": m.role, "level": m.level, "step": m.step,
             "released": self._window(m.step, m.step),
             "window": self._window(m.first_step, m.last_step),
@@ -656,7 +657,7 @@ class ErmKind:
             lambda state: ErmShard(config, parts.noise, parts.instance, parts.partitions,
                                    state, parts.options.get("train")),
             metrics, metrics.observe_models if metrics is not None else None)
-        return op.map("encode", models, ModelEncoder(config).encode)
+        return op.map("encode", models, ModelEncoder(config, parts.instance).encode)
 
 
 KIND: Final = ErmKind()

@@ -600,8 +600,8 @@ class PmwgShard(MechanismShard):
 class AnswerEncoder:
     """Encodes answers as ``dpstream.answer/1`` records (keyed by histogram)."""
 
-    def __init__(self, config: PmwgConfig) -> None:
-        self.config = config
+    def __init__(self, config: PmwgConfig, instance: str = "") -> None:
+        self.config, self.instance = config, instance
 
     def encode(self, a: AnswerRecord) -> Encoded:
         """One answer record on the answers topic."""
@@ -611,7 +611,8 @@ class AnswerEncoder:
             epsilon, delta = approx_dp(a.spent, self.config.delta)  # as check-config prints
             privacy["approx_dp"] = {"epsilon": epsilon, "delta": delta}
         body: dict[str, Any] = {
-            "schema": ANSWER_SCHEMA, "flow": self.config.name, "histogram": a.histogram,
+            "schema": ANSWER_SCHEMA, "flow": self.config.name, "instance": self.instance,
+            "histogram": a.histogram,
             "mechanism": a.mechanism, "id": a.query_id, "step": a.step,
             "window": step_window(self.config.origin, self.config.step_seconds, a.step),
             "t": a.t, "kind": a.kind,
@@ -676,7 +677,7 @@ class PmwgKind:
             lambda state: PmwgShard(config, parts.noise, parts.instance, parts.partitions,
                                     state),
             metrics, metrics.observe_answers if metrics is not None else None)
-        return op.map("encode", answers, AnswerEncoder(config).encode)
+        return op.map("encode", answers, AnswerEncoder(config, parts.instance).encode)
 
 
 KIND: Final = PmwgKind()

@@ -17,11 +17,23 @@ arrive.
 
 A flow kind subclasses :class:`StepBarrier` with :meth:`~StepBarrier.merge` (add a bucket to
 a step's pending one) and :meth:`~StepBarrier.close` (what closing a step publishes).
+
+**Backlogs are closed in chunks.** A ``flow.origin`` in the past (or a restart after a long
+outage) lets a shard close thousands of steps at once. With :attr:`StepBarrier.chunk_seconds`
+set (the Bytewax operator sets it), :meth:`~StepBarrier.update` and
+:meth:`~StepBarrier.close_backlog` close steps for at most that long (at least one step) and
+leave the rest, :meth:`~StepBarrier.backlog` steps, for the next call: the operator passes
+each chunk's outputs on at once, and calls :meth:`~StepBarrier.close_backlog` again at its
+next activation. A chunk changes only *when* a step closes, never what it holds: every
+partition has passed the steps of a backlog, so no bucket can still arrive for them. The
+state between chunks (closed through ``next_step - 1``, the rest pending) is an ordinary
+snapshot.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 from dpstream.core.noise import NOISE_SCHEME, NoiseKey
@@ -97,6 +109,9 @@ class StepBarrier:
         self.ended_empty: set[int] = set()  # partitions that ended without any record
         self.pending: dict[int, Any] = {}
         self.next_step: int | None = first_step
+        self.chunk_seconds: float | None = None
+        """How long one call of :meth:`update` or :meth:`close_backlog` may close steps
+        (if > 0, at least one step; if <= 0, none; None: every closable step at once)."""
 
     # -- what a flow kind provides --
     def merge(self, step: int, bucket: Any) -> None:
@@ -138,9 +153,40 @@ class StepBarrier:
             self.ended_empty.discard(update.partition)
         for step, bucket in update.increments.items():
             self.merge(step, bucket)
+        return self.close_backlog()
+
+    def closable_end(self) -> int | None:
+        """The first step some partition has not passed (None: a partition never reported).
+
+        Every step before it may be closed.
+        """
         if not self.frontiers or len(self.frontiers) + len(self.ended_empty) < self.partitions:
+            return None
+        return min(self.frontiers.values())
+
+    def first_open(self) -> int | None:
+        """The next step to close, or None if there is none yet.
+
+        In an open universe before its first close: the first step that has a bucket.
+        """
+        if self.next_step is not None:
+            return self.next_step
+        return min(self.pending, default=None)
+
+    def backlog(self) -> int:
+        """How many steps every partition has passed that are not closed yet.
+
+        While :meth:`idle`, steps without buckets count too, though they close at no cost.
+        """
+        end, first = self.closable_end(), self.first_open()
+        return 0 if end is None or first is None else max(0, end - first)
+
+    def close_backlog(self) -> list[Any]:
+        """Close the closable steps, for at most :attr:`chunk_seconds`."""
+        end = self.closable_end()
+        if end is None:
             return []
-        return self._close_until(min(self.frontiers.values()))
+        return self._close_until(end, self.chunk_seconds)
 
     def end_of_input(self) -> list[Any]:
         """The whole bounded input ended: stop waiting for partitions that had no record.
@@ -157,8 +203,11 @@ class StepBarrier:
             return []
         return self._close_until(min(self.frontiers.values()))
 
-    def _close_until(self, end: int) -> list[Any]:
-        """Close the steps before ``end``.
+    def _close_until(self, end: int, seconds: float | None = None) -> list[Any]:
+        """Close the steps before ``end``, for at most ``seconds`` (None: all of them).
+
+        With ``seconds > 0`` the first step is closed whatever it costs; with
+        ``seconds <= 0`` none is (the caller's time is spent).
 
         While :meth:`idle`, steps without buckets are skipped, but never beyond ``end`` nor
         beyond the first step that has a bucket: those still to come for a step before
@@ -169,9 +218,14 @@ class StepBarrier:
                 return []
             self.next_step = min(min(self.pending), end)
         out: list[Any] = []
+        deadline = None if seconds is None else time.monotonic() + seconds
+        first = seconds is None or seconds > 0  # the first step needs no time left
         while self.next_step < end:
             if stopping.stop_requested():  # a long run of steps must not delay a stop: the
                 break  # state stays consistent (closed through next_step - 1), the rest later
+            if deadline is not None and not first and time.monotonic() >= deadline:
+                break  # a chunk of a backlog: the rest at the next call (close_backlog)
+            first = False
             if self.idle():
                 self.next_step = min([s for s in self.pending if s >= self.next_step] + [end])
                 if self.next_step >= end:

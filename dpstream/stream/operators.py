@@ -13,13 +13,14 @@ items and are kept in the snapshots.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import bytewax.operators as op
 from bytewax.dataflow import Stream, operator
@@ -43,7 +44,18 @@ STALL_REPORT_SECONDS = float(os.environ.get("DPSTREAM_STALL_REPORT_SECONDS", "60
 """How often a shard waiting for a lagging input partition says so in the log."""
 STALL_STEPS = 3
 """Steps a shard must hold open before it reports (partitions normally differ by a step)."""
+BACKLOG_CHUNK_SECONDS = float(os.environ.get("DPSTREAM_BACKLOG_CHUNK_SECONDS", "0.25"))
+"""How long a shard closes steps of a backlog before it passes their outputs on (at least
+one step each activation; ``inf``: a whole backlog at once). A chunk changes when a step's
+outputs leave, never what they are."""
+BACKLOG_REPORT_STEPS = 100
+"""A backlog this long is logged when a shard starts on it."""
+_PAST: Final = datetime(1970, 1, 1, tzinfo=UTC)
+"""A notification time already due: Bytewax calls ``on_notify`` at the operator's next
+activation, which it schedules at once (``activate_after(0)``, bytewax 0.21.1
+``src/operators.rs``), after the operators downstream have taken the chunk's outputs."""
 _last_stall_report = [0.0]  # process-wide: one stall line per interval, not one per shard
+_last_backlog_report = [0.0]
 
 
 class FlowObserver(Protocol):
@@ -56,8 +68,12 @@ class FlowObserver(Protocol):
                           broker_seconds: float | None) -> None:
         """An input partition's frontier and latest trusted broker time."""
 
-    def observe_shard(self, shard: int, closed_step: int | None, pending_steps: int) -> None:
-        """A shard's last closed step and how many steps it holds open."""
+    def observe_shard(self, shard: int, closed_step: int | None, pending_steps: int,
+                      backlog_steps: int = 0) -> None:
+        """A shard's last closed step, steps waiting for partitions, and its backlog.
+
+        The backlog: closable steps (every partition passed them) not closed yet.
+        """
 
     def observe_outputs(self, outputs: Sequence[Any], mechanism: str) -> None:
         """What a shard published: outputs, or whole closed steps (``StepOutputs``)."""
@@ -73,7 +89,8 @@ class _Nobody:
                           broker_seconds: float | None) -> None:
         return None
 
-    def observe_shard(self, shard: int, closed_step: int | None, pending_steps: int) -> None:
+    def observe_shard(self, shard: int, closed_step: int | None, pending_steps: int,
+                      backlog_steps: int = 0) -> None:
         return None
 
     def observe_outputs(self, outputs: Sequence[Any], mechanism: str) -> None:
@@ -203,6 +220,12 @@ class _ShardLogic(StatefulBatchLogic[ShardUpdate, Any, dict[str, Any]]):
 
     A shard that keeps closed steps whole (the counters' :class:`ShardState`, with
     ``update_batches``) passes one item per closed step, not one per output.
+
+    **Backlogs in chunks.** One activation closes steps for at most
+    :data:`BACKLOG_CHUNK_SECONDS` (the shard's ``chunk_seconds``, shared by every update of
+    a batch); what is left (:meth:`StepBarrier.backlog`) is closed at the next activations
+    (:meth:`notify_at` returns a time already due), each chunk's outputs leaving as it
+    closes. A stop request ends the chunks: the state stays a consistent snapshot.
     """
 
     def __init__(self, shard: StepBarrier, observer: FlowObserver,
@@ -211,11 +234,19 @@ class _ShardLogic(StatefulBatchLogic[ShardUpdate, Any, dict[str, Any]]):
         self._next_report = time.monotonic() + STALL_REPORT_SECONDS
         self._pending = 0
         self._update = getattr(shard, "update_batches", shard.update)
+        self._close_backlog = getattr(shard, "close_backlog_batches", shard.close_backlog)
         self._end_of_input = getattr(shard, "end_of_input_batches", shard.end_of_input)
+        chunk = BACKLOG_CHUNK_SECONDS
+        self._chunk = None if math.isinf(chunk) else max(1e-9, chunk)  # 0: a step a time
+        self._backlog_reported = False
 
     def on_batch(self, values: list[ShardUpdate]) -> tuple[list[Any], bool]:
         out: list[Any] = []
-        for update in values:
+        shard, chunk = self.shard, self._chunk
+        start = time.monotonic()
+        for update in values:  # one chunk's time for the whole batch (a step at least)
+            if chunk is not None:
+                shard.chunk_seconds = chunk - (time.monotonic() - start)
             out.extend(self._update(update))
         self._observe(out)
         return out, StatefulBatchLogic.RETAIN
@@ -227,13 +258,25 @@ class _ShardLogic(StatefulBatchLogic[ShardUpdate, Any, dict[str, Any]]):
             return
         closed = None if shard.next_step is None else shard.next_step - 1
         ahead = max(shard.frontiers.values(), default=None)
-        first_open = shard.next_step if shard.next_step is not None else \
-            min(shard.pending, default=None)  # open universe before its first close
-        pending = 0 if ahead is None or first_open is None else max(0, ahead - first_open)
-        self.observer.observe_shard(shard.shard, closed, pending)
-        self._pending = pending
+        first_open = shard.first_open()  # open universe before its first close: its pending
+        backlog = shard.backlog()
+        waiting = 0 if ahead is None or first_open is None else \
+            max(0, ahead - first_open - backlog)
+        self.observer.observe_shard(shard.shard, closed, waiting, backlog)
+        self._pending = waiting
         now = time.monotonic()
-        if pending >= STALL_STEPS and now >= self._next_report:
+        if backlog >= BACKLOG_REPORT_STEPS and not self._backlog_reported:
+            self._backlog_reported = True
+            if now - _last_backlog_report[0] >= STALL_REPORT_SECONDS * 0.9:
+                _last_backlog_report[0] = now
+                log.info("shard %d (and maybe others): closing a backlog of %d step(s) from "
+                         "step %s, every input partition has passed them (a flow.origin in "
+                         "the past, or a restart after an outage); their outputs are written "
+                         "chunk by chunk (dpstream_backlog_steps)", shard.shard, backlog,
+                         first_open)
+        elif not backlog:
+            self._backlog_reported = False
+        if waiting >= STALL_STEPS and now >= self._next_report:
             self._next_report = now + STALL_REPORT_SECONDS
             lagging, step = waiting_for(shard)
             if lagging and now - _last_stall_report[0] >= STALL_REPORT_SECONDS * 0.9:
@@ -245,22 +288,34 @@ class _ShardLogic(StatefulBatchLogic[ShardUpdate, Any, dict[str, Any]]):
                             "input partition(s) %s; "
                             "the others are at step %s. A partition without records holds "
                             "every step open: check its producers, or the heartbeat "
-                            "(flow.heartbeat)", shard.shard, pending, step, behind, ahead)
+                            "(flow.heartbeat)", shard.shard, waiting, step, behind, ahead)
+
+    def _closing(self) -> bool:
+        """Whether a backlog is left to close at the next activation."""
+        return self._chunk is not None and not stopping.stop_requested() \
+            and self.shard.backlog() > 0
 
     def notify_at(self) -> datetime | None:
-        """Wake up to report a stall even when no input arrives at all."""
+        """At once while a backlog is left; else to report a stall even without input."""
+        if self._closing():
+            return _PAST
         if self._pending:
             return datetime.now(UTC) + timedelta(
                 seconds=max(0.0, self._next_report - time.monotonic()))
         return None
 
     def on_notify(self) -> tuple[list[Any], bool]:
-        self._observe([])
-        return [], StatefulBatchLogic.RETAIN
+        out: list[Any] = []
+        if self._closing():
+            self.shard.chunk_seconds = self._chunk
+            out = self._close_backlog()
+        self._observe(out)
+        return out, StatefulBatchLogic.RETAIN
 
     def on_eof(self) -> tuple[list[Any], bool]:
         if stopping.stop_requested():  # a stop, not the end of a bounded input
             return [], StatefulBatchLogic.RETAIN
+        self.shard.chunk_seconds = None  # the last activation: every closable step now
         out = self._end_of_input()
         self._observe(out)
         return out, StatefulBatchLogic.RETAIN

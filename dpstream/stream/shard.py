@@ -329,6 +329,15 @@ class ShardState(StepBarrier):
             self._batches = None
         return batches
 
+    def close_backlog_batches(self) -> list[StepOutputs]:
+        """:meth:`close_backlog`, with every closed step's outputs as one StepOutputs."""
+        self._batches = batches = list[StepOutputs]()
+        try:
+            self.close_backlog()
+        finally:
+            self._batches = None
+        return batches
+
     def end_of_input_batches(self) -> list[StepOutputs]:
         """:meth:`end_of_input`, with every closed step's outputs as one StepOutputs."""
         self._batches = batches = list[StepOutputs]()

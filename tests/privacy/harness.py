@@ -147,7 +147,7 @@ class CoreFlow:
         for shard in self.shards.values():  # as the flow builds them (keyed_statistics)
             shard.end_step = end_step_of(config)
         self.encoder = RecordEncoder(config.name, config.origin, config.step_seconds,
-                                     config.privacy.delta)
+                                     config.privacy.delta, instance=instance)
         self.records: list[Record] = []
         self.dead_letters: list[Any] = []
 

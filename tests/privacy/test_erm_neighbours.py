@@ -255,7 +255,7 @@ def drive(cfg, events: list[Event] | list[tuple], noise: NoiseKey, *, instance: 
         if metrics is not None:
             metrics.observe_models(published)
         out.extend(published)
-    encoder = ModelEncoder(cfg)
+    encoder = ModelEncoder(cfg, instance)
     run = Run(out, [encoder.encode(m)[2] for m in out], dead)
     if recorder is not None:
         for shard in shards.values():
