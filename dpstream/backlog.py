@@ -110,8 +110,14 @@ def _duration(seconds: float) -> str:
 
 
 def steps_since_origin(config: Any, now: float | None = None) -> int:
-    """Steps from ``flow.origin`` to ``now`` (Unix seconds; default: the clock)."""
+    """Steps from ``flow.origin`` to ``now`` (Unix seconds; default: the clock).
+
+    Or to ``flow.end``, if that comes first: steps from its step on never close.
+    """
     now = time.time() if now is None else now
+    end = getattr(config, "end", None)
+    if end is not None:
+        now = min(now, end.timestamp())
     return max(0, int(math.floor((now - config.origin.timestamp()) / config.step_seconds)))
 
 

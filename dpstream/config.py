@@ -99,7 +99,7 @@ class FlowConfig:
     tick_delay_seconds: float = 2.0
     """With ``clock = "producer"``: how far behind the flow host's clock a heartbeat tick is
     stamped, so that ticks do not overtake producers' in-flight batches."""
-    max_skew_seconds: float = 300.0
+    max_skew_seconds: float = 86400.0
     """With ``clock = "producer"``: how far ahead of the partition's trusted clock (its
     latest tick) a record's own time may place it; later times are clamped to it."""
     end: datetime | None = None
@@ -242,7 +242,7 @@ def parse_common(raw: dict[str, Any], source: str, *, kind_tables: frozenset[str
     fields["time_field"] = events.get("time_field", "ts", str)
     fields["kafka"] = _kafka_section(Section(raw.get("kafka", {}), "kafka"), fields["name"],
                                      topics)
-    _check_producer_clock(fields)
+    _check_bounded_end(fields)
     metrics = Section(raw.get("metrics", {}), "metrics")
     fields["metrics_port"] = metrics.get("port", 9464, int)
     if not 0 <= fields["metrics_port"] <= 65535:
@@ -295,7 +295,7 @@ def _flow_section(flow: Section, origin_required: str | None) -> dict[str, Any]:
             raise ConfigError(f"flow.heartbeat must be 'auto', 'off' or at least 100ms, "
                               f"got {heartbeat_raw!r}")
     tick_delay = parse_duration(flow.get("tick_delay", "2s"), flow.where("tick_delay"))
-    max_skew = parse_duration(flow.get("max_skew", "5m"), flow.where("max_skew"))
+    max_skew = parse_duration(flow.get("max_skew", "1d"), flow.where("max_skew"))
     end_raw = flow.get("end", None)
     end = parse_time(end_raw, flow.where("end")) if end_raw is not None else None
     if end is not None and (end - origin).total_seconds() < step_seconds:
@@ -309,22 +309,27 @@ def _flow_section(flow: Section, origin_required: str | None) -> dict[str, Any]:
             "max_skew_seconds": max_skew, "end": end}
 
 
-def _check_producer_clock(fields: dict[str, Any]) -> None:
-    """Refuse a bounded producer-clock run without a configured end.
+def _check_bounded_end(fields: dict[str, Any]) -> None:
+    """Refuse a bounded run (``kafka.tail = false``) without a configured end.
 
-    Under ``flow.clock = "producer"`` only heartbeat ticks (and broker time) move the
-    watermark; data records never do. A bounded run (``kafka.tail = false``) writes no
-    ticks, so the last step it releases must be configured (``flow.end``): otherwise it would
-    depend on whatever ticks the topic happens to hold (usually none: nothing would be
-    released). A tailing flow with ``flow.heartbeat = "off"`` is allowed (ticks may come from
-    another writer, e.g. a dedicated ticker process); the runner warns at start-up.
+    The last step a bounded run releases must be public (pitfall 14). Without ``flow.end``
+    it would be where the partitions' trusted clocks stand at the end of the input: under
+    the producer clock the last tick (a bounded run writes none: usually nothing would be
+    released), under the broker clock the broker time of each partition's last record, which
+    one event more, arriving late, moves (one record took a run from 12 release records to
+    2,004). With ``flow.end`` the steps from its step on never close and every step before it
+    closes at the end of the input, whatever the input held. A tailing flow needs no end: its
+    steps close by broker time or heartbeat ticks as time passes. (A tailing producer-clock
+    flow with ``flow.heartbeat = "off"`` is allowed: ticks may come from another writer, e.g.
+    a dedicated ticker process; the runner warns at start-up.)
     """
-    if fields["clock"] == "producer" and not fields["kafka"].tail and fields["end"] is None:
+    if not fields["kafka"].tail and fields["end"] is None:
         raise ConfigError(
-            "flow.clock = 'producer' with kafka.tail = false needs flow.end: a bounded run "
-            "writes no heartbeat ticks and records' own times never move the producer clock, "
-            "so the last step it releases must be configured (set flow.end to the end of the "
-            "data, e.g. '2026-01-02T00:00:00Z')")
+            "kafka.tail = false needs flow.end: the last step a bounded run releases must be "
+            "public, and without flow.end it would follow the input's last records (their "
+            "broker time, or the last heartbeat tick under flow.clock = 'producer'), so one "
+            "event more could change which steps exist (set flow.end to the end of the data, "
+            "e.g. '2026-01-02T00:00:00Z')")
 
 
 def _kafka_section(kafka: Section, name: str, topic_defaults: dict[str, str]) -> KafkaConfig:

@@ -107,11 +107,20 @@ class FlowInstance:
     """Of those, the ones this start added to the manifest."""
 
 
+_RECORDED_SINCE_ISSUE_22: Final = frozenset({"flow.clock"})
+"""Fixed settings older manifests do not record: not compared when absent.
+
+``flow.clock`` is fixed because it decides which records' times are trusted: a resume under
+the other clock (e.g. from a shell that still exports ``DPSTREAM_FLOW_CLOCK=producer``) would
+change the trust model of a running instance, and the placement of replayed records."""
+
+
 def _fixed_settings(config: FlowConfig, spec: Mechanisms, noise: NoiseKey) -> dict[str, Any]:
     return {
         "flow.shards": config.shards,
         "flow.step": config.step_seconds,
         "flow.origin": config.origin.isoformat(),
+        "flow.clock": config.clock,
         "noise key fingerprint": noise.fingerprint(),
         "mechanisms": spec.mechanisms_digest,
     }
@@ -220,7 +229,8 @@ def _resume(directory: Path, manifest: Path, fixed: dict[str, Any],
             f"{instance_id} (DPSTREAM_INSTANCE_ID): every process of a flow instance must use "
             "one id; a new instance needs new, empty recovery directories")
     changed = [f"{name}: {settings.get(name)!r} in the store, {value!r} now"
-               for name, value in fixed.items() if settings.get(name) != value]
+               for name, value in fixed.items() if settings.get(name) != value
+               and (name in settings or name not in _RECORDED_SINCE_ISSUE_22)]
     if changed:
         raise RecoveryMismatchError(
             f"the recovery store {directory} belongs to flow instance {instance} made with "

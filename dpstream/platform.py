@@ -180,7 +180,7 @@ def check_broker_time(config: FlowConfig, clients: KafkaClients) -> None:
 
     Probes partition 0 of every input topic (:func:`~dpstream.io.kafka.probe_timestamp_type`):
     when the flow writes heartbeat ticks anyway (``kafka.tail`` and ``flow.heartbeat`` on), it
-    writes one tick and reads its timestamp type back; otherwise it reads the partition's first
+    writes one tick and reads its timestamp type back; otherwise it reads the partition's newest
     record, if any, and writes nothing. A broker that ignores LogAppendTime (the embedded
     ``dpstream broker``) or a topic without it would turn every event into a dead letter.
 
@@ -194,7 +194,7 @@ def check_broker_time(config: FlowConfig, clients: KafkaClients) -> None:
         try:
             kind = probe_timestamp_type(clients, topic, 0, write=write)
         except DpstreamError as exc:  # no write access, say: the heartbeat will say so too
-            log.warning("%s; checking the first record instead", exc)
+            log.warning("%s; checking the newest record instead", exc)
             kind = probe_timestamp_type(clients, topic, 0, write=False)
         problem = broker_time_problem(topic, kind)
         if problem is not None:

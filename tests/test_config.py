@@ -117,7 +117,16 @@ def test_a_producer_clock_flow_that_could_never_close_a_step_is_refused():
     parse_config(base(flow={"clock": "producer", "heartbeat": "off"}))
     with pytest.raises(ConfigError, match="kafka.tail = false needs flow.end"):
         parse_config(base(flow={"clock": "producer"}, kafka={"tail": False}))
-    # a bounded producer-clock run with a configured end, and the broker clock, are fine
+    # a bounded run with a configured end is fine, under either clock
     parse_config(base(flow={"clock": "producer", "end": "2026-11-20T00:01:00Z"},
                       kafka={"tail": False}))
-    parse_config(base(flow={"heartbeat": "off"}, kafka={"tail": False}))
+    parse_config(base(flow={"end": "2026-11-20T00:01:00Z"}, kafka={"tail": False}))
+
+
+def test_a_bounded_run_under_the_broker_clock_needs_a_public_end():
+    # review of issue 22: without flow.end the last step followed the broker time of each
+    # partition's last record, so one late-arriving event changed which steps exist
+    with pytest.raises(ConfigError, match="kafka.tail = false needs flow.end"):
+        parse_config(base(flow={"heartbeat": "off"}, kafka={"tail": False}))
+    with pytest.raises(ConfigError, match="kafka.tail = false needs flow.end"):
+        parse_config(base(kafka={"tail": False}))

@@ -54,11 +54,21 @@ def test_the_instance_is_made_once_and_resumed(tmp_path):
     (config(shards=8), "flow.shards"),
     (config(step="2s"), "flow.step"),
     (config(origin="2026-09-22T00:00:00Z"), "flow.origin"),
+    (config(clock="producer"), "flow.clock"),
 ])
 def test_fixed_settings_cannot_change_under_a_running_instance(tmp_path, changed, setting):
     bind(config(), tmp_path)
     with pytest.raises(RecoveryMismatchError, match=setting):
         bind(changed, tmp_path)
+
+
+def test_a_manifest_from_before_the_clock_was_pinned_still_resumes(tmp_path):
+    made = bind(config(), tmp_path)
+    path = tmp_path / MANIFEST_NAME
+    manifest = json.loads(path.read_text())
+    del manifest["fixed"]["flow.clock"]  # as an older dpstream wrote it
+    path.write_text(json.dumps(manifest))
+    assert bind(config(), tmp_path).id == made.id
 
 
 def test_another_noise_key_or_other_mechanisms_are_refused(tmp_path):

@@ -120,6 +120,14 @@ def test_a_coordinate_with_two_values_is_a_conflict_whatever_the_order(instance)
     assert latest.release("f", "k").value == 2.0
 
 
+def test_values_whose_python_hashes_collide_are_a_conflict():
+    assert hash(-1.0) == hash(-2.0)  # CPython: why the store compares digests, not hash()
+    latest = LatestValues()
+    assert latest.add(release(5, -1.0))
+    assert not latest.add(release(5, -2.0))
+    assert (latest.counts.conflicts, latest.counts.duplicates) == (1, 0)
+
+
 def test_copies_older_than_the_history_are_counted_as_unchecked():
     latest = LatestValues(history=3)
     for step in range(10):

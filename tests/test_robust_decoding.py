@@ -133,6 +133,34 @@ def test_the_clock_guard_dead_letters_exactly_the_raising_records_whatever_the_b
     assert clock.events == 2 and clock.dead_letters == 2
 
 
+class _Quarrelsome(_Fragile):
+    """Raises when ``b"x"`` and ``b"y"`` are decoded in one batch (a bug of a kind)."""
+
+    def decode(self, partition, messages, dead):
+        values = {m[1] for m in messages}
+        if {b"x", b"y"} <= values:
+            raise RuntimeError("x and y together")
+        times, refs = [], []
+        for i, (_, value, _, _, _, _) in enumerate(messages):
+            times.append(ORIGIN + (1.1 if value == b"x" else 1.2 if value == b"y" else 1.3))
+            refs.append(i)
+        return [("p", messages[i][2]) for i in refs], times, refs
+
+
+@pytest.mark.parametrize("split", [None, 1, 2])
+def test_records_that_fail_only_together_are_accepted_whatever_the_batching(split):
+    messages = [raw(0, v, i, ORIGIN + 1.5) for i, v in enumerate([b"x", b"z", b"y"])]
+    clock = _Quarrelsome(counters_config())
+    chunks = [messages] if split is None else [messages[:split], messages[split:]]
+    accepted, dead = [], []
+    for chunk in chunks:
+        updates, letters = clock.process(0, chunk)
+        dead += letters
+        accepted += [p for u in updates for b in u.increments.values() for p in b]
+    assert dead == []  # each record decodes alone: none is lost to its batch-mates
+    assert sorted(accepted) == [("p", 0), ("p", 1), ("p", 2)]
+
+
 # -- fuzzing every kind's decoder -------------------------------------------------------------
 
 _json_leaves = st.one_of(

@@ -140,7 +140,7 @@ def test_broker_clock_with_flow_end_ends_at_flow_end():
 # --- item 4: a record stamped 1 h ahead closes no step and makes no event late -------------
 
 def test_a_record_an_hour_ahead_moves_no_other_record():
-    cfg = config()
+    cfg = config(max_skew="5m")
     ahead = [(0, "c", ORIGIN + 3600 + 2.5, 2.0)]  # after the tick at 2.0, before the rest
     base, _ = run(cfg, producer_stream())
     extra, dead = run(cfg, producer_stream(extra=ahead))
@@ -204,7 +204,7 @@ def test_the_progress_line_never_shows_a_negative_lag():
 
 
 def test_an_event_time_beyond_the_year_9999_is_clamped_not_overflowed():
-    cfg = config()
+    cfg = config(max_skew="5m")
     clock = PartitionClock(event_rules(cfg))
     huge = [message(0, "a", 1e300, 0, broker=ORIGIN + 1.0, kind=CREATE)]
     updates, dead = clock.process(0, huge)  # before the first tick: placed at the year 9999

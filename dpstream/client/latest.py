@@ -47,9 +47,12 @@ It is not thread-safe: feed it from one thread.
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Final, Generic, TypeVar
+
+import msgspec
 
 from dpstream.client.records import (
     Alert,
@@ -69,6 +72,15 @@ HISTORY_STEPS: Final = 64
 _R = TypeVar("_R", Release, Status, Alert, Model, Answer)
 
 
+def _digest(record: Any) -> bytes:
+    """A record's content as 16 bytes (BLAKE2b of its msgpack encoding).
+
+    Python's ``hash`` would not do: ``hash(-1.0) == hash(-2.0)`` in CPython, so two
+    differently noised values of one coordinate could count as a duplicate, not a conflict.
+    """
+    return hashlib.blake2b(msgspec.msgpack.encode(record), digest_size=16).digest()
+
+
 @dataclass
 class StoreCounts:
     """What :class:`LatestValues` dropped or flagged (see the module docstring)."""
@@ -84,8 +96,8 @@ class _Series(Generic[_R]):
     """One subject of one flow instance: its latest record, and the digests it remembers."""
 
     latest: _R
-    seen: dict[tuple[Any, ...], int] = field(default_factory=dict)
-    """Coordinate ``(step, detail)`` -> the hash of the record first seen there, in order of
+    seen: dict[tuple[Any, ...], bytes] = field(default_factory=dict)
+    """Coordinate ``(step, detail)`` -> the digest of the record first seen there, in order of
     arrival (pruned from the front once older than the history)."""
 
 
@@ -101,7 +113,7 @@ class _Latest(Generic[_R]):
         """Take ``record`` of subject ``slot`` (``detail``: what else its coordinate holds)."""
         by_instance = self.series.setdefault(slot, {})
         series = by_instance.get(record.instance)
-        step, digest = record.step, hash(record)
+        step, digest = record.step, _digest(record)
         if series is None:
             by_instance[record.instance] = _Series(record, {(step, detail): digest})
             return True

@@ -349,8 +349,9 @@ def probe_timestamp_type(clients: KafkaClients, topic: str, partition: int = 0, 
     report names, so the answer is what the broker did with a record written now: a topic
     with ``message.timestamp.type=LogAppendTime`` on a broker that honours it gives 2
     (LogAppendTime); a topic without it, or a broker that ignores it (Tansu, the embedded
-    ``dpstream broker``), gives 1 (CreateTime). Without ``write`` the partition's first
-    record is read (nothing is written), if there is one.
+    ``dpstream broker``), gives 1 (CreateTime). Without ``write`` the partition's newest
+    record is read (nothing is written), if there is one: a topic switched to LogAppendTime
+    keeps its older CreateTime records.
 
     Returns:
         0 (no timestamp), 1 (CreateTime) or 2 (LogAppendTime); None when nothing could be
@@ -377,6 +378,14 @@ def probe_timestamp_type(clients: KafkaClients, topic: str, partition: int = 0, 
         "consumer", **{"group.id": "dpstream-probe", "enable.auto.commit": False,
                        "enable.partition.eof": True, "auto.offset.reset": "earliest"}))
     try:
+        if not write:  # the newest record: a topic switched to LogAppendTime keeps its older
+            try:  # CreateTime records, which are dead letters, not a reason to refuse the run
+                low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition),
+                                                           timeout=timeout)
+                if high > low:
+                    offset = high - 1
+            except KafkaException:
+                pass  # cannot tell: read from the start
         consumer.assign([TopicPartition(topic, partition, offset)])
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -396,7 +405,11 @@ def probe_timestamp_type(clients: KafkaClients, topic: str, partition: int = 0, 
 
 def offset_past_end(clients: KafkaClients, topic: str, partition: int, offset: int,
                     timeout: float = 3.0) -> int | None:
-    """The end of ``topic[partition]`` if ``offset`` lies beyond it, else None.
+    """The end of ``topic[partition]`` if ``offset`` provably lies beyond it, else None.
+
+    Fails closed: only an end of partition read before ``offset`` counts as evidence; a
+    timeout or an unanswered fetch is taken as "within the partition" (the caller re-reads
+    a partition from its start only on evidence, never on doubt).
 
     The broker's high watermark answers first; a broker that under-reports it (Tansu) is
     checked by reading the record just before ``offset``: a record there, or an end of
@@ -422,9 +435,11 @@ def offset_past_end(clients: KafkaClients, topic: str, partition: int, offset: i
         first = _first_position(consumer, topic, partition, offset - 1, timeout)
         if first is not None and first >= offset:
             return None
-        # past the end: the end is where a read from the reported high watermark stops
+        # past the end only on evidence: a read from the reported high watermark stops at an
+        # end before offset. Anything unconfirmed (a timeout, no answer) is "within": a false
+        # "past the end" would re-read records already counted (fail closed)
         end = _first_position(consumer, topic, partition, max(high, 0), timeout, eof=True)
-        return high if end is None else end
+        return end if end is not None and end < offset else None
     finally:
         consumer.close()
 

@@ -164,21 +164,15 @@ class StepBarrier:
             return None
         return min(self.frontiers.values())
 
-    def first_open(self) -> int | None:
-        """The next step to close, or None if there is none yet.
-
-        In an open universe before its first close: the first step that has a bucket.
-        """
-        if self.next_step is not None:
-            return self.next_step
-        return min(self.pending, default=None)
-
     def backlog(self) -> int:
         """How many steps every partition has passed that are not closed yet.
 
         While :meth:`idle`, steps without buckets count too, though they close at no cost.
         """
-        end, first = self.closable_end(), self.first_open()
+        end, first = self.closable_end(), self.next_step
+        # next_step only, never the pending buckets' first step: before a shard's first close
+        # that would be the step of its earliest event (in an open universe, of a key no
+        # mechanism has admitted yet), and this count is a metric and a log line
         return 0 if end is None or first is None else max(0, end - first)
 
     def close_backlog(self) -> list[Any]:

@@ -124,6 +124,13 @@ def _untrusted(kind: int) -> str:
     return "the record has no broker timestamp"
 
 
+def _alone(messages: RawBatch, i: int) -> RawBatch:
+    """Record ``i`` of ``messages`` as a batch of its own."""
+    return RawBatch(messages.partition, messages.values[i:i + 1], messages.offsets[i:i + 1],
+                    messages.topics[i:i + 1], messages.broker_ms[i:i + 1],
+                    messages.kinds[i:i + 1])
+
+
 class ClockRules(Protocol):
     """What the clock needs to know about the flow's steps."""
 
@@ -223,7 +230,8 @@ class StepClock:
         dropped and each record is decoded alone (results discarded) to find those that
         raise; they become dead letters (:func:`undecodable`) and the others are decoded
         again as one batch. Should that batch still raise (records that decode alone but
-        not together: a bug), its records become dead letters too, rather than stop the flow.
+        not together: a bug), they are decoded one by one and the results joined, so which
+        records are accepted never depends on how the records were batched.
         """
         mark = len(dead)
         try:
@@ -234,11 +242,8 @@ class StepClock:
         raising = np.zeros(n, dtype=bool)
         reasons: dict[int, str] = {}
         for i in range(n):
-            alone = RawBatch(messages.partition, messages.values[i:i + 1],
-                             messages.offsets[i:i + 1], messages.topics[i:i + 1],
-                             messages.broker_ms[i:i + 1], messages.kinds[i:i + 1])
             try:
-                self.decode(partition, alone, [])
+                self.decode(partition, _alone(messages, i), [])
             except Exception as exc:
                 raising[i] = True
                 reasons[i] = undecodable(exc)
@@ -250,12 +255,25 @@ class StepClock:
         mark = len(dead)
         try:
             payloads, times, refs = self.decode(partition, messages.keep(~raising), dead)
-        except Exception as exc:
-            del dead[mark:]
-            dead.extend(self.dead_letter(undecodable(exc), messages[i])
-                        for i in index.tolist())
-            return [], [], []
+        except Exception:  # records that decode alone but not together (a bug): decode each
+            del dead[mark:]  # alone and join the results, so nothing depends on the batching
+            return self._decode_each(partition, messages, index.tolist(), dead)
         return payloads, times, [int(index[j]) for j in refs]
+
+    def _decode_each(self, partition: int, messages: RawBatch, indexes: list[int],
+                     dead: list[DeadLetter]) -> tuple[Any, list[float], list[int]]:
+        """Decode the records at ``indexes`` one by one (each already decoded alone once)."""
+        parts: list[Any] = []
+        times: list[float] = []
+        refs: list[int] = []
+        for i in indexes:
+            one, at, _ = self.decode(partition, _alone(messages, i), dead)
+            parts.append(one)
+            times.extend(float(t) for t in at)
+            refs.extend([i] * len(at))
+        if parts and all(isinstance(one, np.ndarray) for one in parts):
+            return np.concatenate(parts), times, refs  # the kind's payload type, kept
+        return [p for one in parts for p in one], times, refs
 
     # -- time --
     def to_state(self) -> dict[str, Any]:

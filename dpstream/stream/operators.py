@@ -202,9 +202,9 @@ def assign_steps(step_id: str, up: Stream[RawBatch | RawMessage],
 
 def waiting_for(shard: StepBarrier) -> tuple[list[int], int | None]:
     """The input partitions that hold a shard's next step open, and the step they hold."""
-    if shard.next_step is None and not shard.pending:
+    step = shard.next_step  # never the first pending bucket's step: see StepBarrier.backlog
+    if step is None:
         return [], None
-    step = shard.next_step if shard.next_step is not None else min(shard.pending)
     if not shard.frontiers:
         return list(range(shard.partitions)), step
     ahead = max(shard.frontiers.values())
@@ -258,8 +258,8 @@ class _ShardLogic(StatefulBatchLogic[ShardUpdate, Any, dict[str, Any]]):
             return
         closed = None if shard.next_step is None else shard.next_step - 1
         ahead = max(shard.frontiers.values(), default=None)
-        first_open = shard.first_open()  # open universe before its first close: its pending
-        backlog = shard.backlog()
+        first_open = shard.next_step  # None before the first close: never the first pending
+        backlog = shard.backlog()  # step (in an open universe, a key not admitted yet)
         waiting = 0 if ahead is None or first_open is None else \
             max(0, ahead - first_open - backlog)
         self.observer.observe_shard(shard.shard, closed, waiting, backlog)
