@@ -32,7 +32,7 @@ KEYS = [f"k{i:02d}" for i in range(20)]
 
 
 def write_config(path: Path, broker, topics: dict[str, str], *, steps: int, tail=False,
-                 metrics_port=0, batch_size=500, name="it") -> Path:
+                 metrics_port=0, batch_size=500, name="it", heartbeat="auto") -> Path:
     """A counters flow over ``steps`` steps of data: flow.end closes them all, with or without
     tail (the heartbeat's ticks carry today's time, long after the data's)."""
     end = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ORIGIN + steps))
@@ -44,6 +44,7 @@ origin = "2026-09-21T14:13:20Z"
 end = "{end}"
 shards = 4
 clock = "producer"  # the embedded broker ignores LogAppendTime; these producers are trusted
+heartbeat = "{heartbeat}"
 [kafka]
 brokers = ["{broker.bootstrap}"]
 input_topic = "{topics['events']}"
@@ -157,9 +158,11 @@ def test_kill_minus_nine_and_resume_gives_exactly_one_value_per_release(broker, 
     produce_events(broker, topics["events"], steps, seed=1, ticks_every=1)
     expected = {(k, s) for k in KEYS for s in range(steps)}
     # the first run tails (it never ends by itself, so the kill lands while it runs); the
-    # resume reads to the end. Tailing changes no fixed setting of the flow instance.
+    # resume reads to the end. Tailing changes no fixed setting of the flow instance. Its own
+    # heartbeat is off: its ticks carry today's time and would close every step before
+    # flow.end at once; the input's ticks (one a step) close the steps as they are read.
     config = write_config(tmp_path / "rec.toml", broker, topics, steps=steps, batch_size=20,
-                          tail=True)
+                          tail=True, heartbeat="off")
     recovery = tmp_path / "recovery"
     args = ("--recovery-dir", str(recovery), "--snapshot-interval", "0.2")
 
