@@ -31,10 +31,10 @@ A real Prometheus with the shipped config and rules (``deploy/prometheus``) scra
   running and closing steps. The refused process never serves metrics and the first one has
   no metric for a refusal, so its signals are its exit code and its one line (plus the first
   process's "recovery store … locked by this process (pid N)" line); no alert can exist;
-* **SIGTERM and restart** on the same store (t = 50 s / 55 s) while the producer goes on (a
-  replay may give at-least-once copies: every copy is compared); the producer stops at
-  t = 110 s and the second run is stopped once its releases cover every step to the
-  producer's end;
+* **kill -9 and restart** on the same store (t = 50 s / 55 s) while the producer goes on (the
+  replay from the last snapshot gives at-least-once copies: every copy is compared); the
+  producer stops at t = 110 s and the second run is stopped (SIGTERM) once its releases cover
+  every step to the producer's end;
 * **the topic re-created with 3 partitions** while no flow runs, then a third run on the same
   store: it exits 2 with one ``dpstream: error:`` line naming ``events``, both partition
   counts and ``events[2]`` as new. The process stops right after it serves metrics, before a
@@ -44,12 +44,12 @@ A real Prometheus with the shipped config and rules (``deploy/prometheus``) scra
   into a registry served over HTTP to the same Prometheus, where the shipped
   ``DpstreamTopologyChanged`` alert (no ``for:``) must be *firing* in ``ALERTS``.
 
-Final checks: both flow runs exit 0; the only dead letter is the poison record's (so no good
-event was late or otherwise dropped), the consumer group's committed positions are past every
-acknowledged event (every event was read), and each key's last covered release is within 6 std
-of its true count; every copy of a release coordinate ``(instance, key, step)`` is
-byte-identical, one flow instance published them all, and ``dpstream.client.LatestValues``
-counts no conflict.
+Final checks: the second run exits 0 (the first was killed); the only dead letter is the poison
+record's (so no good event was late or otherwise dropped), the consumer group's committed
+positions are past every acknowledged event (every event was read), and each key's last covered
+release is within 6 std of its true count; every copy of a release coordinate ``(instance, key,
+step)`` is byte-identical, one flow instance published them all, and
+``dpstream.client.LatestValues`` counts no conflict.
 """
 
 from __future__ import annotations
@@ -215,7 +215,9 @@ def test_soak_poison_future_record_second_process_and_recreated_topic(tmp_path):
 
             sleep_until(t0 + FIRST_STOP_AT)
             last_scrape_1 = first.scrape()
-            out1 = first.stop()
+            first.kill()  # kill -9: the restart replays from the last snapshot
+            first.stopped = time.monotonic()
+            out1 = first.output
 
             # run 2: the same store, the producer never stopped
             sleep_until(t0 + RESTART_AT)
@@ -292,11 +294,12 @@ def test_soak_poison_future_record_second_process_and_recreated_topic(tmp_path):
 
     assert not traffic.errors, traffic.errors[:10]
 
-    # --- runs 1 and 2: clean exits ---------------------------------------------------------
-    for name, run, out in (("run 1", first, out1), ("run 2", second, out2)):
-        assert run.proc.returncode == 0, f"{name} exited {run.proc.returncode}:\n{out[-3000:]}"
+    # --- runs 1 and 2: killed (-9) and a clean exit ------------------------------------------
+    assert first.proc.returncode == -9, f"run 1 exited {first.proc.returncode}:\n{out1[-3000:]}"
+    assert second.proc.returncode == 0, f"run 2 exited {second.proc.returncode}:\n{out2[-3000:]}"
+    assert "stopping (SIGTERM)" in out2, out2[-3000:]
+    for name, out in (("run 1", out1), ("run 2", out2)):
         assert "Traceback" not in out and "panicked" not in out, f"{name}:\n{out[-3000:]}"
-        assert "stopping (SIGTERM)" in out, f"{name}:\n{out[-3000:]}"
     assert "flow instance" in out2 and "resumed" in out2, out2[-3000:]
 
     # --- the poison record: one dead letter; log line, metric; the alert rule via promtool --
