@@ -125,6 +125,25 @@ class FlowConfig:
         """A human summary of the flow and its privacy guarantee (no secrets)."""
         return f"flow {self.name!r} ({self.kind})"
 
+    def describe_clock(self) -> str:
+        """One line on what closes steps and where a run ends (every kind's summary)."""
+        if self.clock == "producer":
+            trusted = (f"clock producer: records placed by their own times within "
+                       f"[clock - {self.lateness_seconds:g} s, clock + {self.max_skew_seconds:g} "
+                       f"s]; only heartbeat ticks (stamped {self.tick_delay_seconds:g} s behind "
+                       f"the host's clock) and broker time move the clock")
+        else:
+            trusted = (f"clock broker: records placed within [broker time - "
+                       f"{self.lateness_seconds:g} s, broker time]; broker time moves the clock")
+        ticks = (f"heartbeat every {self.heartbeat_seconds:g} s" if self.heartbeat_seconds
+                 else "heartbeat off")
+        if self.end is None:
+            end = "no flow.end: the steps close as the clock passes them"
+        else:
+            last = math.floor((self.end.timestamp() - self.origin_seconds) / self.step_seconds)
+            end = f"flow.end {self.end.isoformat()}: steps from {last} on never close"
+        return f"{trusted}; {ticks}; {end}"
+
 
 def parse_duration(value: Any, where: str) -> float:
     """Parse ``"1s"``, ``"500ms"``, ``"5m"``, ``"1h"``, ``"1d"`` or a number of seconds."""

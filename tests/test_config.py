@@ -130,3 +130,15 @@ def test_a_bounded_run_under_the_broker_clock_needs_a_public_end():
         parse_config(base(flow={"heartbeat": "off"}, kafka={"tail": False}))
     with pytest.raises(ConfigError, match="kafka.tail = false needs flow.end"):
         parse_config(base(kafka={"tail": False}))
+
+
+def test_the_summary_says_what_closes_steps_and_where_a_run_ends():
+    producer = parse_config(base(flow={"clock": "producer", "end": "2026-11-20T00:01:00Z",
+                                       "max_skew": "5m"}, kafka={"tail": False}))
+    line = producer.describe_clock()
+    assert "clock producer" in line and "clock + 300 s" in line
+    assert "only heartbeat ticks" in line and "steps from 60 on never close" in line
+    assert line in producer.describe()
+    broker = parse_config(base())
+    assert "clock broker" in broker.describe_clock()
+    assert "no flow.end" in broker.describe_clock()

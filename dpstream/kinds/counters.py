@@ -135,6 +135,7 @@ class CountersConfig(FlowConfig):
         lines = [
             f"flow {self.name!r}: one step = {self.step_seconds:g} s "
             f"from {self.origin.isoformat()}",
+            self.describe_clock(),
             f"privacy unit: one event; accounting {self.privacy.accounting}; "
             f"per-key budget {ledger.budget:g} {unit}, committed at most {ledger.spent:g} {unit}",
             f"counter: {self.privacy.counter.mechanism} (horizon {self.privacy.counter.horizon})",

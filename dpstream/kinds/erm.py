@@ -126,6 +126,7 @@ class ErmConfig(FlowConfig):
         lines = [f"flow {self.name!r} (erm): one step = one block of nominal "
                  f"b0 = {spec.block_size} events, {self.step_seconds:g} s from "
                  f"{self.origin.isoformat()}",
+                 self.describe_clock(),
                  f"model: {'binary logistic' if len(m.classes) == 2 else 'multinomial'} "
                  f"regression, d = {m.dimension}, classes {list(m.classes)}, features clipped "
                  f"to L2 norm {m.clip_norm:g}, lambda = {m.regularization:g}, "

@@ -141,6 +141,7 @@ class PmwgConfig(FlowConfig):
                 ledger.charge(charge)
         lines = [f"flow {self.name!r} (pmwg): one step = {self.step_seconds:g} s from "
                  f"{self.origin.isoformat()}",
+                 self.describe_clock(),
                  f"privacy unit: one event; accounting {self.accounting}; per-event budget "
                  f"{ledger.budget:g} {ledger.unit}, committed at most {ledger.spent:.6g} "
                  f"{ledger.unit} over {len(self.histograms)} histogram(s)"]
