@@ -101,7 +101,7 @@ POISON_REASON = "undecodable record (RecursionError)"
 HOUR_MS = 3_600_000
 SKEW_LINE = ("stamped more than flow.max_skew ahead of its partition's clock (heartbeat ticks): "
              "counted at the limit")
-CLAMPED_AHEAD = 'dpstream_clamped_records_total{flow="%s",topic="events",bound="ahead"}'
+CLAMPED_AHEAD = 'dpstream_clamped_records_total{bound="ahead",flow="%s",topic="events"}'
 
 # the timeline, in seconds after the producer started
 POISON_AT = 10.0
