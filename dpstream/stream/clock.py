@@ -17,6 +17,10 @@ other record's event time can change where it is counted (pitfall 10):
   there is no watermark: the record is placed by its own time (a time before
   ``flow.origin`` is a dead letter) and waits in the step barrier until ticks close its step.
   A record with neither a producer nor a broker timestamp is a dead letter.
+  An accepted record placed at a limit of the window is counted per input topic and bound
+  (:attr:`StepClock.clamped`: ``ahead``, more than ``max_skew`` after the watermark;
+  ``behind``, more than ``lateness`` before it) and reported by the operators'
+  observer: ``dpstream_clamped_records_total`` and a log line (:mod:`dpstream.metrics`).
 
 **Steps close by a trusted clock, which no data record can push** (pitfall 15). A
 partition's *watermark* is the latest trusted time it has seen, and its frontier (the first
