@@ -13,7 +13,8 @@ three groups.
 *Exact input counts* move by one with one input record. They are registered (or, for a
 label value of a shared series, recorded) only with ``metrics.exact_counts = true``:
 ``dpstream_events_total``, ``dpstream_dead_letters_total``,
-``dpstream_input_lag_records`` (records on the broker not yet read) and the
+``dpstream_clamped_records_total`` (records placed at a limit of the producer clock's
+clamp), ``dpstream_input_lag_records`` (records on the broker not yet read) and the
 ``role="dead_letters"`` series of ``dpstream_output_delivered_total``.
 
 *Input timing* is a function of the broker timestamps of the input records, not of
@@ -45,6 +46,17 @@ librdkafka errors (broker and network state, not data).
 
 With ``metrics.exact_counts = false`` the exact input counts are never registered or
 recorded, for deployments whose dashboards are shown more widely than the input.
+
+**Record warnings** (log lines, gated like the counts). An undecodable record (a dead letter
+``undecodable record (<ExceptionType>)``) and a record placed at a limit of the producer
+clock's clamp (stamped more than ``flow.max_skew`` ahead of its partition's trusted clock, or
+more than ``flow.lateness`` behind it: INFO, as that record is counted in the open step, the
+designed way to absorb a slow producer's batches) each log a WARNING. With ``exact_counts`` it names
+``topic[partition]`` and the offset (never a value of the record), at most one line per
+partition and kind a minute (:data:`RECORD_WARNING_SECONDS`), the next line saying how many
+were not logged in between. Without ``exact_counts`` (an offset and a count of such records
+are exact input data) each kind is logged once per process, naming no partition, offset or
+count, and saying that the details need ``metrics.exact_counts = true``.
 
 **Privacy series** (labelled ``flow``; ``mechanism`` is the counter's, PMWG's ``pmwg`` or
 ``histogram``, or the ERM release algorithm; ``unit`` is ``epsilon`` or ``rho``):
@@ -81,6 +93,10 @@ answers and ``exhausted`` model records, each of which sets
 * ``dpstream_kafka_client_errors_total{client}`` (client: consumer, producer, admin) --
   error-level librdkafka log lines and error callbacks.
 * ``dpstream_input_lag_records{partition}`` -- exact; see above.
+* ``dpstream_clamped_records_total{topic, bound}`` -- exact; records of an input topic
+  placed at a limit of the producer clock's clamp (``bound="ahead"``: stamped more than
+  ``flow.max_skew`` ahead of the partition's trusted clock; ``"behind"``: more than
+  ``flow.lateness`` behind it). Starts at 0 for every input topic and bound.
 * ``dpstream_topology_anomalies_total{topic, reason}`` -- a re-created, re-partitioned or
   truncated input topic (:mod:`dpstream.topology`): a changed partition count, a vanished
   partition, a recovery offset past a partition's end, offsets that went back.
@@ -91,6 +107,7 @@ so ``increase()`` sees their first increment.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -103,7 +120,91 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from dpstream.core.key_statistics import Alert, BudgetExhausted, Release
 from dpstream.core.pmwg import HARD_BUDGET_EXCEEDED, PRIVACY_BUDGET_EXHAUSTED
 
-__all__ = ["FlowMetrics"]
+__all__ = ["FlowMetrics", "RecordWarnings"]
+
+log = logging.getLogger("dpstream")
+
+RECORD_WARNING_SECONDS: Final = 60.0
+"""At most one record warning per input partition and kind in this many seconds."""
+CLAMP_BOUNDS: Final = ("ahead", "behind")
+"""The ``bound`` label values of ``dpstream_clamped_records_total``."""
+_SKIP_HINT: Final = ("(if a record still crashes the flow, quarantine it with dpstream run "
+                     "--skip-record)")
+_CLAMPED: Final = {
+    "ahead": ("stamped more than flow.max_skew ahead of its partition's clock (heartbeat "
+              "ticks): counted at the limit"),
+    "behind": ("stamped more than flow.lateness behind its partition's clock (heartbeat "
+               "ticks): counted at the limit"),
+}
+
+
+class RecordWarnings:
+    """The WARNING lines for undecodable and clamped input records (see the module doc).
+
+    Args:
+        exact_counts: ``metrics.exact_counts``: name partitions and offsets, rate-limited;
+            without it, one line per kind and process, with neither.
+        clock: monotonic seconds (``time.monotonic`` if None).
+    """
+
+    def __init__(self, exact_counts: bool, clock: Callable[[], float] | None = None) -> None:
+        self.exact_counts = exact_counts
+        self._clock = clock if clock is not None else time.monotonic
+        self._lock = threading.Lock()
+        self._last: dict[tuple[str, str], float] = {}
+        self._suppressed: dict[tuple[str, str], int] = {}
+        self._once: set[str] = set()
+
+    def undecodable(self, partition: str, offset: int | None, reason: str) -> None:
+        """A record of ``partition`` (``topic[p]``) at ``offset`` became a dead letter."""
+        if not self.exact_counts:
+            self._first("undecodable", "an input record could not be decoded (%s) and went to "
+                        "the dead-letter topic %s; further undecodable records are not logged "
+                        "and no line names where they are: that needs metrics.exact_counts = "
+                        "true (the dead-letter topic holds them all)", reason, _SKIP_HINT)
+            return
+        more = self._allowed("undecodable", partition, 1)
+        if more is not None:
+            log.warning("input %s offset %s: %s -> dead letter %s%s", partition, offset, reason,
+                        _SKIP_HINT, _more(more))
+
+    def clamped(self, partition: str, bound: str, count: int, offset: int | None) -> None:
+        """``count`` records of ``partition`` from ``offset`` on were placed at ``bound``."""
+        what = _CLAMPED[bound]
+        if not self.exact_counts:
+            self._first("clamped_" + bound, "an input record was %s; further such records "
+                        "are not logged and no line names where they are: that needs "
+                        "metrics.exact_counts = true", what,
+                        level=logging.WARNING if bound == "ahead" else logging.INFO)
+            return
+        more = self._allowed("clamped_" + bound, partition, count)
+        if more is not None:  # behind: counted in the open step (a slow or overtaken producer)
+            log.log(logging.WARNING if bound == "ahead" else logging.INFO,
+                    "input %s offset %s: record %s%s", partition, offset, what, _more(more))
+
+    def _first(self, kind: str, message: str, *args: object,
+               level: int = logging.WARNING) -> None:
+        with self._lock:
+            if kind in self._once:
+                return
+            self._once.add(kind)
+        log.log(level, message, *args)
+
+    def _allowed(self, kind: str, partition: str, count: int) -> int | None:
+        """None: not now (counted as suppressed); else how many were suppressed before."""
+        now = self._clock()
+        key = (kind, partition)
+        with self._lock:
+            last = self._last.get(key)
+            if last is not None and now - last < RECORD_WARNING_SECONDS:
+                self._suppressed[key] = self._suppressed.get(key, 0) + count
+                return None
+            self._last[key] = now
+            return self._suppressed.pop(key, 0) + count - 1
+
+
+def _more(count: int) -> str:
+    return f" ({count} more such record(s) since the last line not logged)" if count else ""
 
 OUTPUT_ROLES: Final = ("releases", "alerts", "answers", "models", "dead_letters")
 """The ``role`` label values of ``dpstream_output_delivered_total``."""
@@ -135,7 +236,14 @@ class FlowMetrics:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.exact_counts = exact_counts
         r = self.registry
+        self.record_warnings = RecordWarnings(exact_counts)
         if exact_counts:
+            self.clamped = Counter(
+                "dpstream_clamped_records",
+                "Input records placed at a limit of the producer clock's clamp, by topic and "
+                "bound (ahead: stamped more than flow.max_skew ahead of the partition's "
+                "clock; behind: more than flow.lateness behind it) (exact: operator data).",
+                ["flow", "topic", "bound"], registry=r)
             self.events = Counter("dpstream_events",
                                   "Events accepted into time steps (exact: operator data).",
                                   ["flow"], registry=r)
@@ -257,6 +365,23 @@ class FlowMetrics:
                 self.events.labels(self.flow).inc(amount)
         elif name.startswith("dead_letter:"):
             self.dead_letters.labels(self.flow, name.split(":", 1)[1]).inc(amount)
+
+    def observe_undecodable(self, partition: int, offset: int | None, reason: str) -> None:
+        """Log an undecodable record (a dead letter; counted by :meth:`observe_input`)."""
+        self.record_warnings.undecodable(self.partition_name(partition), offset, reason)
+
+    def observe_clamped(self, partition: int, topic: str, bound: str, count: int,
+                        offset: int | None) -> None:
+        """Count ``count`` records of ``topic`` placed at a clamp's ``bound``, and log them.
+
+        ``offset``: the first of them. The count is exact: recorded only with
+        ``exact_counts`` (the log line is gated the same way: :class:`RecordWarnings`).
+        """
+        if bound not in CLAMP_BOUNDS:
+            raise ValueError(f"bound must be one of {', '.join(CLAMP_BOUNDS)}, got {bound!r}")
+        if self.exact_counts and count:
+            self.clamped.labels(self.flow, topic, bound).inc(count)
+        self.record_warnings.clamped(self.partition_name(partition), bound, count, offset)
 
     def observe_outputs(self, outputs: Iterable[Any], mechanism: str) -> None:
         """Count releases, alerts and refusals and update the spend gauges.
@@ -497,6 +622,9 @@ class FlowMetrics:
     def declare_input_topics(self, topics: Iterable[str]) -> None:
         """Start ``dpstream_topology_anomalies_total`` at 0 for every input topic and reason.
 
+        And, with ``exact_counts``, ``dpstream_clamped_records_total`` for every input topic
+        and bound.
+
         The series then exist from the start (the alert's and the dashboards' selectors find
         them), and ``increase()`` sees a first anomaly.
         """
@@ -505,6 +633,9 @@ class FlowMetrics:
         for topic in topics:
             for reason in REASONS:
                 self.topology_anomalies.labels(self.flow, topic, reason)
+            if self.exact_counts:
+                for bound in CLAMP_BOUNDS:
+                    self.clamped.labels(self.flow, topic, bound)
 
     def set_partition_names(self, names: Sequence[str]) -> None:
         """Name the flow's input partitions (``topic[partition]``), by flow partition number.

@@ -160,7 +160,8 @@ def test_every_alert_says_how_bad_and_what_to_do():
     assert {"DpstreamDown", "DpstreamTargetMissing", "DpstreamRefusedCharges", "DpstreamStalled",
             "DpstreamPartitionBehind", "DpstreamOutputBacklog", "DpstreamKafkaClientErrors",
             "DpstreamDeadLetters", "DpstreamPmwgBudgetLow", "DpstreamBudgetExhausted",
-            "DpstreamLagGrowing", "DpstreamNoStepClosed"} <= set(blocks)
+            "DpstreamLagGrowing", "DpstreamNoStepClosed", "DpstreamTopologyChanged",
+            "DpstreamUndecodableRecords", "DpstreamClockSkew"} <= set(blocks)
     for name, text in blocks.items():
         assert re.search(r"severity: (warning|critical)\b", text), name
         assert "summary:" in text and "description:" in text, name

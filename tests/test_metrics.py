@@ -401,3 +401,62 @@ def test_the_labels_of_every_kind_come_from_a_small_public_vocabulary():
             assert sample.labels["flow"] == FLOW, sample
             assert set(sample.labels) <= allowed, sample
             assert "q" not in sample.labels.values(), sample  # never a question id
+
+
+def test_record_warnings_are_rate_limited_per_partition_and_say_how_many_were_not_logged(
+        caplog):
+    from dpstream.metrics import RECORD_WARNING_SECONDS, RecordWarnings
+
+    now = [0.0]
+    warnings = RecordWarnings(exact_counts=True, clock=lambda: now[0])
+    with caplog.at_level("INFO", logger="dpstream"):
+        warnings.undecodable("events[0]", 10, "undecodable record (ValueError)")
+        warnings.undecodable("events[0]", 11, "undecodable record (ValueError)")
+        warnings.undecodable("events[1]", 12, "undecodable record (ValueError)")
+        warnings.clamped("events[0]", "ahead", 3, 13)
+        now[0] = RECORD_WARNING_SECONDS
+        warnings.undecodable("events[0]", 20, "undecodable record (ValueError)")
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 4, lines
+    assert lines[0].startswith("input events[0] offset 10: undecodable record (ValueError)")
+    assert lines[1].startswith("input events[1] offset 12: ")
+    assert lines[2] == ("input events[0] offset 13: record stamped more than flow.max_skew "
+                        "ahead of its partition's clock (heartbeat ticks): counted at the "
+                        "limit (2 more such record(s) since the last line not logged)")
+    assert lines[3].startswith("input events[0] offset 20: ")
+    assert lines[3].endswith("(1 more such record(s) since the last line not logged)")
+
+
+def test_without_exact_counts_record_warnings_log_each_kind_once_with_no_offset(caplog):
+    from dpstream.metrics import RecordWarnings
+
+    warnings = RecordWarnings(exact_counts=False)
+    with caplog.at_level("INFO", logger="dpstream"):
+        for offset in range(3):
+            warnings.undecodable("events[0]", offset, "undecodable record (ValueError)")
+            warnings.clamped("events[1]", "ahead", 5, offset)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2, lines
+    for line in lines:
+        assert "offset" not in line and "events[" not in line and "5" not in line
+        assert "metrics.exact_counts = true" in line
+
+
+def test_clamped_records_are_exact_counts_declared_at_zero_per_topic_and_bound():
+    registry = CollectorRegistry()
+    metrics = FlowMetrics("f", registry)
+    metrics.declare_input_topics(["events"])
+    for bound in ("ahead", "behind"):
+        assert registry.get_sample_value(
+            "dpstream_clamped_records_total",
+            {"flow": "f", "topic": "events", "bound": bound}) == 0
+    metrics.observe_clamped(0, "events", "ahead", 2, 7)
+    assert registry.get_sample_value(
+        "dpstream_clamped_records_total", {"flow": "f", "topic": "events", "bound": "ahead"}) == 2
+    with pytest.raises(ValueError, match="bound"):
+        metrics.observe_clamped(0, "events", "sideways", 1, 7)
+    off = CollectorRegistry()
+    hidden = FlowMetrics("f", off, exact_counts=False)
+    hidden.declare_input_topics(["events"])
+    hidden.observe_clamped(0, "events", "ahead", 2, 7)
+    assert "dpstream_clamped_records" not in generate_latest(off).decode()

@@ -201,7 +201,7 @@ def make_flow(kind: str, bootstrap: str, workdir: Path, origin: int) -> Flow:
 class Feeder:
     """Writes events stamped now, then a heartbeat tick, to every input partition of every
     flow, every tick, and a few questions a step to the PMWG flow; one malformed record per
-    flow at the start."""
+    flow at the start, and one undecodable record (nested too deep) to the counters flow."""
 
     bootstrap: str
     flows: dict[str, Flow]
@@ -240,6 +240,10 @@ class Feeder:
         ms = int(time.time() * 1000)
         for flow in self.flows.values():
             producer.send(flow.topics["events"], b'{"broken', partition=0, timestamp_ms=ms)
+        # an undecodable record (msgspec's RecursionError): DpstreamUndecodableRecords' series
+        nested = b'{"key":"k","ts":%.3f,"x":%s}' % (ms / 1000, b"[" * 1000 + b"]" * 1000)
+        producer.send(self.flows["counters"].topics["events"], nested, partition=1,
+                      timestamp_ms=ms)
 
     @staticmethod
     def _events(kind: str, rng: random.Random, ts: float) -> list[bytes]:

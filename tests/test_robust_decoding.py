@@ -408,3 +408,59 @@ def test_the_nested_record_in_a_bytewax_run_is_one_dead_letter_and_the_flow_comp
     assert {(r["key"], r["step"]) for r in releases} == {
         (k, s) for k in ("a", "b", "k") for s in range(6)}
     assert np.isfinite([r["value"] for r in releases]).all()
+
+
+def _poison_run(exact: bool) -> tuple[Any, list[str]]:
+    """The nested record amid good ones, through a flow with metrics: (registry, warnings)."""
+    import logging
+
+    from prometheus_client import CollectorRegistry
+
+    from dpstream.metrics import FlowMetrics
+
+    items = []
+    for step in range(4):
+        for p in (0, 1):
+            items.append(message(p, "a", ORIGIN + step + 0.1, 3 * step))
+            if step == 1:
+                items.append(raw(p, NESTED, 3 * step + 1, ORIGIN + step + 0.2))
+                items.append(raw(p, NESTED, 3 * step + 2, ORIGIN + step + 0.3))
+    registry = CollectorRegistry()
+    metrics = FlowMetrics("t", registry, exact_counts=exact)
+    flow = build_flow(counters_config(), KEY, instance="t-1", partitions=2,
+                      source=TestingSource(items, 7), sink=TestingSink([]), metrics=metrics)
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    handler = Keep(logging.WARNING)
+    logging.getLogger("dpstream").addHandler(handler)
+    try:
+        run_main(flow)
+    finally:
+        logging.getLogger("dpstream").removeHandler(handler)
+    return registry, [r.getMessage() for r in records if "undecodable" in r.getMessage()]
+
+
+def test_an_undecodable_record_logs_one_warning_per_partition_naming_its_offset():
+    registry, lines = _poison_run(exact=True)
+    assert registry.get_sample_value(
+        "dpstream_dead_letters_total",
+        {"flow": "t", "reason": "undecodable record (RecursionError)"}) == 4
+    # the second record of each partition is within the minute: not logged (counted)
+    assert sorted(lines) == sorted(
+        f"input events[{p}] offset 4: undecodable record (RecursionError) -> dead letter (if "
+        "a record still crashes the flow, quarantine it with dpstream run --skip-record)"
+        for p in (0, 1))
+
+
+def test_without_exact_counts_an_undecodable_record_logs_one_line_without_where_or_how_many():
+    registry, lines = _poison_run(exact=False)
+    assert registry.get_sample_value(
+        "dpstream_dead_letters_total",
+        {"flow": "t", "reason": "undecodable record (RecursionError)"}) is None
+    [line] = lines
+    assert "offset" not in line and "events[" not in line and "RecursionError" in line
+    assert "metrics.exact_counts = true" in line and "dead-letter topic" in line

@@ -4,33 +4,42 @@ clock, a second process on the store in use, and a topic re-created with another
 One run of about 2-3 minutes on its own embedded broker (input topic ``events``, 2 partitions),
 with the counters flow of ``tests/test_soak.py`` (its config, process wrapper and producer
 thread are reused: ``flow.clock = "producer"``, heartbeat ticks every 500 ms, exact counts on).
-A real Prometheus with the shipped config and rules (``deploy/prometheus``) scrapes both runs.
+A real Prometheus with the shipped config and rules (``deploy/prometheus``) scrapes both runs
+and the refused second process's port.
 
 * the producer thread writes good events at 200/s to both partitions, stamped with the event
   time, and records every acknowledged event's ``(partition, offset)``, key and step;
 * **poison record** (t = 10 s): ``{"key":"k","ts":…,"x":[[[…1,000 levels…]]]}``. It must be
   exactly one dead letter ``undecodable record (RecursionError)`` (copies de-duplicated by
-  source offset) and the flow keeps running. Log line: the progress line's dead-letter count
-  (dead letters are operator data: no line names a record). Metric:
-  ``dpstream_dead_letters_total{reason="undecodable record (RecursionError)"}`` on the flow's
-  endpoint and in Prometheus. Alert: ``DpstreamDeadLetters`` is the only dead-letter alert;
-  it fires when more than 1 % of records are dead letters for 10 minutes, so it cannot fire
-  within the soak, and one record in thousands is below its threshold by design. Its rule is
-  checked with promtool, fed the soak's real counts (the dead-letter count and the event rate
-  the flow measured): it stays quiet — recorded as such, not as a firing alert;
+  source offset) and the flow keeps running. Log line: one WARNING ``input events[p] offset o:
+  undecodable record (RecursionError) -> dead letter (… --skip-record)`` naming the record's
+  partition and offset and no value of it (plus the progress line's dead-letter count).
+  Metric: ``dpstream_dead_letters_total{reason="undecodable record (RecursionError)"}`` on the
+  flow's endpoint and in Prometheus. Alert: ``DpstreamUndecodableRecords`` (no ``for:``)
+  *firing* in Prometheus' ``ALERTS`` while run 1 exports the series. ``DpstreamDeadLetters``
+  (> 1 % for 10 minutes) must stay quiet: checked in Prometheus and with promtool, fed the
+  soak's real counts (the dead-letter count and the event rate the flow measured);
 * **a record stamped an hour ahead**, one in each run (t = 16 s and 75 s; its ``ts`` and its
   producer timestamp both now + 1 h): it is not a dead letter, closes no step (no release and no
   ``dpstream_closed_step`` past the wall clock; ``dpstream_step_lag_seconds`` never negative,
-  checked on every sample Prometheus took), and no good event is a ``late`` dead letter. This
-  is no longer an anomaly for the flow (it is clamped ``flow.max_skew`` ahead of the ticks),
-  and dpstream has no log line, metric or alert that names a clamped record: what is checked
-  is that the signals of the old failure (a negative lag / "after this host's clock" in the
-  progress line, closed steps in the future, late dead letters) stay absent;
+  checked on every sample Prometheus took), and no good event is a ``late`` dead letter. It is
+  clamped ``flow.max_skew`` ahead of the ticks. The config sets ``max_skew = "5m"`` (asserted):
+  a record is clamped, and so counted, only if it lies more than ``max_skew`` ahead, and the
+  default (1 d) would place an hour-ahead record at its own time without a signal. Log line:
+  one WARNING per run ``input events[p] offset o: record stamped more than flow.max_skew ahead
+  of its partition's clock (heartbeat ticks): counted at the limit`` (never its timestamp).
+  Metric: ``dpstream_clamped_records_total{topic="events",bound="ahead"}`` ≥ 1 on both runs'
+  endpoints and in Prometheus. Alert: ``DpstreamClockSkew`` *firing* in ``ALERTS`` (the series
+  starts at 0, so ``increase()`` sees the first one);
 * **a second ``dpstream run`` on the same recovery store** (t = 24 s): exits 2 within 60 s with
   one ``dpstream: error:`` line naming the first process's pid and host; the first flow keeps
-  running and closing steps. The refused process never serves metrics and the first one has
-  no metric for a refusal, so its signals are its exit code and its one line (plus the first
-  process's "recovery store … locked by this process (pid N)" line); no alert can exist;
+  running and closing steps. The refused process stops before it serves metrics, so it can
+  have no metric of its own: its ``metrics.port`` is a scrape target of the same Prometheus
+  (job ``dpstream``, as in the shipped config), which records ``up == 0`` for it (and never 1)
+  and ``DpstreamDown`` *pending or firing* for that target. Pending proves the rule matched;
+  firing needs its ``for: 2m`` to pass, which the soak may or may not reach (the target is down
+  from Prometheus' start: Prometheus cannot tell a refused process from one never started; the
+  state at the end is printed);
 * **kill -9 and restart** on the same store (t = 50 s / 55 s) while the producer goes on (the
   first run snapshots every 5 s, so its replay usually re-publishes a few steps: every copy is
   compared; how many there were is printed, not asserted, as it depends on where in the
@@ -90,6 +99,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 NESTED_TAIL = b"[" * 1000 + b"]" * 1000
 POISON_REASON = "undecodable record (RecursionError)"
 HOUR_MS = 3_600_000
+SKEW_LINE = ("stamped more than flow.max_skew ahead of its partition's clock (heartbeat ticks): "
+             "counted at the limit")
+CLAMPED_AHEAD = 'dpstream_clamped_records_total{bound="ahead",flow="%s",topic="events"}'
 
 # the timeline, in seconds after the producer started
 POISON_AT = 10.0
@@ -173,6 +185,7 @@ def test_soak_poison_future_record_second_process_and_recreated_topic(tmp_path):
     began = time.monotonic()
     recovery = tmp_path / "recovery"
     port1, port2, port_topology = free_port(), free_port(), free_port()
+    port_refused = free_port()  # the second process's metrics port: it never serves it
     figures: dict[str, Any] = {}
     with EmbeddedBroker() as broker:
         ensure_topics(broker.bootstrap, {"events": 2, "releases": 1, "alerts": 1, "dead": 1,
@@ -183,8 +196,9 @@ def test_soak_poison_future_record_second_process_and_recreated_topic(tmp_path):
         runs: list[FlowRun] = []
         prom_dir = tmp_path / "prometheus"
         prom_dir.mkdir()
-        prom = start_prometheus(prom_dir, [f"127.0.0.1:{p}"
-                                           for p in (port1, port2, port_topology)])
+        prom = start_prometheus(prom_dir, [f"127.0.0.1:{p}" for p in (port1, port2,
+                                                                      port_topology,
+                                                                      port_refused)])
         topology_server = None
         try:
             traffic.start()
@@ -194,6 +208,8 @@ def test_soak_poison_future_record_second_process_and_recreated_topic(tmp_path):
 
             # run 1
             config1 = write_config(tmp_path / "run1.toml", broker.bootstrap, origin, port1)
+            # an hour ahead is clamped (and counted) only past flow.max_skew: keep it below 1 h
+            assert 'max_skew = "5m"' in config1.read_text()
             first = SlowSnapshotRun(config1, recovery, tmp_path / "run1.log", port1)
             runs.append(first)
             wait_until(lambda: metric(first.scrape(), "dpstream_releases_total")
@@ -207,23 +223,39 @@ def test_soak_poison_future_record_second_process_and_recreated_topic(tmp_path):
             wait_until(lambda: first.scrape().get(poison_series), 60,
                        "the poison record's dead letter", first)
             poison_count_1 = first.scrape()[poison_series]
+            # ... and the alert, in Prometheus (no `for`), while run 1 still exports the series
+            undecodable_alert = prom.wait_for(
+                'ALERTS{alertname="DpstreamUndecodableRecords",alertstate="firing"}',
+                timeout=30)
 
             # the hour-ahead record: read, and nothing closed past the wall clock
             sleep_until(t0 + AHEAD_AT[0] + 3)
             with traffic.lock:
                 assert any(kind == "ahead" for kind, _ in traffic.bad.values()), \
                     "the hour-ahead record was not acknowledged"
+            clamped_1 = wait_until(lambda: first.scrape().get(CLAMPED_AHEAD % FLOW), 30,
+                                   "the hour-ahead record counted as clamped", first)
+            skew_alert = prom.wait_for(
+                'ALERTS{alertname="DpstreamClockSkew",alertstate="firing"}', timeout=30)
 
             # a second process on the store in use
             sleep_until(t0 + SECOND_PROCESS_AT)
             closed_before = metric(first.scrape(), "dpstream_closed_step")
-            config_x = write_config(tmp_path / "second.toml", broker.bootstrap, origin, 0)
+            config_x = write_config(tmp_path / "second.toml", broker.bootstrap, origin,
+                                    port_refused)
             refused_began = time.monotonic()
             second_process = subprocess.run(
                 [sys.executable, "-m", "dpstream.cli", "run", "--config", str(config_x),
                  "--recovery-dir", str(recovery)], env=ENV, capture_output=True, text=True,
                 timeout=60)
             figures["second process refused after"] = time.monotonic() - refused_began
+            # Prometheus' signal: the refused process's target is down, DpstreamDown matches it
+            refused_target = f"127.0.0.1:{port_refused}"
+            refused_up = prom.wait_for(f'up{{instance="{refused_target}"}}', timeout=30)
+            refused_ever_up = prom.query(f'max_over_time(up{{instance="{refused_target}"}}[10m])')
+            down_alert = prom.wait_for(
+                f'ALERTS{{alertname="DpstreamDown",instance="{refused_target}",'
+                f'alertstate=~"pending|firing"}}', timeout=30)
             assert first.alive(), first.output[-3000:]
             wait_until(lambda: metric(first.scrape(), "dpstream_closed_step")
                        >= closed_before + 5, 60, "steps closing after the refusal", first)
@@ -245,6 +277,7 @@ def test_soak_poison_future_record_second_process_and_recreated_topic(tmp_path):
             assert not traffic.is_alive(), "the producer did not finish"
             assert traffic.done_at is not None
             target = math.floor(traffic.done_at - origin) + 1
+            clamped_2 = metric(second.scrape(), CLAMPED_AHEAD % FLOW)
             wait_until(lambda: metric(second.scrape(), "dpstream_closed_step") >= target, 120,
                        f"releases through step {target}", second)
             last_scrape_2 = second.scrape()
@@ -265,6 +298,9 @@ def test_soak_poison_future_record_second_process_and_recreated_topic(tmp_path):
                 f'max_over_time(dpstream_dead_letters_total{{reason="{POISON_REASON}"}}[10m])',
                 timeout=30)
             min_lag = prom.query("min(min_over_time(dpstream_step_lag_seconds[10m]))")
+            clamped_seen = prom.query(f'max_over_time({CLAMPED_AHEAD % FLOW}[10m])')
+            down_late = prom.query(f'ALERTS{{alertname="DpstreamDown",'
+                                   f'instance="{refused_target}"}}')
 
             # the topic re-created with another partition count, then run 3 on the same store
             _recreate(broker.bootstrap, "events", 3)
@@ -331,6 +367,16 @@ def test_soak_poison_future_record_second_process_and_recreated_topic(tmp_path):
     assert json.loads(copy)["reason"] == POISON_REASON
     assert poison_count_1 == 1
     assert re.search(r"progress: .*, 1 dead letters", out1), out1[-3000:]
+    [(poison_partition, poison_offset)] = poison
+    poison_lines = [line for line in out1.splitlines() if "-> dead letter" in line]
+    assert len(poison_lines) == 1, poison_lines
+    assert (f"WARNING dpstream: input events[{poison_partition}] offset {poison_offset}: "
+            f"{POISON_REASON} -> dead letter (if a record still crashes the flow, quarantine "
+            "it with dpstream run --skip-record)") in poison_lines[0], poison_lines
+    assert '"k0"' not in poison_lines[0] and "[[" not in poison_lines[0]  # no value of it
+    assert any(labels.get("reason") == POISON_REASON and labels.get("severity") == "warning"
+               and labels.get("instance") == f"127.0.0.1:{port1}"
+               for labels, _ in undecodable_alert), undecodable_alert
     assert seen_poison and all(v >= 1 for _, v in seen_poison), seen_poison
     events_1 = metric(last_scrape_1, "dpstream_events_total")
     run1_seconds = first.stopped - first.started  # type: ignore[operator]
@@ -345,6 +391,23 @@ def test_soak_poison_future_record_second_process_and_recreated_topic(tmp_path):
     assert len(ahead) == len(AHEAD_AT), traffic.bad.keys()
     assert not set(ahead) & set(letters)
     assert all(not body["reason"].startswith("late") for body in dead)
+    # its signals: a warning line per run, the counter, DpstreamClockSkew
+    named = set()
+    for out in (out1, out2):  # one line each, naming its record; together both records
+        lines = [line for line in out.splitlines() if "flow.max_skew" in line]
+        assert len(lines) == 1, lines
+        found = re.search(r"WARNING dpstream: input events\[(\d)\] offset (\d+): record "
+                          + re.escape(SKEW_LINE) + "$", lines[0])
+        assert found, lines
+        named.add((int(found[1]), int(found[2])))
+        stamps = [str(json.loads(value)["ts"]) for kind, value in traffic.bad.values()
+                  if kind == "ahead"]
+        assert not any(stamp[:8] in lines[0] for stamp in stamps), lines  # not its time
+    assert named == set(ahead), (named, ahead)
+    assert clamped_1 >= 1 and clamped_2 >= 1, (clamped_1, clamped_2)
+    assert clamped_seen and max(v for _, v in clamped_seen) >= 1, clamped_seen
+    assert any(labels.get("topic") == "events" and labels.get("bound") == "ahead"
+               and labels.get("severity") == "warning" for labels, _ in skew_alert), skew_alert
     for name, out in (("run 1", out1), ("run 2", out2)):
         assert not re.search(r"-\d+ s behind the clock", out), f"{name}:\n{out[-3000:]}"
         assert "after this host's clock" not in out, f"{name}:\n{out[-3000:]}"
@@ -361,6 +424,10 @@ def test_soak_poison_future_record_second_process_and_recreated_topic(tmp_path):
     assert f"pid {first.proc.pid}" in refusal and repr(socket.gethostname()) in refusal, refusal
     assert "in use" in refusal, refusal
     assert f"locked by this process (pid {first.proc.pid})" in out1, out1[-3000:]
+    assert refused_up and all(v == 0 for _, v in refused_up), refused_up
+    assert refused_ever_up and all(v == 0 for _, v in refused_ever_up), refused_ever_up
+    assert any(labels.get("severity") == "critical" for labels, _ in down_alert), down_alert
+    down_states = sorted({labels["alertstate"] for labels, _ in down_late})
 
     # --- the re-created topic: one line, the metric, the alert -----------------------------
     assert third.proc.returncode == 2, out3[-3000:]
@@ -421,7 +488,9 @@ def test_soak_poison_future_record_second_process_and_recreated_topic(tmp_path):
           f"{latest.counts.conflicts}, duplicates {latest.counts.duplicates}; target {target}")
     print("  z at the last covered step: "
           + ", ".join(f"{k}={z:+.2f}" for k, z in zip(KEYS, zs, strict=True)))
-    print(f"  second process: rc {second_process.returncode}: {refusal}")
+    print(f"  second process: rc {second_process.returncode}: {refusal}; DpstreamDown for its "
+          f"target {', '.join(down_states) or 'gone'} at the end")
+    print(f"  hour-ahead records clamped: run 1 {clamped_1:.0f}, run 2 {clamped_2:.0f}")
     print(f"  re-created topic: rc {third.proc.returncode}: {error}")
     print(f"  min step lag seen by Prometheus: {min_lag[0][1]:.1f} s")
     for name, value in figures.items():

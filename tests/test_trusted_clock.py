@@ -216,3 +216,64 @@ def test_an_event_time_beyond_the_year_9999_is_clamped_not_overflowed():
     bounded = PartitionClock(event_rules(config(end="2026-09-21T14:13:30Z")))
     _, dead = bounded.process(0, huge)
     assert [d.reason.split(":")[0] for d in dead] == ["after flow.end"]
+
+
+# --- the signals of a clamped record: a count, a metric (exact counts), a log line ----------
+
+def test_the_clock_counts_records_clamped_ahead_and_behind():
+    cfg = config(max_skew="5m", lateness="1s")
+    clock = PartitionClock(event_rules(cfg))
+    _, dead = clock.process(0, [raw(0, TICK, 0, ORIGIN + 10.0, kind=CREATE),
+                                message(0, "c", ORIGIN + 3610.0, 1, kind=CREATE),  # ahead
+                                message(0, "a", ORIGIN + 10.2, 2, kind=CREATE),  # in the window
+                                message(0, "b", ORIGIN + 9.5, 3, kind=CREATE),  # in the window
+                                message(0, "b", ORIGIN + 5.0, 4, kind=CREATE),  # behind
+                                message(0, "a", ORIGIN + 3700.0, 5, kind=CREATE)])  # ahead
+    assert dead == []
+    assert clock.clamped == {("events", "ahead"): 2, ("events", "behind"): 1}
+    assert clock.clamped_last == {"ahead": (2, 1), "behind": (1, 4)}
+    clock.process(0, [message(0, "a", ORIGIN + 10.3, 6, kind=CREATE)])
+    assert clock.clamped_last == {} and sum(clock.clamped.values()) == 3
+
+
+def test_a_clock_without_ticks_yet_clamps_nothing():
+    cfg = config(max_skew="5m")
+    clock = PartitionClock(event_rules(cfg))
+    clock.process(0, [message(0, "c", ORIGIN + 3610.0, 0, kind=CREATE)])
+    assert clock.clamped == {}
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_a_flow_shows_a_clamped_record_in_its_metrics_only_with_exact_counts(exact, caplog):
+    from prometheus_client import CollectorRegistry
+
+    from dpstream.metrics import FlowMetrics
+
+    cfg = config(max_skew="5m")
+    ahead = [(0, "c", ORIGIN + 3600 + 2.5, 2.0)]
+    registry = CollectorRegistry()
+    metrics = FlowMetrics("tc", registry, exact_counts=exact)
+    sink: list = []
+    flow = build_flow(cfg, NoiseKey.for_tests(5), instance="tc-1", partitions=2,
+                      source=TestingSource(producer_stream(extra=ahead), 7),
+                      sink=TestingSink(sink), metrics=metrics)
+    with caplog.at_level("INFO", logger="dpstream"):
+        run_main(flow)
+    value = registry.get_sample_value("dpstream_clamped_records_total",
+                                      {"flow": "tc", "topic": "events", "bound": "ahead"})
+    behind = registry.get_sample_value("dpstream_clamped_records_total",
+                                       {"flow": "tc", "topic": "events", "bound": "behind"})
+    lines = [r.getMessage() for r in caplog.records if "max_skew" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert all(r.levelname == "WARNING" for r in caplog.records if "max_skew" in r.getMessage())
+    assert str(ORIGIN + 3600) not in lines[0]  # never the record's time
+    if exact:
+        assert value == 1 and behind == 0
+        assert lines[0].startswith("input events[0] offset ")
+        assert "stamped more than flow.max_skew ahead of its partition's clock (heartbeat " \
+               "ticks): counted at the limit" in lines[0]
+    else:
+        assert value is None and behind is None
+        assert "dpstream_clamped_records" not in str(list(registry.collect()))
+        assert "offset" not in lines[0] and "events[" not in lines[0]
+        assert "metrics.exact_counts" in lines[0]

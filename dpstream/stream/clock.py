@@ -17,6 +17,10 @@ other record's event time can change where it is counted (pitfall 10):
   there is no watermark: the record is placed by its own time (a time before
   ``flow.origin`` is a dead letter) and waits in the step barrier until ticks close its step.
   A record with neither a producer nor a broker timestamp is a dead letter.
+  An accepted record placed at a limit of the window is counted per input topic and bound
+  (:attr:`StepClock.clamped`: ``ahead``, more than ``max_skew`` after the watermark;
+  ``behind``, more than ``lateness`` before it) and reported by the operators'
+  observer: ``dpstream_clamped_records_total`` and a log line (:mod:`dpstream.metrics`).
 
 **Steps close by a trusted clock, which no data record can push** (pitfall 15). A
 partition's *watermark* is the latest trusted time it has seen, and its frontier (the first
@@ -85,9 +89,12 @@ from dpstream.messages import (
     RawMessage,
 )
 
-__all__ = ["ClockRules", "MAX_SECONDS", "ShardUpdate", "StepClock", "bad_time", "undecodable"]
+__all__ = ["ClockRules", "MAX_SECONDS", "UNDECODABLE", "ShardUpdate", "StepClock", "bad_time",
+           "undecodable"]
 
 MAX_SECONDS: Final = 253_402_300_799.0  # 9999-12-31T23:59:59Z: keeps every step index in int64
+UNDECODABLE: Final = "undecodable record"
+"""How the dead-letter reason of every undecodable record starts (:func:`undecodable`)."""
 
 
 def bad_time(field: str) -> str:
@@ -101,7 +108,7 @@ def undecodable(exc: BaseException) -> str:
     Only the exception's type is named: a parser's message can quote the record's values
     (pitfall 5), and dead-letter reasons also label a metric.
     """
-    return f"undecodable record ({type(exc).__name__})"
+    return f"{UNDECODABLE} ({type(exc).__name__})"
 
 
 _LATE: Final = {
@@ -197,6 +204,10 @@ class StepClock:
         self.events = 0
         self.dead_letters = 0
         self.ticks = 0
+        # records placed at a clamp's limit (producer clock): cumulative per (topic, bound),
+        # and those of the last batch, per bound: (how many, the first one's offset)
+        self.clamped: dict[tuple[str, str], int] = {}
+        self.clamped_last: dict[str, tuple[int, int | None]] = {}
 
     # -- what a flow kind provides --
     def decode(self, partition: int, messages: RawBatch, dead: list[DeadLetter]
@@ -275,6 +286,23 @@ class StepClock:
             return np.concatenate(parts), times, refs  # the kind's payload type, kept
         return [p for one in parts for p in one], times, refs
 
+    def _count_clamped(self, messages: RawBatch, refs: range | list[int], seconds: np.ndarray,
+                       low: np.ndarray, high: np.ndarray, ok: np.ndarray) -> None:
+        """Count the accepted records placed at a limit of the producer clock's clamp.
+
+        ``ahead``: stamped more than ``flow.max_skew`` after the partition's trusted clock;
+        ``behind``: more than ``flow.lateness`` before it. Counted per input topic and bound
+        in :attr:`clamped`; the last batch's in :attr:`clamped_last` (for the log line).
+        """
+        for bound, beyond in (("ahead", seconds > high), ("behind", seconds < low)):
+            hits = np.flatnonzero(beyond & ok)
+            if not hits.size:
+                continue
+            for i in hits.tolist():
+                topic = messages.topics[refs[i]] or ""
+                self.clamped[topic, bound] = self.clamped.get((topic, bound), 0) + 1
+            self.clamped_last[bound] = (int(hits.size), messages.offsets[refs[int(hits[0])]])
+
     # -- time --
     def to_state(self) -> dict[str, Any]:
         """Snapshot for recovery."""
@@ -339,6 +367,7 @@ class StepClock:
             messages = RawBatch.of(messages) if messages else RawBatch(
                 partition, [], [], [], np.empty(0, np.float64), np.empty(0, np.int64))
         self.partition = partition
+        self.clamped_last = {}
         rules = self.rules
         dead: list[DeadLetter] = []
         n = len(messages)
@@ -421,6 +450,8 @@ class StepClock:
                 else:
                     reason = _LATE[rules.clock]
                 dead.append(self.dead_letter(reason, message))
+            if producer_clock:
+                self._count_clamped(messages, refs, seconds, low, high, ok)
             if ok.all():
                 accepted, kept = payloads, steps
             else:

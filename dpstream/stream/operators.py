@@ -32,7 +32,7 @@ from dpstream.core.noise import NoiseKey
 from dpstream.messages import DeadLetter, RawBatch, RawMessage
 from dpstream.stream import stopping
 from dpstream.stream.barrier import StepBarrier
-from dpstream.stream.clock import ShardUpdate, StepClock
+from dpstream.stream.clock import UNDECODABLE, ShardUpdate, StepClock
 from dpstream.stream.layout import DeclaredLayout
 from dpstream.stream.quarantine import QUARANTINED, Quarantine
 from dpstream.stream.shard import ShardState
@@ -75,6 +75,16 @@ class FlowObserver(Protocol):
         The backlog: closable steps (every partition passed them) not closed yet.
         """
 
+    def observe_undecodable(self, partition: int, offset: int | None, reason: str) -> None:
+        """A record of ``partition`` at ``offset`` could not be decoded (a dead letter)."""
+
+    def observe_clamped(self, partition: int, topic: str, bound: str, count: int,
+                        offset: int | None) -> None:
+        """``count`` records of a batch were placed at a clamp's limit (``ahead``/``behind``).
+
+        ``offset``: the first of them. Only under ``flow.clock = "producer"``.
+        """
+
     def observe_outputs(self, outputs: Sequence[Any], mechanism: str) -> None:
         """What a shard published: outputs, or whole closed steps (``StepOutputs``)."""
 
@@ -94,6 +104,13 @@ class _Nobody:
         return None
 
     def observe_outputs(self, outputs: Sequence[Any], mechanism: str) -> None:
+        return None
+
+    def observe_undecodable(self, partition: int, offset: int | None, reason: str) -> None:
+        return None
+
+    def observe_clamped(self, partition: int, topic: str, bound: str, count: int,
+                        offset: int | None) -> None:
         return None
 
 
@@ -122,6 +139,12 @@ class _PartitionLogic(StatefulBatchLogic[RawBatch, Any, dict[str, Any]]):
             observer.observe_input("events", clock.events - before)
             for letter in dead:
                 observer.observe_input("dead_letter:" + letter.reason.split(":")[0], 1)
+                if letter.reason.startswith(UNDECODABLE):
+                    observer.observe_undecodable(batch.partition, letter.offset, letter.reason)
+            if clock.clamped_last:
+                topic = next((t for t in batch.topics if t is not None), "")
+                for bound, (count, offset) in clock.clamped_last.items():
+                    observer.observe_clamped(batch.partition, topic, bound, count, offset)
         if clock.partition is not None:
             observer.observe_partition(clock.partition, clock.frontier(), clock.watermark)
         return out, StatefulBatchLogic.RETAIN
