@@ -80,7 +80,7 @@ def test_kafka_and_heartbeat_settings_are_validated():
     assert config.heartbeat_seconds == 60.0  # step 1m, broker clock: one tick per step
     producer = parse_config({**base, "flow": {**base["flow"], "step": "1s", "clock": "producer"}})
     assert producer.heartbeat_seconds == 1.0  # producer time: the ticks are its only clock
-    assert producer.tick_delay_seconds == 2.0 and producer.max_skew_seconds == 300.0
+    assert producer.tick_delay_seconds == 2.0 and producer.max_skew_seconds == 86400.0  # 1 d
     assert parse_config({**base, "flow": {**base["flow"], "heartbeat": "5s"}}
                         ).heartbeat_seconds == 5.0
     with pytest.raises(ConfigError, match="kafka.start_offset must be"):
