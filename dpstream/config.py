@@ -117,6 +117,13 @@ class FlowConfig:
         return None if self.end is None else self.end.timestamp()
 
     @property
+    def end_step(self) -> int | None:
+        """The step of ``flow.end``: it and every later step never close (None: not set)."""
+        if self.end is None:
+            return None
+        return math.floor((self.end.timestamp() - self.origin_seconds) / self.step_seconds)
+
+    @property
     def lateness(self) -> float:
         """Alias of ``lateness_seconds`` (for the step clock)."""
         return self.lateness_seconds
@@ -140,8 +147,7 @@ class FlowConfig:
         if self.end is None:
             end = "no flow.end: the steps close as the clock passes them"
         else:
-            last = math.floor((self.end.timestamp() - self.origin_seconds) / self.step_seconds)
-            end = f"flow.end {self.end.isoformat()}: steps from {last} on never close"
+            end = f"flow.end {self.end.isoformat()}: steps from {self.end_step} on never close"
         return f"{trusted}; {ticks}; {end}"
 
 

@@ -32,7 +32,6 @@ snapshot.
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
@@ -46,11 +45,11 @@ __all__ = ["MechanismShard", "StepBarrier", "binding", "check_binding", "end_ste
 
 
 def end_step_of(config: Any) -> int | None:
-    """The step of ``flow.end`` (it and every later step never close), or None."""
-    end = getattr(config, "end", None)
-    if end is None:
-        return None
-    return math.floor((end.timestamp() - config.origin.timestamp()) / config.step_seconds)
+    """The step of ``flow.end`` (it and every later step never close), or None.
+
+    :attr:`dpstream.config.FlowConfig.end_step`; None for a configuration without an end.
+    """
+    return getattr(config, "end_step", None)
 
 
 def binding(instance: str, mechanisms: str, noise: NoiseKey) -> dict[str, str]:
