@@ -3,15 +3,15 @@
 
 For each mechanism
 
-* ``tree-laplace``  -- :class:`~dpstream.core.tree_counter.TreeCounter`, epsilon = 1,
-* ``blt-gaussian``  -- :class:`~dpstream.core.blt_counter.BltCounter`,  rho = 0.5,
+* ``tree-laplace``  -- :class:`~dpstream.core.counting.tree_counter.TreeCounter`, epsilon = 1,
+* ``blt-gaussian``  -- :class:`~dpstream.core.counting.blt_counter.BltCounter`,  rho = 0.5,
 
 and each stream length ``T`` in {2^16, 2^20} (the counter's horizon is ``T``), the
 script runs ``K`` independent trials of the real counter class: ``.step`` is called
 for every step ``0 .. T-1`` on a fixed synthetic stream (Poisson(3) increments from
 a seeded numpy generator, so the true prefix counts are known). Trials differ only
 in their noise coordinates ``("bench", mechanism, T, trial)`` under one
-:class:`~dpstream.core.noise.NoiseKey`. The error ``e_t = value_t - prefix_t`` is
+:class:`~dpstream.core.noise.samplers.NoiseKey`. The error ``e_t = value_t - prefix_t`` is
 recorded at every step.
 
 Statistics (``sigma_t = analytic_std(spec, t)``, ``z_t = e_t / sigma_t``):
@@ -69,9 +69,9 @@ _ROOT = Path(__file__).resolve().parent.parent
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
-from dpstream.core import blt_counter as blt  # noqa: E402
-from dpstream.core import tree_counter as tree  # noqa: E402
-from dpstream.core.noise import NoiseKey  # noqa: E402
+from dpstream.core.counting import blt_counter as blt  # noqa: E402
+from dpstream.core.counting import tree_counter as tree  # noqa: E402
+from dpstream.core.noise.samplers import NoiseKey  # noqa: E402
 
 RESULTS_DIR = _ROOT / "bench" / "results"
 TREE = "tree-laplace"

@@ -2,7 +2,8 @@
 
 What is measured, in one process on one core:
 
-* **bytes per key** of a :class:`~dpstream.core.key_table.KeyTable` with a zCDP spec and a BLT
+* **bytes per key** of a :class:`~dpstream.core.counting.key_table.KeyTable` with a zCDP spec and a
+BLT
   counter at ``--keys`` keys (declared universe, no monitor; horizon 2^20, ``d = 5`` buffers,
   and 2^16, ``d = 4``) after ``--steps`` closes with one event per key per step (issue 9's
   sparse workload): the numpy columns only (table: prefix, flags, monitor columns; groups:
@@ -12,8 +13,8 @@ What is measured, in one process on one core:
   included) beside it;
 * **limb widths**: how many 32-bit limbs each integer buffer needs in steady state
   (``B_j ~ G x / (1 - theta_j)``) for ``x`` events per key per step, from the proved rule of
-  :mod:`dpstream.core.blt_columns`;
-* **close-step speed** (key-steps/s) of one :class:`~dpstream.core.blt_columns.BltColumns`
+  :mod:`dpstream.core.counting.blt_columns`;
+* **close-step speed** (key-steps/s) of one :class:`~dpstream.core.counting.blt_columns.BltColumns`
   group of 100k and 1M keys, exact noise included (``bulk_noise.gaussian``), and the exact
   sampler's rate alone; against the reference engine (one ``KeyStatistics`` with a
   ``BltCounter`` per key, driven as ``ReferenceShardState.close`` drives it) on 20k keys.
@@ -41,12 +42,12 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
 
-from dpstream.core import bulk_noise  # noqa: E402
-from dpstream.core.blt_columns import BltColumns  # noqa: E402
-from dpstream.core.blt_counter import GRID_BITS, BltCounterSpec, _parameters  # noqa: E402
-from dpstream.core.key_statistics import KeyStatistics, StatisticsSpec  # noqa: E402
-from dpstream.core.key_table import KeyTable  # noqa: E402
-from dpstream.core.noise import TAG_BLT, NoiseKey  # noqa: E402
+from dpstream.core.counting.blt_columns import BltColumns  # noqa: E402
+from dpstream.core.counting.blt_counter import GRID_BITS, BltCounterSpec, _parameters  # noqa: E402
+from dpstream.core.counting.key_statistics import KeyStatistics, StatisticsSpec  # noqa: E402
+from dpstream.core.counting.key_table import KeyTable  # noqa: E402
+from dpstream.core.noise import bulk as bulk_noise  # noqa: E402
+from dpstream.core.noise.samplers import TAG_BLT, NoiseKey  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 KEY = NoiseKey.for_tests(0)

@@ -6,7 +6,7 @@ values that are noisy counts (integers between -20 and 40) or quarters (-20.0 to
 steps of 0.25: 3.25, -0.5, ...):
 
 * ``bulk``: :meth:`RecordEncoder.encode_step`, the records built with numpy into one buffer
-  (an :class:`~dpstream.io.records.EncodedColumn`);
+  (an :class:`~dpstream.kinds.counters.records.EncodedColumn`);
 * ``previous``: the bulk encoder before it (a copy of its ``_bulk`` is below): the same
   template and ``orjson`` texts, each record formatted by ``template % (key, value)``, a list
   of triples;
@@ -46,8 +46,8 @@ from typing import Any
 import numpy as np
 import orjson
 
-from dpstream.core.key_table import ReleaseColumns, StepOutputs
-from dpstream.io.records import _KEY_MARK, _NUMPY, _VALUE_MARK, RecordEncoder
+from dpstream.core.counting.key_table import ReleaseColumns, StepOutputs
+from dpstream.kinds.counters.records import _KEY_MARK, _NUMPY, _VALUE_MARK, RecordEncoder
 from dpstream.messages import Encoded
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -431,7 +431,9 @@ def _core():  # noqa: ANN202 - the core is imported lazily so the loaders work w
 
     if str(_ROOT) not in sys.path:
         sys.path.insert(0, str(_ROOT))
-    from dpstream.core import erm, erm_release, noise
+    from dpstream.core.erm import perturbation as erm
+    from dpstream.core.erm import schedules as erm_release
+    from dpstream.core.noise import samplers as noise
 
     return erm, erm_release, noise
 

@@ -29,7 +29,8 @@ drift (steps 7–19), after it (20–39), and once the window has left the old c
 medians over noise seeds. Target: the sliding window beats
 the cumulative release after the drift.
 
-**Cost per released model.** Wall time of :func:`~dpstream.core.erm.private_erm` (certified
+**Cost per released model.** Wall time of :func:`~dpstream.core.erm.perturbation.private_erm`
+(certified
 solve + exact rounding + exact noise) for one block, against the block size and ``d``
 (synthetic Gaussian features, binary labels from a random hyperplane with 10 % noise, pure ε
 and zCDP), and the wall time per block and per trained model of the real schedules at
@@ -67,8 +68,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import erm_data as D  # noqa: E402
 
 D._core()
-from dpstream.core.erm import ErmSpec, NoiseLevel, private_erm, solve  # noqa: E402
-from dpstream.core.erm_release import ScheduleSpec  # noqa: E402
+from dpstream.core.erm.perturbation import ErmSpec, NoiseLevel, private_erm, solve  # noqa: E402
+from dpstream.core.erm.schedules import ScheduleSpec  # noqa: E402
 
 B0 = 4096
 """The drift experiment's block size: large enough that a block's private model is not

@@ -83,7 +83,7 @@ def plain_train() -> Any:
     import numpy as np
     from scipy.optimize import minimize
 
-    from dpstream.core import erm
+    from dpstream.core.erm import perturbation as erm
 
     def train(spec: Any, block: Any, *, normalizer: float, center: Any, level: Any,
               rng: Any) -> Any:
@@ -121,7 +121,7 @@ def run_once(kind: str, events: int, steps: int) -> dict[str, Any]:
     from bytewax.outputs import DynamicSink, StatelessSinkPartition
     from bytewax.testing import run_main
 
-    from dpstream.core.noise import NoiseKey
+    from dpstream.core.noise.samplers import NoiseKey
     from dpstream.io.memory import MemorySource
     from dpstream.platform import build_flow
 

@@ -4,10 +4,10 @@ In one process, on one core (BLAS and OpenSSL are single-threaded here), interle
 
 Discrete Laplace (``--kind laplace``, the default; ``results/issue9-noise.json``):
 
-* ``bulk``: :func:`dpstream.core.bulk_noise.laplace` over ``--draws`` lanes at once (the lanes
+* ``bulk``: :func:`dpstream.core.noise.bulk.laplace` over ``--draws`` lanes at once (the lanes
   are made beforehand, as the columnar shard keeps them), at the tree counter's scale
   (levels 21 / epsilon 0.7 = 30) and the monitor's query scale (4 / 0.1 = 40);
-* ``scalar-v2``: :func:`dpstream.core.bulk_noise.laplace_one`, the same draws one at a time;
+* ``scalar-v2``: :func:`dpstream.core.noise.bulk.laplace_one`, the same draws one at a time;
 * ``scalar-v1``: the per-release sampler used before (CKS Algorithm 2 on a BLAKE2b stream per
   draw), the issue's "about 75k/s today".
 
@@ -16,12 +16,12 @@ small sigma2 (2, 50: the zCDP initial count's range) and the BLT counter's sigma
 (``BltCounterSpec(rho).sigma2_grid`` at rho = 0.5, 0.01 and 1e-6, horizon 2^20: sigma about
 2^41 to 2^51):
 
-* ``bulk``: :func:`dpstream.core.bulk_noise.gaussian` (noise scheme 4: the vectorized exact
+* ``bulk``: :func:`dpstream.core.noise.bulk.gaussian` (noise scheme 4: the vectorized exact
   sampler) over ``--draws`` lanes at once;
-* ``scalar-v4``: :func:`dpstream.core.bulk_noise.gaussian_one`, its scalar reference, the same
+* ``scalar-v4``: :func:`dpstream.core.noise.bulk.gaussian_one`, its scalar reference, the same
   draws one at a time (what the BLT counter and the initial count call per release);
 * ``scalar-v3``: the sampler of noise scheme 3 (CKS Algorithm 3,
-  :func:`dpstream.core.noise.discrete_gaussian`, on a BLAKE2b stream per draw).
+  :func:`dpstream.core.noise.samplers.discrete_gaussian`, on a BLAKE2b stream per draw).
 
 Usage::
 
@@ -48,8 +48,8 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
 
-from dpstream.core import bulk_noise  # noqa: E402
-from dpstream.core.noise import (  # noqa: E402
+from dpstream.core.noise import bulk as bulk_noise  # noqa: E402
+from dpstream.core.noise.samplers import (  # noqa: E402
     TAG_BLT,
     TAG_TREE,
     NoiseKey,
@@ -110,7 +110,7 @@ def main() -> None:
 
 
 def _gaussian_cases() -> list[tuple[str, Fraction]]:
-    from dpstream.core.blt_counter import BltCounterSpec
+    from dpstream.core.counting.blt_counter import BltCounterSpec
 
     cases = [("sigma2 = 2", Fraction(2)), ("sigma2 = 50", Fraction(50))]
     for rho in (0.5, 0.01, 1e-6):

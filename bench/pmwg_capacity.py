@@ -71,7 +71,7 @@ b. *Continual noisy histogram* (the paper's footnote 2): one continual counter p
    equal steps over ``[0, 10 n0]`` (a release every ~10 events: queries at any time).
    The histogram answers any number of queries at the same accuracy: its capacity is
    unbounded if >= 95% of the answers are within alpha, else 0.
-c. *PMWG*: the real :class:`dpstream.core.pmwg.Pmwg`, with exact noise.
+c. *PMWG*: the real :class:`dpstream.core.pmwg.mechanism.Pmwg`, with exact noise.
    * Modes: ``paper``, ``solved``, and ``practical`` over a sweep of ``hard_query_cap``. The
      NSG ``threshold`` is swept too: Algorithm 1's ``2 alpha / 3``, 0.04 and 0.045.
    * Accounting: ``pure``, and ``zcdp`` with delta 1e-6.
@@ -125,12 +125,12 @@ _ROOT = Path(__file__).resolve().parent.parent
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
-from dpstream.core import blt_counter as blt  # noqa: E402
-from dpstream.core import tree_counter as tree  # noqa: E402
-from dpstream.core.noise import NoiseKey  # noqa: E402
-from dpstream.core.pmwg import Pmwg, PmwgSpec  # noqa: E402
-from dpstream.core.queries import WEIGHT_UNIT, QueryCompiler  # noqa: E402
-from dpstream.core.universe import Universe  # noqa: E402
+from dpstream.core.counting import blt_counter as blt  # noqa: E402
+from dpstream.core.counting import tree_counter as tree  # noqa: E402
+from dpstream.core.noise.samplers import NoiseKey  # noqa: E402
+from dpstream.core.pmwg.mechanism import Pmwg, PmwgSpec  # noqa: E402
+from dpstream.core.pmwg.queries import WEIGHT_UNIT, QueryCompiler  # noqa: E402
+from dpstream.core.pmwg.universe import Universe  # noqa: E402
 from dpstream.errors import InvalidParameterError  # noqa: E402
 
 RESULTS_DIR = _ROOT / "bench" / "results"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """PMWG per-query cost and histogram ingest rate on one core (issue 7).
 
-**Per-query cost.** The real :class:`dpstream.core.pmwg.Pmwg` (practical mode, pure DP) on
+**Per-query cost.** The real :class:`dpstream.core.pmwg.mechanism.Pmwg` (practical mode, pure DP) on
 universes of ``N = 2^16`` and ``2^20`` cells (attributes ``a`` 4 values, ``b`` 8, ``c`` 8, ``x``
 ``N / 256`` buckets), for these query kinds:
 
@@ -75,10 +75,10 @@ _ROOT = Path(__file__).resolve().parent.parent
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
-from dpstream.core.noise import NoiseKey  # noqa: E402
-from dpstream.core.pmwg import Pmwg, PmwgSpec  # noqa: E402
-from dpstream.core.queries import QueryCompiler  # noqa: E402
-from dpstream.core.universe import Universe  # noqa: E402
+from dpstream.core.noise.samplers import NoiseKey  # noqa: E402
+from dpstream.core.pmwg.mechanism import Pmwg, PmwgSpec  # noqa: E402
+from dpstream.core.pmwg.queries import QueryCompiler  # noqa: E402
+from dpstream.core.pmwg.universe import Universe  # noqa: E402
 
 RESULTS_DIR = _ROOT / "bench" / "results"
 SCHEMA = "dpstream.query/1"

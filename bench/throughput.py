@@ -77,8 +77,8 @@ def workload(keys: int, steps: int, partitions: int = PARTITIONS) -> list[Any]:
     the event's step: every event is counted at its own time. Each batch is a ``RawBatch``
     (a partition's records as columns, as the Kafka source hands them over).
     """
+    from dpstream.kinds.counters.events import TIMESTAMP_LOG_APPEND_TIME
     from dpstream.messages import RawBatch
-    from dpstream.stream.events import TIMESTAMP_LOG_APPEND_TIME
 
     names = [name.encode() for name in key_names(keys)]
     offsets = [0] * partitions
@@ -146,10 +146,10 @@ def config(universe: str, keys: int, bootstrap: str | None = None,
 
 
 class PlainTable:
-    """A :class:`~dpstream.core.key_table.KeyTable` that releases exact counts.
+    """A :class:`~dpstream.core.counting.key_table.KeyTable` that releases exact counts.
 
     Same interface and row order (new keys of a step sorted and appended; declared keys at
-    the first close), the same key index (:class:`~dpstream.core.key_index.KeyIndex`), one
+    the first close), the same key index (:class:`~dpstream.core.counting.key_index.KeyIndex`), one
     int64 count per key, and every live key released at every step (std 0, nothing spent):
     what the flow would cost without privacy. The names are a tuple: the garbage collector
     stops tracking it, where a long list would be traversed by every full collection.
@@ -159,7 +159,7 @@ class PlainTable:
 
     def __init__(self, spec: Any, noise: Any, declared: list[str] | None = None,
                  state: dict[str, Any] | None = None) -> None:
-        from dpstream.core.key_index import KeyIndex
+        from dpstream.core.counting.key_index import KeyIndex
 
         self._declared = None if declared is None else tuple(declared)
         self._names: tuple[str, ...] = ()
@@ -206,7 +206,7 @@ class PlainTable:
 
     def _release(self, step: int) -> Any:
         """Every key's exact count, as the step's outputs."""
-        from dpstream.core.key_table import ReleaseColumns, StepOutputs
+        from dpstream.core.counting.key_table import ReleaseColumns, StepOutputs
 
         out = StepOutputs(step)
         if self._names:
@@ -240,7 +240,7 @@ class PlainTable:
 
 def shard_classes(kind: str, shards: list[Any]) -> type:
     """The flow's ShardState (DP) or the baseline's; every shard built is kept in ``shards``."""
-    from dpstream.stream.shard import ShardState
+    from dpstream.kinds.counters.shard import ShardState
 
     class Kept(ShardState):
         if kind == "baseline":
@@ -261,9 +261,9 @@ def run_once(path: str, kind: str, universe: str, keys: int, steps: int,
     from bytewax.outputs import DynamicSink, StatelessSinkPartition
     from bytewax.testing import run_main
 
-    from dpstream.core.noise import NoiseKey
+    from dpstream.core.noise.samplers import NoiseKey
     from dpstream.io.memory import MemorySource
-    from dpstream.io.records import EncodedBatch
+    from dpstream.kinds.counters.records import EncodedBatch
     from dpstream.platform import build_flow
 
     shards: list[Any] = []
@@ -332,11 +332,11 @@ def breakdown_once(kind: str, universe: str, keys: int, steps: int, trace: bool 
     import tracemalloc
     from collections import defaultdict
 
-    from dpstream.core.noise import NoiseKey
-    from dpstream.io.records import RecordEncoder
-    from dpstream.kinds.counters import event_rules, statistics_spec
+    from dpstream.core.noise.samplers import NoiseKey
+    from dpstream.kinds.counters.events import PartitionClock
+    from dpstream.kinds.counters.kind import event_rules, statistics_spec
+    from dpstream.kinds.counters.records import RecordEncoder
     from dpstream.stream.clock import ShardUpdate
-    from dpstream.stream.events import PartitionClock
 
     batches = workload(keys, steps)
     if trace:

@@ -4,8 +4,8 @@ The public API is small; everything else is in private-by-convention modules.
 """
 
 from dpstream.config import FlowConfig, load_config
-from dpstream.core.ledger import PrivacyCharge, PrivacyLedger
-from dpstream.core.noise import NoiseKey
+from dpstream.core.accounting.ledger import PrivacyCharge, PrivacyLedger
+from dpstream.core.noise.samplers import NoiseKey
 from dpstream.errors import (
     BudgetExhaustedError,
     ConfigError,

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Final
 
-from dpstream.core.noise import NoiseKey
+from dpstream.core.noise.samplers import NoiseKey
 
 __all__ = ["BacklogEstimate", "estimate"]
 
@@ -167,9 +167,9 @@ def _timed(close_one: Any) -> tuple[float, int]:
 
 def _counters_step_seconds(config: Any) -> tuple[float | None, str]:
     """Seconds per step of every declared key (one worker), from one shard's share."""
-    from dpstream.io.records import RecordEncoder
-    from dpstream.kinds.counters import statistics_spec
-    from dpstream.stream.shard import ShardState
+    from dpstream.kinds.counters.kind import statistics_spec
+    from dpstream.kinds.counters.records import RecordEncoder
+    from dpstream.kinds.counters.shard import ShardState
 
     layout = config.declared_layout
     shards = [len(layout.keys_of(s)) for s in range(config.shards)]

@@ -20,7 +20,7 @@ instance counts exactly the same records. A skip is written (and flushed to disk
 flow starts, under a lock (``dpstream-instance.lock``) so that processes sharing the directory
 do not lose each other's additions.
 
-The budget may change on resume (see :class:`~dpstream.core.key_statistics.KeyStatistics`).
+The budget may change on resume (see :class:`~dpstream.core.counting.key_statistics.KeyStatistics`).
 
 The recovery store holds true counts, so it is kept private to the user that runs the flow: a
 missing recovery directory is created with mode 0700, the manifest is written with mode 0600,
@@ -63,7 +63,7 @@ from pathlib import Path
 from typing import Any, Final, Protocol
 
 from dpstream.config import FlowConfig
-from dpstream.core.noise import NoiseKey
+from dpstream.core.noise.samplers import NoiseKey
 from dpstream.errors import ConfigError, RecoveryMismatchError
 from dpstream.store_lock import LOCK_PATTERN
 from dpstream.stream.quarantine import SkippedRecord

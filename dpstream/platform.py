@@ -28,7 +28,7 @@ from bytewax.inputs import FixedPartitionedSource, Source, StatefulSourcePartiti
 from bytewax.outputs import Sink
 
 from dpstream.config import FlowConfig
-from dpstream.core.noise import NoiseKey
+from dpstream.core.noise.samplers import NoiseKey
 from dpstream.errors import ConfigError, DpstreamError
 from dpstream.io.kafka import (
     KafkaClients,
@@ -38,8 +38,8 @@ from dpstream.io.kafka import (
     probe_timestamp_type,
     wait_for_topics,
 )
-from dpstream.io.records import encode_dead_letter, flatten
 from dpstream.kinds import flow_kind
+from dpstream.kinds.counters.records import encode_dead_letter, flatten
 from dpstream.messages import RawBatch, RawMessage
 from dpstream.metrics import FlowMetrics
 from dpstream.stream.clock import ShardUpdate
@@ -236,7 +236,7 @@ def build_flow(
         metrics: where to count; nothing is counted if None.
         sink_batches: give the in-memory ``sink`` the kind's encoded items as they are
             (a kind may emit a closed step's records as one
-            :class:`~dpstream.io.records.EncodedBatch`) instead of one triple per record
+            :class:`~dpstream.kinds.counters.records.EncodedBatch`) instead of one triple per record
             (``bench/``). The Kafka sink always takes both.
         skip_records: records the operator quarantined, as (topic, partition of that topic,
             offset): each becomes a dead letter (reason "quarantined by the operator")

@@ -21,13 +21,13 @@ from bytewax.testing import run_main
 from support.messages import message
 
 from dpstream.config import parse_config
-from dpstream.core.noise import NoiseKey
-from dpstream.io.records import RecordEncoder
+from dpstream.core.noise.samplers import NoiseKey
+from dpstream.kinds.counters.records import RecordEncoder
+from dpstream.kinds.counters.shard import ShardState
 from dpstream.metrics import FlowMetrics
 from dpstream.platform import build_flow
 from dpstream.stream import operators
 from dpstream.stream.clock import ShardUpdate
-from dpstream.stream.shard import ShardState
 
 ORIGIN = 1_790_000_000  # 2026-09-21T14:13:20Z
 KEYS = ["k1", "k2", "k3", "k4", "k5"]
@@ -160,7 +160,7 @@ def _update(partition: int, frontier: int, shard: int = 0) -> ShardUpdate:
 
 
 def test_a_snapshot_between_chunks_resumes_the_backlog_exactly():
-    from dpstream.kinds.counters import statistics_spec
+    from dpstream.kinds.counters.kind import statistics_spec
 
     cfg = config(shards=1)
     spec = statistics_spec(cfg, "s" * 32)
@@ -208,7 +208,7 @@ def test_progress_tells_a_backlog_from_waiting_for_partitions():
 
 @pytest.mark.parametrize("lagging", [True, False])
 def test_the_operator_reports_backlog_and_waiting_apart(lagging, monkeypatch):
-    from dpstream.kinds.counters import statistics_spec
+    from dpstream.kinds.counters.kind import statistics_spec
 
     cfg = config(shards=1)
     shard = ShardState(statistics_spec(cfg, "s" * 32), 2, cfg.declared_layout,

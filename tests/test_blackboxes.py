@@ -1,4 +1,4 @@
-"""Tests of the static black boxes (dpstream.core.blackboxes): NoisyHistogram, MWEM, SmallDB."""
+"""Tests of the static black boxes (core.pmwg.blackboxes): NoisyHistogram, MWEM, SmallDB."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import pytest
 from scipy.stats import chi2
 from support.recording import RecordingKey
 
-from dpstream.core.blackboxes import (
+from dpstream.core.noise.samplers import NoiseKey, discrete_laplace_variance
+from dpstream.core.pmwg.blackboxes import (
     MAX_SMALLDB_CANDIDATES,
     MWEM,
     QUERY_GRID,
@@ -22,7 +23,6 @@ from dpstream.core.blackboxes import (
     quantize_queries,
     synopsis_from_state,
 )
-from dpstream.core.noise import NoiseKey, discrete_laplace_variance
 from dpstream.errors import InvalidParameterError
 
 

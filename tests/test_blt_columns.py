@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dpstream.core import wide_int
-from dpstream.core.blt_columns import BltColumns, BltGroup
-from dpstream.core.blt_counter import BltCounter, BltCounterSpec, _parameters
-from dpstream.core.noise import NoiseKey
+from dpstream.core.counting import wide_int
+from dpstream.core.counting.blt_columns import BltColumns, BltGroup
+from dpstream.core.counting.blt_counter import BltCounter, BltCounterSpec, _parameters
+from dpstream.core.noise.samplers import NoiseKey
 from dpstream.errors import InvalidParameterError
 
 KEY = NoiseKey.for_tests(11)

@@ -12,8 +12,9 @@ import scipy.stats
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import dpstream.core.blt_counter as blt
-from dpstream.core.blt_counter import (
+import dpstream.core.counting.blt_counter as blt
+from dpstream.core.accounting.ledger import PrivacyCharge
+from dpstream.core.counting.blt_counter import (
     BltCounter,
     BltCounterSpec,
     analytic_std,
@@ -22,8 +23,7 @@ from dpstream.core.blt_counter import (
     plain_tree_zcdp_worst_std,
     worst_step_std,
 )
-from dpstream.core.ledger import PrivacyCharge
-from dpstream.core.noise import NoiseKey
+from dpstream.core.noise.samplers import NoiseKey
 from dpstream.errors import InvalidParameterError
 
 G = 1 << blt.GRID_BITS

@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 from support.messages import message
 
 from dpstream.config import parse_config
-from dpstream.core.key_statistics import Alert, BudgetExhausted
-from dpstream.core.key_table import AlertColumns, ReleaseColumns, StepOutputs
-from dpstream.core.noise import NoiseKey
+from dpstream.core.counting.key_statistics import Alert, BudgetExhausted
+from dpstream.core.counting.key_table import AlertColumns, ReleaseColumns, StepOutputs
+from dpstream.core.noise.samplers import NoiseKey
 from dpstream.io.kafka import _OutputPartition
-from dpstream.io.records import EncodedBatch, EncodedColumn, RecordEncoder, flatten
+from dpstream.kinds.counters.records import EncodedBatch, EncodedColumn, RecordEncoder, flatten
 from dpstream.platform import build_flow
 
 ORIGIN = datetime(2026, 9, 21, 14, 13, 20, tzinfo=UTC)
@@ -103,8 +103,8 @@ def test_empty_steps_and_columns_encode_to_nothing():
 @given(st.lists(keys | st.text(max_size=6), max_size=8, unique=True))
 def test_key_texts_from_joined_bytes_are_orjson_s(names):
     """Keys read from JoinedNames' bytes: the same texts as orjson's, refused as it refuses."""
-    from dpstream.core.noise import JoinedNames
-    from dpstream.io import records
+    from dpstream.core.noise.samplers import JoinedNames
+    from dpstream.kinds.counters import records
 
     joined = JoinedNames(names)
     expected = records._key_texts(list(names))
@@ -119,8 +119,8 @@ def test_key_texts_from_joined_bytes_are_orjson_s(names):
 
 
 def test_key_texts_are_kept_for_tuples_only_and_for_a_bounded_number_of_them():
-    from dpstream.core.noise import JoinedNames
-    from dpstream.io import records
+    from dpstream.core.noise.samplers import JoinedNames
+    from dpstream.kinds.counters import records
 
     encoder = RecordEncoder("f", ORIGIN, 1.0)
 

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dpstream.core import bulk_noise
-from dpstream.core.bulk_noise import gaussian, gaussian_one, lanes_array, laplace, laplace_one
-from dpstream.core.noise import (
+from dpstream.core.noise import bulk as bulk_noise
+from dpstream.core.noise.bulk import gaussian, gaussian_one, lanes_array, laplace, laplace_one
+from dpstream.core.noise.samplers import (
     NOISE_SCHEME,
     TAG_BLT,
     TAG_INITIAL,
@@ -352,7 +352,7 @@ HUGE_SIGMA2 = [BLT_SIGMA2, Fraction(2**101 + 1, 3), Fraction((_T_WIDE - 1) ** 2 
 
 
 def _blt_sigma2() -> Fraction:
-    from dpstream.core.blt_counter import BltCounterSpec
+    from dpstream.core.counting.blt_counter import BltCounterSpec
 
     return BltCounterSpec(rho=0.01).sigma2_grid
 

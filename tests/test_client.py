@@ -30,11 +30,11 @@ from dpstream.client import (
     decode,
 )
 from dpstream.config import load_config
-from dpstream.core import key_statistics as core
-from dpstream.core.erm import PrivateModel
+from dpstream.core.counting import key_statistics as core
+from dpstream.core.erm.perturbation import PrivateModel
 from dpstream.errors import DpstreamError
-from dpstream.io.records import RecordEncoder
 from dpstream.io.topics import produce, read_all
+from dpstream.kinds.counters.records import RecordEncoder
 from dpstream.kinds.erm import ModelEncoder, ModelRecord
 from dpstream.kinds.pmwg import AnswerEncoder, AnswerRecord
 from dpstream.messages import DeadLetter as RawDeadLetter

@@ -1,7 +1,7 @@
 """The core imports numpy only: it works with bytewax, kafka and prometheus blocked.
 
 scipy is blocked too: the ERM solver imports it only when it solves (scipy earns its place
-there, see dpstream/core/erm.py), so every core module imports without it.
+there, see dpstream/core/erm/perturbation.py), so every core module imports without it.
 """
 
 import subprocess
@@ -18,12 +18,13 @@ def test_core_imports_without_edges():
                                           'prometheus_client', 'orjson', 'scipy'}:
                     raise ImportError('blocked: ' + name)
         sys.meta_path.insert(0, Block())
-        import dpstream.core.noise, dpstream.core.ledger, dpstream.core.tree_counter
-        import dpstream.core.blt_counter, dpstream.core.threshold_monitor
-        import dpstream.core.key_statistics
-        import dpstream.core.universe, dpstream.core.queries, dpstream.core.pmwg
-        import dpstream.core.schedulers, dpstream.core.blackboxes
-        import dpstream.core.erm, dpstream.core.erm_release, dpstream.core.ermg
+        import dpstream.core.noise.samplers, dpstream.core.accounting.ledger
+        import dpstream.core.counting.tree_counter
+        import dpstream.core.counting.blt_counter, dpstream.core.counting.threshold_monitor
+        import dpstream.core.counting.key_statistics
+        import dpstream.core.pmwg.universe, dpstream.core.pmwg.queries, dpstream.core.pmwg.mechanism
+        import dpstream.core.pmwg.schedulers, dpstream.core.pmwg.blackboxes
+        import dpstream.core.erm.perturbation, dpstream.core.erm.schedules, dpstream.core.erm.ermg
         print('ok')
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -1,4 +1,4 @@
-"""Unit tests of private ERM (dpstream.core.erm): spec, feature map, certified solver,
+"""Unit tests of private ERM (dpstream.core.erm.perturbation): spec, feature map, certified solver,
 sensitivity, exact grid noise, exact costs, replay, state, Poisson subsampling.
 
 Statistical tests of the noise and of the sampler are in test_erm_statistical.py.
@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 from scipy.optimize import minimize
 from sklearn.linear_model import LogisticRegression
 
-import dpstream.core.erm as erm
-from dpstream.core.erm import (
+import dpstream.core.erm.perturbation as erm
+from dpstream.core.erm.perturbation import (
     GRID_BITS,
     PRECISION_BITS,
     Block,
@@ -41,7 +41,7 @@ from dpstream.core.erm import (
     sampling_rate,
     solve,
 )
-from dpstream.core.noise import NoiseKey
+from dpstream.core.noise.samplers import NoiseKey
 from dpstream.errors import DpstreamError, InvalidParameterError
 
 KEY = NoiseKey.for_tests(8)
@@ -877,7 +877,7 @@ def test_erm_imports_without_scipy_and_the_edges():
                                           'prometheus_client', 'orjson', 'scipy', 'sklearn'}:
                     raise ImportError('blocked: ' + name)
         sys.meta_path.insert(0, Block())
-        import dpstream.core.erm as erm
+        import dpstream.core.erm.perturbation as erm
         spec = erm.ErmSpec((0, 1), 2, 1.0, 0.5)
         print(erm.solve(spec, erm.Block.empty(3), 10.0, None, precision=1e-6).certified)
     """)

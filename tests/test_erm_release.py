@@ -1,9 +1,10 @@
-"""Tests of the ERM release schedules (dpstream.core.erm_release): paper 004's Algorithms 2, 4,
+"""Tests of the ERM release schedules (dpstream.core.erm.schedules): paper 004's Algorithms 2, 4,
 5 (with Example 1's chain), 6, 8, the sampled sliding window and the independent baseline.
 
 Most tests use a fake trainer that records what it is asked and returns a model whose cost is
 the noise level's (the schedule checks it); the accounting and the chains are data-independent,
-so that is all they need. The last tests run the real output perturbation of dpstream.core.erm.
+so that is all they need. The last tests run the real output perturbation of
+dpstream.core.erm.perturbation.
 """
 
 from __future__ import annotations
@@ -18,15 +19,15 @@ import numpy as np
 import pytest
 from support.recording import RecordingKey
 
-from dpstream.core import erm as erm_module
-from dpstream.core.erm import Block, ErmSpec, PrivateModel
-from dpstream.core.erm_release import (
+from dpstream.core.erm import perturbation as erm_module
+from dpstream.core.erm.perturbation import Block, ErmSpec, PrivateModel
+from dpstream.core.erm.schedules import (
     Release,
     ReleaseSchedule,
     ScheduleSpec,
     sampling_rate_at_most,
 )
-from dpstream.core.noise import NoiseKey
+from dpstream.core.noise.samplers import NoiseKey
 from dpstream.errors import BudgetExhaustedError, InvalidParameterError
 
 COORDS = ("instance-1", "flow", "erm", "stream-a")
@@ -581,7 +582,8 @@ def test_state_is_bound_to_its_specs():
                                    KEY, COORDS)
 
 
-# --- with the real trainer (dpstream.core.erm.private_erm) ------------------------------------
+# --- with the real trainer (dpstream.core.erm.perturbation.private_erm)
+# ------------------------------------
 
 
 @pytest.mark.parametrize("algorithm, extra", [

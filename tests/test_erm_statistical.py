@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 from scipy.stats import chi2
 
-import dpstream.core.erm as erm
-from dpstream.core.erm import (
+import dpstream.core.erm.perturbation as erm
+from dpstream.core.erm.perturbation import (
     ErmSpec,
     NoiseLevel,
     poisson_sample,
@@ -31,7 +31,11 @@ from dpstream.core.erm import (
     sampling_rate,
     solve,
 )
-from dpstream.core.noise import NoiseKey, discrete_gaussian_variance, discrete_laplace_variance
+from dpstream.core.noise.samplers import (
+    NoiseKey,
+    discrete_gaussian_variance,
+    discrete_laplace_variance,
+)
 
 pytestmark = pytest.mark.statistical
 

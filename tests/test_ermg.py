@@ -1,4 +1,4 @@
-"""Tests of ERMG (dpstream.core.ermg): BBImprover (paper 003, Algorithm 5) over output
+"""Tests of ERMG (dpstream.core.erm.ermg): BBImprover (paper 003, Algorithm 5) over output
 perturbation, paper 003 Theorem 31."""
 
 from __future__ import annotations
@@ -11,10 +11,17 @@ import numpy as np
 import pytest
 from support.recording import RecordingKey
 
-from dpstream.core.erm import Block, ErmSpec, NoiseLevel, PrivateModel, private_erm, solve
-from dpstream.core.ermg import Ermg, ErmgSpec, ErmSynopsis, OutputPerturbation
-from dpstream.core.ledger import exact, zcdp_to_approx_dp
-from dpstream.core.noise import NoiseKey
+from dpstream.core.accounting.ledger import exact, zcdp_to_approx_dp
+from dpstream.core.erm.ermg import Ermg, ErmgSpec, ErmSynopsis, OutputPerturbation
+from dpstream.core.erm.perturbation import (
+    Block,
+    ErmSpec,
+    NoiseLevel,
+    PrivateModel,
+    private_erm,
+    solve,
+)
+from dpstream.core.noise.samplers import NoiseKey
 from dpstream.errors import InvalidParameterError
 
 COORDS = ("instance-1", "flow", "erm", "default")

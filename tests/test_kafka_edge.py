@@ -10,7 +10,7 @@ import pytest
 from dpstream.config import parse_config
 from dpstream.errors import ConfigError, DpstreamError
 from dpstream.io.kafka import KafkaClients, RateLimitedLog, probe_api_versions, wait_for_topics
-from dpstream.io.records import DeadLetter, RecordEncoder, identity
+from dpstream.kinds.counters.records import DeadLetter, RecordEncoder, identity
 from dpstream.runner import process_id
 
 
@@ -113,7 +113,7 @@ def test_a_huge_dead_letter_is_truncated_with_its_size_and_digest():
     import hashlib
     from datetime import UTC, datetime
 
-    from dpstream.io.records import MAX_ORIGINAL_BYTES
+    from dpstream.kinds.counters.records import MAX_ORIGINAL_BYTES
 
     original = bytes(range(256)) * 8000  # 2 MB
     encoder = RecordEncoder("f", datetime(2026, 1, 1, tzinfo=UTC), 1.0)

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dpstream.core import key_index
-from dpstream.core.key_index import KeyIndex
+from dpstream.core.counting import key_index
+from dpstream.core.counting.key_index import KeyIndex
 
 KEYS = st.text(min_size=0, max_size=6)
 

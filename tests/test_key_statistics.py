@@ -6,17 +6,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dpstream.core.key_statistics import (
+from dpstream.core.accounting.ledger import PrivacyCharge
+from dpstream.core.counting.key_statistics import (
     Alert,
     BudgetExhausted,
     KeyStatistics,
     Release,
     StatisticsSpec,
 )
-from dpstream.core.ledger import PrivacyCharge
-from dpstream.core.noise import NoiseKey
-from dpstream.core.threshold_monitor import ThresholdMonitorSpec
-from dpstream.core.tree_counter import TreeCounterSpec
+from dpstream.core.counting.threshold_monitor import ThresholdMonitorSpec
+from dpstream.core.counting.tree_counter import TreeCounterSpec
+from dpstream.core.noise.samplers import NoiseKey
 
 KEY = NoiseKey.for_tests(11)
 
@@ -98,9 +98,9 @@ def test_an_unadmitted_key_is_forgotten_at_its_window_end_and_watched_again_late
     from support.recording import RecordingKey
 
     from dpstream.config import parse_config
-    from dpstream.kinds.counters import event_rules, statistics_spec
-    from dpstream.stream.events import PartitionClock
-    from dpstream.stream.shard import ShardState
+    from dpstream.kinds.counters.events import PartitionClock
+    from dpstream.kinds.counters.kind import event_rules, statistics_spec
+    from dpstream.kinds.counters.shard import ShardState
 
     cfg = parse_config({"flow": {"origin": "2026-09-21T14:13:20Z", "step": "1s", "shards": 1},
                         "monitor": {"horizon": 3, "threshold": 10_000}, "privacy": {"delta": 0.5},
@@ -139,7 +139,7 @@ def test_resuming_with_other_mechanisms_is_refused():
 
 
 def test_budget_exhaustion_on_resume_is_announced_only_for_admitted_keys():
-    from dpstream.core.ledger import PrivacyLedger
+    from dpstream.core.accounting.ledger import PrivacyLedger
 
     admitted = KeyStatistics(spec(), "a", 0, KEY)
     run(admitted, [100])

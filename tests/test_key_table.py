@@ -9,19 +9,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dpstream.core.blt_counter import BltCounterSpec
-from dpstream.core.key_statistics import (
+from dpstream.core.accounting.ledger import PrivacyCharge
+from dpstream.core.counting.blt_counter import BltCounterSpec
+from dpstream.core.counting.key_statistics import (
     Alert,
     BudgetExhausted,
     KeyStatistics,
     Release,
     StatisticsSpec,
 )
-from dpstream.core.key_table import AlertColumns, KeyTable, ReleaseColumns, StepOutputs
-from dpstream.core.ledger import PrivacyCharge
-from dpstream.core.noise import NoiseKey
-from dpstream.core.threshold_monitor import ThresholdMonitorSpec
-from dpstream.core.tree_counter import TreeCounterSpec
+from dpstream.core.counting.key_table import AlertColumns, KeyTable, ReleaseColumns, StepOutputs
+from dpstream.core.counting.threshold_monitor import ThresholdMonitorSpec
+from dpstream.core.counting.tree_counter import TreeCounterSpec
+from dpstream.core.noise.samplers import NoiseKey
 from dpstream.errors import InvalidParameterError
 
 KEY = NoiseKey.for_tests(9)
@@ -349,9 +349,9 @@ def assert_same_on_a_drawn_stream(data, spec, mode, keys, steps, counts):
 def test_the_reference_driver_is_the_shard_engine():
     """The test's Reference drives KeyStatistics as the shard's per-key engine does."""
     try:
-        from dpstream.stream.shard import ReferenceShardState as Engine
+        from dpstream.kinds.counters.shard import ReferenceShardState as Engine
     except ImportError:
-        from dpstream.stream.shard import ShardState as Engine
+        from dpstream.kinds.counters.shard import ShardState as Engine
     rng = random.Random(7)
     pool = [f"k{i}" for i in range(10)]
     for mode in ("open", "declared"):

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dpstream.core.ledger import PrivacyCharge, PrivacyLedger, zcdp_to_approx_dp
+from dpstream.core.accounting.ledger import PrivacyCharge, PrivacyLedger, zcdp_to_approx_dp
 from dpstream.errors import BudgetExhaustedError, InvalidParameterError
 
 

@@ -199,7 +199,7 @@ def test_the_copied_files_are_enough_to_build_the_package(tmp_path):
     (wheel,) = (tmp_path / "wheels").glob("dpstream-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for needed in ("dpstream/flows/counters.py", "dpstream/flows/pmwg.py",
-                   "dpstream/flows/erm.py", "dpstream/core/blt_parameters.json",
+                   "dpstream/flows/erm.py", "dpstream/core/counting/blt_parameters.json",
                    "dpstream/py.typed"):
         assert needed in names
 

@@ -267,7 +267,7 @@ def answer(kind, spent, histogram="h", mechanism="pmwg", kinds=None, reason=None
 def model(role, spent, stream="a", budget=2.0, algorithm="continual"):
     from fractions import Fraction  # noqa: PLC0415
 
-    from dpstream.core.erm import PrivateModel  # noqa: PLC0415
+    from dpstream.core.erm.perturbation import PrivateModel  # noqa: PLC0415
 
     private = None if role == "exhausted" else PrivateModel(
         [[0.5, -0.25]], Fraction(1, 4), 0.1, Fraction(1, 2), Fraction(1, 100), 100.0, 100)
@@ -378,7 +378,7 @@ def test_erm_models_count_as_releases_and_an_exhausted_stream_as_a_refusal():
 
 
 def test_a_counters_refusal_exhausts_its_mechanism():
-    from dpstream.core.key_statistics import BudgetExhausted  # noqa: PLC0415
+    from dpstream.core.counting.key_statistics import BudgetExhausted  # noqa: PLC0415
 
     metrics, _ = make()
     metrics.set_budget("tree-laplace", "epsilon", 1.0)

@@ -56,12 +56,12 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from support.cli_flows import iso
 
 from dpstream.config import parse_config
-from dpstream.core.noise import NoiseKey
+from dpstream.core.noise.samplers import NoiseKey
 from dpstream.errors import ConfigError, RecoveryMismatchError
 from dpstream.instance import MANIFEST_NAME, bind_instance
 from dpstream.io.broker import free_port
 from dpstream.io.topics import Record, ensure_topics, read_all
-from dpstream.kinds.counters import statistics_spec
+from dpstream.kinds.counters.kind import statistics_spec
 from dpstream.messages import TICK
 
 ORIGIN = 1_790_000_000  # 2026-09-21T14:13:20Z: every event time is in the past

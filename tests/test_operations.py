@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from dpstream.io.broker import EmbeddedBroker, free_port
-from dpstream.io.records import MAX_ORIGINAL_BYTES
 from dpstream.io.topics import produce, read_all
+from dpstream.kinds.counters.records import MAX_ORIGINAL_BYTES
 from dpstream.messages import TICK
 
 pytestmark = [pytest.mark.integration]

@@ -1,4 +1,4 @@
-"""Unit and accounting tests of PMWG (dpstream.core.pmwg)."""
+"""Unit and accounting tests of PMWG (dpstream.core.pmwg.mechanism)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.recording import RecordingKey
 
-from dpstream.core.ledger import exact, zcdp_to_approx_dp
-from dpstream.core.noise import NoiseKey
-from dpstream.core.pmwg import (
+from dpstream.core.accounting.ledger import exact, zcdp_to_approx_dp
+from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.pmwg.mechanism import (
     HARD_BUDGET_EXCEEDED,
     PRIVACY_BUDGET_EXHAUSTED,
     WEIGHT_UNIT,

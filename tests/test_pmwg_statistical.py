@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from test_pmwg import DenseQuery
 
-from dpstream.core.noise import NoiseKey
-from dpstream.core.pmwg import NumericSparse, Pmwg, PmwgSpec, dlap_variance
-from dpstream.core.threshold_monitor import difference_tail
+from dpstream.core.counting.threshold_monitor import difference_tail
+from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.pmwg.mechanism import NumericSparse, Pmwg, PmwgSpec, dlap_variance
 
 pytestmark = pytest.mark.statistical
 

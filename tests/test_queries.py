@@ -7,7 +7,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from dpstream.core.queries import (
+from dpstream.core.pmwg.queries import (
     MAX_BOXES,
     MAX_MARGINAL_CELLS,
     QUERY_SCHEMA,
@@ -18,7 +18,7 @@ from dpstream.core.queries import (
     QueryError,
     parse_query,
 )
-from dpstream.core.universe import Universe
+from dpstream.core.pmwg.universe import Universe
 from dpstream.errors import InvalidParameterError
 
 S = QUERY_SCHEMA

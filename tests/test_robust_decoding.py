@@ -26,13 +26,13 @@ from hypothesis import strategies as st
 from support.messages import message, raw
 
 from dpstream.config import parse_config
-from dpstream.core.key_statistics import Release
-from dpstream.core.noise import NoiseKey
-from dpstream.io.records import RecordEncoder, _keys_json
+from dpstream.core.counting.key_statistics import Release
+from dpstream.core.noise.samplers import NoiseKey
+from dpstream.kinds.counters.events import EventRules, PartitionClock
+from dpstream.kinds.counters.records import RecordEncoder, _keys_json
 from dpstream.messages import DeadLetter, RawBatch
 from dpstream.platform import build_flow
 from dpstream.stream.clock import StepClock
-from dpstream.stream.events import EventRules, PartitionClock
 
 ORIGIN = 1_790_000_000  # 2026-09-21T14:13:20Z
 KEY = NoiseKey.for_tests(22)
@@ -347,7 +347,7 @@ def test_a_question_nested_past_the_recursion_limit_is_an_error_answer():
 
 def test_a_question_the_compiler_cannot_read_is_an_error_answer_naming_only_the_type(
         monkeypatch):
-    from dpstream.core.queries import QueryCompiler
+    from dpstream.core.pmwg.queries import QueryCompiler
     from dpstream.kinds.pmwg import _Histogram
 
     def broken(self, query):

@@ -1,4 +1,4 @@
-"""Tests of the black-box schedulers (dpstream.core.schedulers): BBScheduler and BBImprover."""
+"""Tests of the black-box schedulers (dpstream.core.pmwg.schedulers): BBScheduler and BBImprover."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from support.recording import RecordingKey
 
-from dpstream.core.blackboxes import HistogramSynopsis, NoisyHistogram, SmallDB
-from dpstream.core.ledger import exact, zcdp_to_approx_dp
-from dpstream.core.noise import NoiseKey
-from dpstream.core.schedulers import BBImprover, BBImproverSpec, BBScheduler, BBSchedulerSpec
+from dpstream.core.accounting.ledger import exact, zcdp_to_approx_dp
+from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.pmwg.blackboxes import HistogramSynopsis, NoisyHistogram, SmallDB
+from dpstream.core.pmwg.schedulers import BBImprover, BBImproverSpec, BBScheduler, BBSchedulerSpec
 from dpstream.errors import BudgetExhaustedError, InvalidParameterError
 
 COORDS = ("flow", "bb", "key-1")

@@ -36,10 +36,10 @@ from test_client import (  # the flow and the records the client tests use
     write_flow_config,
 )
 
-from dpstream.core import key_statistics as core
+from dpstream.core.counting import key_statistics as core
 from dpstream.io.broker import free_port
-from dpstream.io.records import RecordEncoder
 from dpstream.io.topics import produce, read_all
+from dpstream.kinds.counters.records import RecordEncoder
 from dpstream.kinds.pmwg import AnswerRecord
 from dpstream.metrics import FlowMetrics
 

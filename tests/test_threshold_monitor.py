@@ -1,4 +1,4 @@
-"""Tests of the AboveThreshold threshold monitor (dpstream.core.threshold_monitor)."""
+"""Tests of the AboveThreshold threshold monitor (dpstream.core.counting.threshold_monitor)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.recording import RecordingKey
 
-from dpstream.core.ledger import PrivacyCharge
-from dpstream.core.noise import NoiseKey
-from dpstream.core.threshold_monitor import (
+from dpstream.core.accounting.ledger import PrivacyCharge
+from dpstream.core.counting.threshold_monitor import (
     ThresholdMonitor,
     ThresholdMonitorSpec,
     admission_delta,
@@ -22,6 +21,7 @@ from dpstream.core.threshold_monitor import (
     lazy_start_delta,
     minimal_threshold,
 )
+from dpstream.core.noise.samplers import NoiseKey
 from dpstream.errors import InvalidParameterError
 
 COORDS = ("flow", "monitor", "key-1")

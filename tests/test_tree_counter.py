@@ -1,4 +1,4 @@
-"""Tests of the binary tree counter (dpstream.core.tree_counter)."""
+"""Tests of the binary tree counter (dpstream.core.counting.tree_counter)."""
 
 from __future__ import annotations
 
@@ -14,16 +14,16 @@ from hypothesis import strategies as st
 from scipy.stats import norm
 from support.recording import RecordingKey
 
-from dpstream.core.estimate import CounterEstimate
-from dpstream.core.ledger import PrivacyCharge
-from dpstream.core.noise import NoiseKey, discrete_laplace_variance
-from dpstream.core.tree_counter import (
+from dpstream.core.accounting.ledger import PrivacyCharge
+from dpstream.core.counting.estimate import CounterEstimate
+from dpstream.core.counting.tree_counter import (
     TreeCounter,
     TreeCounterSpec,
     analytic_std,
     plain_tree_worst_std,
     worst_step_std,
 )
+from dpstream.core.noise.samplers import NoiseKey, discrete_laplace_variance
 from dpstream.errors import InvalidParameterError
 
 COORDS = ("flow", "tree-laplace", "key-1")

@@ -6,7 +6,7 @@ import pickle
 import numpy as np
 import pytest
 
-from dpstream.core.universe import (
+from dpstream.core.pmwg.universe import (
     MAX_CELLS,
     Bucketed,
     Categorical,

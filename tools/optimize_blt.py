@@ -1,4 +1,4 @@
-"""Optimise BLT counter parameters offline and write dpstream/core/blt_parameters.json.
+"""Optimise BLT counter parameters offline and write dpstream/core/counting/blt_parameters.json.
 
 For each horizon n = 2^k and a number d of buffers this searches theta (in (0, 1))
 and omega (> 0) minimising the worst-step standard deviation of the BLT prefix-sum
@@ -40,7 +40,7 @@ import scipy.signal
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dpstream.core.blt_counter import (  # noqa: E402
+from dpstream.core.counting.blt_counter import (  # noqa: E402
     _inverse_poles,
     _inverse_weights,
     factorization_lower_bound,
@@ -48,7 +48,7 @@ from dpstream.core.blt_counter import (  # noqa: E402
 )
 
 PRECISION_BITS = 48
-DEFAULT_OUT = ROOT / "dpstream" / "core" / "blt_parameters.json"
+DEFAULT_OUT = ROOT / "dpstream" / "core" / "counting" / "blt_parameters.json"
 
 
 def _geometric(q: np.ndarray, n: int) -> np.ndarray:

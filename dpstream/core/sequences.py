@@ -1,7 +1,8 @@
 """A read-only sequence given by its length and its items, for columns read item by item.
 
-Released columns (:class:`~dpstream.core.key_table.StepOutputs`, the encoded records of
-:mod:`dpstream.io.records`) hold their items as arrays and make an item object only when it
+Released columns (:class:`~dpstream.core.counting.key_table.StepOutputs`, the encoded records of
+:mod:`dpstream.kinds.counters.records`) hold their items as arrays and make an item object only
+when it
 is read; they share this one typed ``__getitem__``.
 """
 

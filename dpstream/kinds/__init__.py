@@ -16,7 +16,7 @@ from dpstream.errors import ConfigError
 
 __all__ = ["KINDS", "flow_kind"]
 
-KINDS: Final = {"counters": "dpstream.kinds.counters", "pmwg": "dpstream.kinds.pmwg",
+KINDS: Final = {"counters": "dpstream.kinds.counters.kind", "pmwg": "dpstream.kinds.pmwg",
          "erm": "dpstream.kinds.erm"}
 
 

@@ -2,12 +2,12 @@
 
 Events (JSON objects with a feature vector, a label and an event time) are placed in steps by
 the shared step clock. **One step is one block** of the paper's algorithms (Watson et al.,
-:mod:`dpstream.core.erm_release`): a block holds whatever events fall in its step, and every
+:mod:`dpstream.core.erm.schedules`): a block holds whatever events fall in its step, and every
 objective is normalised by the *public, nominal* block size ``b0`` (``release.block_size``)
 times the number of blocks it spans — never by the private number of events, so one event
 more or less changes exactly one block and moves each minimiser by at most ``L/(λ n̄)``
-(:mod:`dpstream.core.erm`). Cutting blocks by counts (the paper's "dynamic time steps") would
-let one event shift every later block, so it is not offered.
+(:mod:`dpstream.core.erm.perturbation`). Cutting blocks by counts (the paper's "dynamic time
+steps") would let one event shift every later block, so it is not offered.
 
 Each configured **model stream** (``model.streams``; events name theirs in
 ``model.stream_field``) runs its own release schedule from step 0 (the origin): the set of
@@ -42,17 +42,17 @@ from bytewax.dataflow import Stream
 
 from dpstream.config import FlowConfig, Section, build_spec, parse_common, positive
 from dpstream.core._checks import fraction_text
-from dpstream.core.erm import Block, ErmSpec, PrivateModel, predict
-from dpstream.core.erm_release import ReleaseSchedule, ScheduleSpec
-from dpstream.core.key_statistics import parameter_digest
-from dpstream.core.noise import NoiseKey
+from dpstream.core.counting.key_statistics import parameter_digest
+from dpstream.core.erm.perturbation import Block, ErmSpec, PrivateModel, predict
+from dpstream.core.erm.schedules import ReleaseSchedule, ScheduleSpec
+from dpstream.core.noise.samplers import NoiseKey
 from dpstream.errors import BudgetExhaustedError, ConfigError
 from dpstream.estimator import MODEL_SCHEMA
+from dpstream.kinds.counters.events import event_seconds, shard_of
 from dpstream.messages import DeadLetter, Encoded, RawBatch, step_window
 from dpstream.platform import FlowParts
 from dpstream.stream.barrier import MechanismShard
 from dpstream.stream.clock import ShardUpdate, StepClock, bad_time
-from dpstream.stream.events import event_seconds, shard_of
 from dpstream.stream.operators import stepped_shards
 
 __all__ = ["KIND", "MODEL_SCHEMA", "ErmConfig", "ModelRecord"]
@@ -178,7 +178,7 @@ def _schedule_section(section: Section, privacy: dict[str, Any]) -> tuple[str, A
                           f"{', '.join(ALGORITHMS)}, got {algorithm!r}")
     block_size = section.get("block_size", 1024, int)
     if algorithm == "ermg":
-        from dpstream.core.ermg import ErmgSpec  # noqa: PLC0415 (only this algorithm)
+        from dpstream.core.erm.ermg import ErmgSpec  # noqa: PLC0415 (only this algorithm)
 
         spec = build_spec(ErmgSpec, "[release]", epsilon=privacy["epsilon"],
                           delta=privacy["delta"], block_size=block_size,
@@ -475,7 +475,7 @@ class ModelRecord:
 def _make_schedule(config: ErmConfig, noise: NoiseKey, coords: tuple[Any, ...],
                    state: dict[str, Any] | None, train: Any = None) -> Any:
     if config.algorithm == "ermg":
-        from dpstream.core.ermg import Ermg  # noqa: PLC0415
+        from dpstream.core.erm.ermg import Ermg  # noqa: PLC0415
 
         if state is None:
             return Ermg(config.schedule, config.model, noise, coords)

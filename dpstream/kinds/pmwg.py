@@ -17,8 +17,9 @@ of its name (histograms are spread over workers like keys). When a step closes:
    against the database of all steps up to this one — never against whatever Bytewax happened
    to interleave, so a replay reproduces every answer byte for byte (same noise coordinates).
 
-Mechanisms: ``pmwg`` (:mod:`dpstream.core.pmwg`, Algorithm 1 of the paper) and ``histogram``
-(BBScheduler, Algorithm 4, over a noisy-histogram black box; :mod:`dpstream.core.schedulers`):
+Mechanisms: ``pmwg`` (:mod:`dpstream.core.pmwg.mechanism`, Algorithm 1 of the paper) and
+``histogram``
+(BBScheduler, Algorithm 4, over a noisy-histogram black box; :mod:`dpstream.core.pmwg.schedulers`):
 which to use is a matter of ``N`` against ``α·ε·t`` (README, "PMWG or a noisy histogram").
 
 Privacy: the unit is one event. An event is in every histogram's database, so the flow's
@@ -39,23 +40,23 @@ import orjson
 from bytewax.dataflow import Stream
 
 from dpstream.config import FlowConfig, Section, build_spec, parse_common, positive
-from dpstream.core.blackboxes import HistogramSynopsis, NoisyHistogram
-from dpstream.core.blt_counter import BltCounter, BltCounterSpec
-from dpstream.core.key_statistics import parameter_digest
-from dpstream.core.ledger import PrivacyCharge, PrivacyLedger, approx_dp
-from dpstream.core.noise import NoiseKey
-from dpstream.core.pmwg import Answer, Pmwg, PmwgSpec
-from dpstream.core.queries import LinearQuery, QueryCompiler, QueryError
-from dpstream.core.schedulers import BBScheduler, BBSchedulerSpec
-from dpstream.core.tree_counter import TreeCounter, TreeCounterSpec
-from dpstream.core.universe import Universe, UniverseError
+from dpstream.core.accounting.ledger import PrivacyCharge, PrivacyLedger, approx_dp
+from dpstream.core.counting.blt_counter import BltCounter, BltCounterSpec
+from dpstream.core.counting.key_statistics import parameter_digest
+from dpstream.core.counting.tree_counter import TreeCounter, TreeCounterSpec
+from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.pmwg.blackboxes import HistogramSynopsis, NoisyHistogram
+from dpstream.core.pmwg.mechanism import Answer, Pmwg, PmwgSpec
+from dpstream.core.pmwg.queries import LinearQuery, QueryCompiler, QueryError
+from dpstream.core.pmwg.schedulers import BBScheduler, BBSchedulerSpec
+from dpstream.core.pmwg.universe import Universe, UniverseError
 from dpstream.errors import ConfigError, InvalidParameterError
+from dpstream.kinds.counters.events import event_seconds, shard_of
 from dpstream.messages import DeadLetter, Encoded, RawBatch, RawMessage, step_window
 from dpstream.metrics import FlowMetrics
 from dpstream.platform import FlowParts
 from dpstream.stream.barrier import MechanismShard
 from dpstream.stream.clock import ShardUpdate, StepClock, bad_time
-from dpstream.stream.events import event_seconds, shard_of
 from dpstream.stream.operators import stepped_shards
 
 __all__ = ["ANSWER_SCHEMA", "HistogramConfig", "KIND", "PmwgConfig"]

@@ -26,16 +26,16 @@ import bytewax.operators as op
 from bytewax.dataflow import Stream, operator
 from bytewax.operators import StatefulBatchLogic
 
-from dpstream.core.key_statistics import StatisticsSpec
-from dpstream.core.key_table import StepOutputs
-from dpstream.core.noise import NoiseKey
+from dpstream.core.counting.key_statistics import StatisticsSpec
+from dpstream.core.counting.key_table import StepOutputs
+from dpstream.core.noise.samplers import NoiseKey
+from dpstream.kinds.counters.layout import DeclaredLayout
+from dpstream.kinds.counters.shard import ShardState
 from dpstream.messages import DeadLetter, RawBatch, RawMessage
 from dpstream.stream import stopping
 from dpstream.stream.barrier import StepBarrier
 from dpstream.stream.clock import UNDECODABLE, ShardUpdate, StepClock
-from dpstream.stream.layout import DeclaredLayout
 from dpstream.stream.quarantine import QUARANTINED, Quarantine
-from dpstream.stream.shard import ShardState
 
 __all__ = ["FlowObserver", "StepAssignment", "assign_steps", "keyed_statistics", "stepped_shards"]
 
@@ -375,7 +375,7 @@ def keyed_statistics(step_id: str, up: Stream[tuple[str, ShardUpdate]], spec: St
                      release_every: int = 1, end_step: int | None = None) -> Stream[StepOutputs]:
     """Run every key's monitor and counter, shard by shard; emit each closed step's outputs.
 
-    One :class:`~dpstream.core.key_table.StepOutputs` per closed step of a shard (releases,
+    One :class:`~dpstream.core.counting.key_table.StepOutputs` per closed step of a shard (releases,
     alerts, statuses; a step that publishes nothing emits nothing). ``declared``: the
     declared universe's keys by shard (None: the open universe). ``release_every``: see
     :class:`ShardState`. ``end_step``: the step of ``flow.end`` (see

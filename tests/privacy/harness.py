@@ -25,19 +25,19 @@ from typing import Any
 from scipy import stats
 
 from dpstream.config import FlowConfig, parse_config
-from dpstream.core.noise import NoiseKey
-from dpstream.io.records import RecordEncoder
-from dpstream.kinds.counters import event_rules, statistics_spec
-from dpstream.platform import build_flow
-from dpstream.stream.barrier import end_step_of
-from dpstream.stream.events import (
+from dpstream.core.noise.samplers import NoiseKey
+from dpstream.kinds.counters.events import (
     TICK,
     TIMESTAMP_CREATE_TIME,
     TIMESTAMP_LOG_APPEND_TIME,
     PartitionClock,
     RawMessage,
 )
-from dpstream.stream.shard import ShardState
+from dpstream.kinds.counters.kind import event_rules, statistics_spec
+from dpstream.kinds.counters.records import RecordEncoder
+from dpstream.kinds.counters.shard import ShardState
+from dpstream.platform import build_flow
+from dpstream.stream.barrier import end_step_of
 
 ORIGIN = 1_790_000_000  # 2026-09-21T14:13:20Z
 ORIGIN_ISO = "2026-09-21T14:13:20Z"

@@ -11,11 +11,11 @@ import pytest
 from harness import ORIGIN, CoreFlow, about, make_config, run_core, run_dataflow, stream
 from support.recording import RecordingKey
 
-from dpstream.core.noise import NoiseKey
+from dpstream.core.noise.samplers import NoiseKey
 from dpstream.errors import NoiseKeyError, RecoveryMismatchError
-from dpstream.kinds.counters import statistics_spec
+from dpstream.kinds.counters.kind import statistics_spec
+from dpstream.kinds.counters.shard import ShardState
 from dpstream.metrics import FlowMetrics
-from dpstream.stream.shard import ShardState
 
 pytestmark = [pytest.mark.privacy]
 

@@ -52,9 +52,9 @@ from harness import epsilon_lower_bound
 from prometheus_client import CollectorRegistry
 
 from dpstream.config import parse_config
-from dpstream.core import erm as core_erm
-from dpstream.core.erm_release import ReleaseSchedule
-from dpstream.core.noise import NoiseKey
+from dpstream.core.erm import perturbation as core_erm
+from dpstream.core.erm.schedules import ReleaseSchedule
+from dpstream.core.noise.samplers import NoiseKey
 from dpstream.kinds.erm import ErmClock, ErmShard, ModelEncoder
 from dpstream.messages import TIMESTAMP_LOG_APPEND_TIME
 from dpstream.metrics import FlowMetrics
@@ -586,7 +586,7 @@ def test_noise_is_bound_to_the_instance_and_the_model_parameters():
 def test_the_grid_sensitivity_used_above_is_what_the_core_charges():
     """``D1``/``D2`` on ``g`` are the sensitivity ``Δ + 2τ`` in grid units, rounding included,
     and the noise of a computation is calibrated to them: ``D1 / t = cost``."""
-    from dpstream.core.noise import discrete_laplace_variance
+    from dpstream.core.noise.samplers import discrete_laplace_variance
 
     for accounting in ("pure", "zcdp"):
         cfg = config("independent", accounting=accounting)

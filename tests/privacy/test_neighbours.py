@@ -35,8 +35,8 @@ from harness import (
     structure,
 )
 
-from dpstream.core.ledger import zcdp_to_approx_dp
-from dpstream.core.noise import NoiseKey
+from dpstream.core.accounting.ledger import zcdp_to_approx_dp
+from dpstream.core.noise.samplers import NoiseKey
 
 pytestmark = [pytest.mark.privacy]
 

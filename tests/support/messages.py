@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from dpstream.stream.events import TIMESTAMP_LOG_APPEND_TIME, RawMessage
+from dpstream.kinds.counters.events import TIMESTAMP_LOG_APPEND_TIME, RawMessage
 
 
 def message(partition: int, key: str, ts: float | str, offset: int, *,

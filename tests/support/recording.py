@@ -1,6 +1,6 @@
 """A NoiseKey stand-in for tests that checks which coordinates a mechanism draws from."""
 
-from dpstream.core.noise import (
+from dpstream.core.noise.samplers import (
     TAG_BLT,
     TAG_INITIAL,
     TAG_MONITOR_QUERY,
@@ -16,7 +16,7 @@ class RecordingKey:
     """A NoiseKey stand-in that records every draw, as its coordinates.
 
     Draws go through lanes (``lane(*prefix)``) and blocks at ``(tag, epoch, height, index)``
-    (see dpstream.core.bulk_noise); each is recorded as the coordinate tuple it stands for:
+    (see dpstream.core.noise.bulk); each is recorded as the coordinate tuple it stands for:
     ``(*prefix, "tree", epoch, height, index)``, ``(*prefix, "monitor", "threshold")``,
     ``(*prefix, "monitor", "query", t)``, ``(*prefix, "blt", epoch, step)``, ``prefix`` (an
     initial count); other streams as asked for.
@@ -36,7 +36,7 @@ class RecordingKey:
         return [self.lane(*before, name, *after) for name in names]
 
     def lane_words(self, before, names, after):
-        from dpstream.core.bulk_noise import lanes_array
+        from dpstream.core.noise.bulk import lanes_array
 
         return lanes_array(self.lanes(before, names, after))
 

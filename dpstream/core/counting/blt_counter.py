@@ -38,7 +38,7 @@ integer rule (round half up)::
 
 The released integer is ``Yhat_t = Y_t + Z_t`` with ``Z_t ~ N_Z(0, sigma_G^2)``
 drawn exactly (CKS 2020, Algorithm 3) from the replay-safe stream of the
-counter's lane at ``(TAG_BLT, epoch, 0, t)`` (:mod:`dpstream.core.bulk_noise`).
+counter's lane at ``(TAG_BLT, epoch, 0, t)`` (:mod:`dpstream.core.noise.bulk`).
 Everything after that is post-processing and may use floating point.
 
 **Sensitivity of the rounded map.** Rounding makes ``x -> Y`` slightly
@@ -96,10 +96,10 @@ import numpy.typing as npt
 
 from dpstream.core._checks import increment as checked_increment
 from dpstream.core._checks import integer_at_least, positive_finite
-from dpstream.core.bulk_noise import gaussian_one
-from dpstream.core.estimate import CounterEstimate
-from dpstream.core.ledger import PrivacyCharge, exact
-from dpstream.core.noise import (
+from dpstream.core.accounting.ledger import PrivacyCharge, exact
+from dpstream.core.counting.estimate import CounterEstimate
+from dpstream.core.noise.bulk import gaussian_one
+from dpstream.core.noise.samplers import (
     TAG_BLT,
     Coordinate,
     NoiseKey,

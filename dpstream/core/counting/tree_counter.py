@@ -28,15 +28,15 @@ variance ``v var_c / (v + var_c)``. Only the maximal completed nodes are kept
 (a stack of at most ``m_j`` entries), so memory is O(log T).
 
 **Exact noise** (Canonne, Kamath, Steinke 2020). Node noise comes from the
-exact discrete Laplace sampler of :mod:`dpstream.core.noise`, applied to
+exact discrete Laplace sampler of :mod:`dpstream.core.noise.samplers`, applied to
 integer counts, so every noisy node value is an integer with an exactly
 discrete-Laplace error (no floating-point holes, Mironov 2012). The combined
 estimates are real numbers, but they are a fixed post-processing of those
 integers. The noise of a node is a pure function of the secret key and the
 node's coordinates: the counter's lane ``noise_key.lane(*coordinates)`` at
-``(TAG_TREE, epoch, height, index)`` (:mod:`dpstream.core.bulk_noise`), so a
+``(TAG_TREE, epoch, height, index)`` (:mod:`dpstream.core.noise.bulk`), so a
 replay after a crash reproduces the very same releases, and the columnar
-:mod:`dpstream.core.key_table` draws bit-identical noise in bulk.
+:mod:`dpstream.core.counting.key_table` draws bit-identical noise in bulk.
 
 The state (:meth:`TreeCounter.to_state`) holds true partial counts: the
 recovery store that keeps it must be treated as secret.
@@ -52,10 +52,10 @@ from typing import Any, ClassVar, Final
 
 from dpstream.core._checks import increment as checked_increment
 from dpstream.core._checks import is_integer, positive_finite
-from dpstream.core.bulk_noise import laplace_one
-from dpstream.core.estimate import CounterEstimate
-from dpstream.core.ledger import PrivacyCharge, exact
-from dpstream.core.noise import (
+from dpstream.core.accounting.ledger import PrivacyCharge, exact
+from dpstream.core.counting.estimate import CounterEstimate
+from dpstream.core.noise.bulk import laplace_one
+from dpstream.core.noise.samplers import (
     TAG_TREE,
     NoiseKey,
     check_coordinates,

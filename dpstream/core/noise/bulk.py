@@ -11,9 +11,9 @@ initial count) has a *lane*, ``NoiseKey.lane(*prefix)``: a 128-bit pseudorandom 
 coordinates (``(instance, key, "counter", digest, start_step)``, ...) under the secret; since
 noise scheme 3 it is ECBC-MAC with AES under keys derived from the secret, so that the lanes of
 a million keys are a few bulk AES calls (``NoiseKey.lane_words``; the construction and its
-security argument are in :meth:`~dpstream.core.noise.NoiseKey.lane`).
+security argument are in :meth:`~dpstream.core.noise.samplers.NoiseKey.lane`).
 A draw of that mechanism at numeric coordinates ``(tag, epoch, height, index)`` (see the
-``TAG_*`` constants of :mod:`dpstream.core.noise`) is the 128-bit block
+``TAG_*`` constants of :mod:`dpstream.core.noise.samplers`) is the 128-bit block
 
     AES-256_K( lane XOR pack(tag, height, epoch, index) )
 
@@ -24,7 +24,7 @@ coordinates give distinct AES inputs; across lanes, lanes are pseudorandom and s
 AES inputs coincide with probability ``2^-128`` per pair. Without such a collision the outputs
 are those of a pseudorandom permutation on distinct inputs: computationally independent
 uniform 128-bit words (the PRP/PRF switching term is ``q^2 / 2^129``). This is the same
-computational trade-off as the scalar BLAKE2b streams of :mod:`dpstream.core.noise`; AES is
+computational trade-off as the scalar BLAKE2b streams of :mod:`dpstream.core.noise.samplers`; AES is
 used because OpenSSL encrypts about 70 million blocks a second on one core.
 
 **Exact discrete Laplace from two words** (``scale = t/s``, ``p = exp(-s/t)``). If ``G1``,
@@ -123,7 +123,8 @@ block above at those coordinates. Round ``r`` reads the words of the two blocks
     AES-256_KG( S XOR pack(r, g) ),    g = 0, 1
 
 (``w0, w1`` from ``g = 0``, ``w2, w3`` from ``g = 1``), where ``KG`` is the Gaussian key
-(:meth:`~dpstream.core.noise.NoiseKey.encrypt_gaussian_blocks`: BLAKE2b of the secret under its
+(:meth:`~dpstream.core.noise.samplers.NoiseKey.encrypt_gaussian_blocks`: BLAKE2b of the secret
+under its
 own personalisation, independent of the block key) and ``pack`` puts ``2^8 r + g`` in the first
 64-bit little-endian word (``r < 2^56``: injective). One draw's inputs are distinct. Two draws'
 sub-lanes are AES outputs at distinct inputs (distinct coordinates of a lane, or two lanes
@@ -148,7 +149,8 @@ counter's ``sigma_G`` is about ``2^50.8`` at ``rho = 10^-6`` and horizon ``2^24`
 ``X < K t < 2^62``, and a value from the scalar round is checked to fit int64 (one that does not
 would need ``gamma > 2^12``, probability below ``e^-4000``). :func:`gaussian_one` returns a
 Python int for any ``sigma2``; for ``t > 2^56`` it runs Algorithm 3
-(:func:`~dpstream.core.noise.discrete_gaussian`) on the scalar BLAKE2b stream at the sub-lane.
+(:func:`~dpstream.core.noise.samplers.discrete_gaussian`) on the scalar BLAKE2b stream at the
+sub-lane.
 """
 
 from __future__ import annotations
@@ -164,7 +166,7 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-from dpstream.core.noise import (
+from dpstream.core.noise.samplers import (
     LANE_BYTES,
     NoiseKey,
     RandomIntegers,
@@ -403,7 +405,7 @@ def laplace(noise: NoiseKey, lanes: WordArray, scale: Fraction, tag: int, epoch:
         noise: the secret key.
         lanes: ``(n, 2)`` uint64, from :func:`lanes_array`.
         scale: the exact scale ``t/s > 0``.
-        tag: the draws' kind (a ``TAG_*`` of :mod:`dpstream.core.noise`).
+        tag: the draws' kind (a ``TAG_*`` of :mod:`dpstream.core.noise.samplers`).
         epoch: the draws' epoch coordinate (a scalar or a length-n array).
         height: the draws' height coordinate (a scalar or a length-n array).
         index: the draws' index coordinate (a scalar or a length-n array).
@@ -593,7 +595,7 @@ def _check_exp() -> None:
                 f"exp(-{gamma!r}) is {from_numpy!r} by numpy and {from_math!r} by math.exp: "
                 "one is not within 2^-40 relative (+ 2^-70) of the exact value, the accuracy "
                 "the exact discrete Gaussian's float screen assumes "
-                "(dpstream.core.bulk_noise), so it refuses to run on this platform")
+                "(dpstream.core.noise.bulk), so it refuses to run on this platform")
     _exp_checked = True
 
 
@@ -818,7 +820,7 @@ def gaussian(noise: NoiseKey, lanes: WordArray, sigma2: Fraction, tag: int, epoc
         noise: the secret key.
         lanes: ``(n, 2)`` uint64, from :func:`lanes_array`.
         sigma2: the exact variance parameter, a Fraction > 0 with ``floor(sqrt(sigma2)) < 2^56``.
-        tag: the draws' kind (a ``TAG_*`` of :mod:`dpstream.core.noise`).
+        tag: the draws' kind (a ``TAG_*`` of :mod:`dpstream.core.noise.samplers`).
         epoch: the draws' epoch coordinate (a scalar or a length-n array).
         height: the draws' height coordinate (a scalar or a length-n array).
         index: the draws' index coordinate (a scalar or a length-n array).

@@ -2,15 +2,15 @@
 
 Cummings, Krehbiel, Lai, Tantipongpipat 2018, "Differential Privacy for Growing Databases",
 Theorem 31: ERMG is BBImprover (their Algorithm 5, Theorem 29;
-:class:`dpstream.core.schedulers.BBImprover`) run with a static ε-DP ERM algorithm as its
+:class:`dpstream.core.pmwg.schedulers.BBImprover`) run with a static ε-DP ERM algorithm as its
 black box. At every database size ``t >= n`` it reruns the box on the whole database at
 ``ε_t = sqrt(c) ε / (3 sqrt(log(1/δ)) t^(1/2 + c))`` with ``β_t = β/(2t²)``; the ``ε_t``-DP runs
 compose in zCDP (each is ``ε_t²/2``-zCDP) to ``(ε, δ)``-DP (Theorem 29, D.2). The schedule,
 ``α_t``, the ledger (``zcdp``, budget ``ρ = ε²/(18 log(1/δ))``) and the state come from
-:class:`~dpstream.core.schedulers.BBImproverSpec` unchanged. ``δ > 0`` is required: Theorem 29
+:class:`~dpstream.core.pmwg.schedulers.BBImproverSpec` unchanged. ``δ > 0`` is required: Theorem 29
 is ``(ε, δ)``-DP only.
 
-**Time and data.** As in :mod:`dpstream.core.erm_release`, one block is one flow step with a
+**Time and data.** As in :mod:`dpstream.core.erm.schedules`, one block is one flow step with a
 public nominal size ``b0`` (``ErmgSpec.block_size``). The public database size after ``j``
 blocks is ``t = j·b0`` (the paper's ``x_t`` has ``t`` rows; here the normaliser of the
 objective, never the private count). The box runs at every observed ``t >= n``
@@ -18,7 +18,8 @@ objective, never the private count). The box runs at every observed ``t >= n``
 of all blocks so far. Skipping the ``t`` between multiples of ``b0`` only drops terms of
 Theorem 29's series (a sub-sum of positive terms).
 
-**The black box** (:class:`OutputPerturbation`): Algorithm 1 of :mod:`dpstream.core.erm`
+**The black box** (:class:`OutputPerturbation`): Algorithm 1 of
+:mod:`dpstream.core.erm.perturbation`
 (output perturbation of the λ-strongly convex objective centred at 0, normaliser ``t``),
 with the noise level whose cost at ``Δ(t) = L/(λt)`` is exactly ``ε_t``: an ``ε_t``-DP run
 under add/remove neighbours, exact discrete Laplace noise on a grid. Its synopsis is the
@@ -84,12 +85,12 @@ from dpstream.core._checks import (
     is_integer,
     positive_finite,
 )
-from dpstream.core.blackboxes import RngFor
-from dpstream.core.erm import Block, ErmSpec, NoiseLevel, PrivateModel
-from dpstream.core.erm_release import Release, TrainFn, _default_train
-from dpstream.core.ledger import PrivacyLedger, exact, zcdp_to_approx_dp
-from dpstream.core.noise import NoiseKey, check_coordinates
-from dpstream.core.schedulers import BBImprover, BBImproverSpec
+from dpstream.core.accounting.ledger import PrivacyLedger, exact, zcdp_to_approx_dp
+from dpstream.core.erm.perturbation import Block, ErmSpec, NoiseLevel, PrivateModel
+from dpstream.core.erm.schedules import Release, TrainFn, _default_train
+from dpstream.core.noise.samplers import NoiseKey, check_coordinates
+from dpstream.core.pmwg.blackboxes import RngFor
+from dpstream.core.pmwg.schedulers import BBImprover, BBImproverSpec
 from dpstream.errors import InvalidParameterError
 
 __all__ = ["ErmSynopsis", "Ermg", "ErmgSpec", "OutputPerturbation"]
@@ -145,7 +146,7 @@ class OutputPerturbation:
 
     Args:
         erm: the model (pure accounting).
-        train: the trainer (default :func:`dpstream.core.erm.private_erm`).
+        train: the trainer (default :func:`dpstream.core.erm.perturbation.private_erm`).
 
     """
 
@@ -173,7 +174,7 @@ class OutputPerturbation:
         beta: float,
         rng_for: RngFor,
     ) -> ErmSynopsis:
-        """Train on the database ``counts`` (a :class:`~dpstream.core.erm.Block`) at ``ε``-DP.
+        """Train on the database ``counts`` (a :class:`~.perturbation.Block`) at ``ε``-DP.
 
         Raises:
             InvalidParameterError: the database is not a Block, or the trainer reported a
@@ -234,7 +235,7 @@ class ErmgSpec:
 
     Raises:
         InvalidParameterError: a parameter out of range (the checks of
-            :class:`~dpstream.core.schedulers.BBImproverSpec`, e.g. ``delta = 0``).
+            :class:`~dpstream.core.pmwg.schedulers.BBImproverSpec`, e.g. ``delta = 0``).
 
     """
 
@@ -310,7 +311,7 @@ class Ermg:
         erm: the model; its accounting must be ``"pure"`` (the black box is ε-DP).
         noise: the secret key.
         coordinates: the schedule's coordinates.
-        train: the trainer (default :func:`dpstream.core.erm.private_erm`).
+        train: the trainer (default :func:`dpstream.core.erm.perturbation.private_erm`).
 
     Raises:
         InvalidParameterError: zCDP accounting, or bad coordinates.

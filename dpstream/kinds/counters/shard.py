@@ -13,15 +13,15 @@ with a fresh ledger. With no live key (open universe), steps without events are 
 
 Two engines keep the keys, with the same outputs for the same noise key:
 
-* :class:`~dpstream.core.key_table.KeyTable` (columnar: numpy arrays, vectorized noise),
+* :class:`~dpstream.core.counting.key_table.KeyTable` (columnar: numpy arrays, vectorized noise),
   for every specification it supports (:meth:`KeyTable.supports`: pure accounting with the
   tree counter, zCDP with the BLT counter);
-* :class:`ReferenceShardState`, one :class:`~dpstream.core.key_statistics.KeyStatistics`
+* :class:`ReferenceShardState`, one :class:`~dpstream.core.counting.key_statistics.KeyStatistics`
   per key: the readable reference the table is tested against, and the engine of any other
   specification and of the snapshots it made (zCDP flows before the columnar BLT).
 
 :meth:`ShardState.close` returns a closed step's outputs as one
-:class:`~dpstream.core.key_table.StepOutputs` (releases in columns, not one object per
+:class:`~dpstream.core.counting.key_table.StepOutputs` (releases in columns, not one object per
 release); the Bytewax operator passes those on whole (:meth:`ShardState.update_batches`), and
 :meth:`~dpstream.stream.barrier.StepBarrier.update` gives them as a flat list of outputs.
 ``release_every = k`` publishes the counters' periodic releases only at steps ``s`` with
@@ -40,7 +40,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from dpstream.core.key_statistics import (
+from dpstream.core.counting.key_statistics import (
     Alert,
     BudgetExhausted,
     KeyStatistics,
@@ -48,12 +48,12 @@ from dpstream.core.key_statistics import (
     Release,
     StatisticsSpec,
 )
-from dpstream.core.key_table import KeyTable, ReleaseColumns, StepOutputs
-from dpstream.core.noise import NoiseKey
+from dpstream.core.counting.key_table import KeyTable, ReleaseColumns, StepOutputs
+from dpstream.core.noise.samplers import NoiseKey
 from dpstream.errors import InvalidParameterError
+from dpstream.kinds.counters.layout import DeclaredLayout, RowCounts
 from dpstream.stream.barrier import StepBarrier, binding, check_binding
 from dpstream.stream.clock import ShardUpdate
-from dpstream.stream.layout import DeclaredLayout, RowCounts
 
 __all__ = ["ReferenceShardState", "ShardState", "step_outputs"]
 

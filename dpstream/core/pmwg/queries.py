@@ -1,4 +1,4 @@
-"""Linear queries over a :class:`~dpstream.core.universe.Universe`, compiled for PMWG.
+"""Linear queries over a :class:`~dpstream.core.pmwg.universe.Universe`, compiled for PMWG.
 
 PMWG (Cummings, Krehbiel, Lai, Tantipongpipat 2018, "Differential Privacy for
 Growing Databases", Algorithm 1 and appendix B) answers *linear queries*: a
@@ -87,7 +87,7 @@ from typing import Any, Final, NoReturn, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
-from dpstream.core.universe import Attribute, Bucketed, Categorical, Universe, _show
+from dpstream.core.pmwg.universe import Attribute, Bucketed, Categorical, Universe, _show
 from dpstream.errors import InvalidParameterError
 
 __all__ = [

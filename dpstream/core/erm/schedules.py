@@ -2,7 +2,8 @@
 
 The schedules of Watson et al., "Continual and Sliding Window Release for Private Empirical
 Risk Minimization" (paper 004), over the output-perturbation trainer of
-:mod:`dpstream.core.erm` (Algorithm 1 ``PSGD``; Algorithms 3 and 7 ``PBERM`` are the same
+:mod:`dpstream.core.erm.perturbation` (Algorithm 1 ``PSGD``; Algorithms 3 and 7 ``PBERM`` are the
+same
 with a *centre*, an earlier released model, as the regularisation point).
 
 **Time and data.** The unit of time is one *block*: the events of one flow step (block index =
@@ -14,8 +15,9 @@ schedule. The paper's ``b0`` is the public *nominal* block size (``ScheduleSpec.
 over ``j`` blocks is normalised by ``n̄ = j·b0``, never by the private count, so one event
 added or removed changes one block and moves that computation's minimiser by at most
 ``Δ(n̄) = L/(λ n̄)`` (add/remove neighbours; the paper's Lemma A.1 uses replace-one,
-``2L/(λ n̄)``; :mod:`dpstream.core.erm`). The noise of a computation is a
-:class:`~dpstream.core.erm.NoiseLevel` fixed by a *reference* (a normaliser and the cost at
+``2L/(λ n̄)``; :mod:`dpstream.core.erm.perturbation`). The noise of a computation is a
+:class:`~dpstream.core.erm.perturbation.NoiseLevel` fixed by a *reference* (a normaliser and the
+cost at
 it); at another normaliser the same real noise costs exactly ``cost_ref·Δ/Δ_ref`` (pure ε) or
 ``cost_ref·(Δ/Δ_ref)²`` (zCDP ρ). That is how the paper's "constant noise, decreasing cost"
 sums are reproduced exactly: its noise constants ``4L/(λBε)``, ``12L/(λw0ε)``, ... appear here
@@ -70,7 +72,7 @@ shrinks by ``4`` per doubling instead of ``2``, so the references are chosen for
 updates ``(b0, 3ρ/4)`` (``< ρ``; with Algorithm 2, ``< 2ρ``); sliding base ``(2^(k−1) b0, ρ/3)``
 and updates ``(b0, ρ/4)`` (``ρ/3 + 2·(ρ/4)(4/3) = ρ``, strictly less for a finite window);
 independent ``(b0, ρ)``. Sampling is refused under zCDP: amplification is implemented for
-pure ε only (:func:`~dpstream.core.erm.amplified_epsilon`); a Poisson-subsampled zCDP
+pure ε only (:func:`~dpstream.core.erm.perturbation.amplified_epsilon`); a Poisson-subsampled zCDP
 mechanism has no rate-proportional ρ (it needs Rényi or truncated-CDP accounting).
 
 **The per-block ledger.** Every computation charges each block of its own data range its
@@ -166,10 +168,10 @@ schedule's spec and the model's spec (:meth:`ReleaseSchedule.from_state` checks 
    ``ln(1 + q(e^ε − 1))`` (Balle, Barthe, Gaboardi 2018) — the paper's "Further notes on
    sampling" allow it. The rate is the paper's
    ``q = (e^(a/2^j) − 1)/(e^a − 1)`` (``a`` the unamplified cost), rounded *down* until
-   :func:`~dpstream.core.erm.amplified_epsilon` (rounded up) is at most ``a/2^j``
+   :func:`~dpstream.core.erm.perturbation.amplified_epsilon` (rounded up) is at most ``a/2^j``
    (:func:`sampling_rate_at_most`); that bound is what is charged. The sampled objective is
    normalised by the *full* nominal size of its blocks (blocks × ``b0``), as
-   :mod:`dpstream.core.erm` explains: only then is the sensitivity the one the noise is
+   :mod:`dpstream.core.erm.perturbation` explains: only then is the sensitivity the one the noise is
    calibrated to ("noise calibrated to the full bucket size"); normalising by the sample's
    size would multiply the unamplified cost by ``2^j``. The sliding window's sampling text
    gives two calibrations (rate ``1/2^j`` with noise ``4L/(λ 2^j b0 ε)``, then "the same
@@ -191,7 +193,6 @@ from typing import Any, ClassVar, Final, Literal, Protocol, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
-from dpstream.core import erm as _erm
 from dpstream.core._checks import (
     check_state,
     fraction_text,
@@ -199,9 +200,10 @@ from dpstream.core._checks import (
     is_integer,
     positive_finite,
 )
-from dpstream.core.erm import Block, ErmSpec, NoiseLevel, PrivateModel
-from dpstream.core.ledger import exact
-from dpstream.core.noise import NoiseKey, RandomIntegers, check_coordinates
+from dpstream.core.accounting.ledger import exact
+from dpstream.core.erm import perturbation as _erm
+from dpstream.core.erm.perturbation import Block, ErmSpec, NoiseLevel, PrivateModel
+from dpstream.core.noise.samplers import NoiseKey, RandomIntegers, check_coordinates
 from dpstream.errors import BudgetExhaustedError, InvalidParameterError
 
 __all__ = [
@@ -228,7 +230,7 @@ Chain: TypeAlias = tuple[tuple[int, int], ...]
 
 
 class TrainFn(Protocol):
-    """Trains one private model (the signature of :func:`dpstream.core.erm.private_erm`)."""
+    """Trains one private model (as :func:`~dpstream.core.erm.perturbation.private_erm`)."""
 
     def __call__(
         self,
@@ -270,9 +272,10 @@ def sampling_rate_at_most(unamplified: Fraction, target: Fraction) -> Fraction:
     """Return a Poisson rate whose charged (amplified) cost is at most ``target`` (pure ε only).
 
     Starts from the paper's rate ``(e^target − 1)/(e^unamplified − 1)`` (Algorithm 6 line 5,
-    Algorithm 8 line 11) as :func:`dpstream.core.erm.sampling_rate` computes it (rounded down
+    Algorithm 8 line 11) as :func:`dpstream.core.erm.perturbation.sampling_rate` computes it
+    (rounded down
     to a denominator of ``10^18``), then lowers it, by steps that double, until
-    :func:`~dpstream.core.erm.amplified_epsilon` — an upper bound on
+    :func:`~dpstream.core.erm.perturbation.amplified_epsilon` — an upper bound on
     ``ln(1 + q(e^unamplified − 1))``, rounded up — is at most ``target``: that bound is what is
     charged, so the paper's sums hold exactly. Rate 1 when ``target >= unamplified``.
 
@@ -318,7 +321,7 @@ class ScheduleSpec:
         window_blocks: ``w`` in blocks, ``2^k − 1`` with ``k >= 2`` (Algorithm 5).
         sampling: Algorithms 6, 8 and the sampled sliding window (pure only).
         accounting: ``"pure"`` (discrete Laplace, ε) or ``"zcdp"`` (discrete Gaussian, ρ);
-            must equal the model's :attr:`~dpstream.core.erm.ErmSpec.accounting`.
+            must equal the model's :attr:`~dpstream.core.erm.perturbation.ErmSpec.accounting`.
         update_regularization: the λ of the centred computations (Algorithm 3/7: the
             updates of Algorithm 4/8 and the buckets of Algorithm 5), or ``None`` for the
             model's λ. Algorithm 3 takes λ as its own input; Theorem 5 wants it small enough
@@ -550,7 +553,8 @@ class ReleaseSchedule:
             ``spec.accounting``.
         noise: the secret key all noise and sampling bits are derived from.
         coordinates: the schedule's coordinates, e.g. ``(instance, flow, "erm", stream)``.
-        train: the trainer (default :func:`dpstream.core.erm.private_erm`); injectable for
+        train: the trainer (default :func:`dpstream.core.erm.perturbation.private_erm`); injectable
+        for
             tests.
 
     Raises:

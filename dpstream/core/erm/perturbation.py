@@ -2,7 +2,7 @@
 
 This is the static building block of the release schedules of Watson et al., "Continual and
 Sliding Window Release for Private ERM" (paper 004; the schedules live in
-:mod:`dpstream.core.erm_release`): **Algorithm 1** (PSGD, output perturbation, Wu et al. 2017),
+:mod:`dpstream.core.erm.schedules`): **Algorithm 1** (PSGD, output perturbation, Wu et al. 2017),
 **Algorithm 3** (PBERM: the same with the penalty centred at an earlier *released* model) and
 **Algorithm 7** (PBERM on ``2^j b0`` events normalised by ``2^j b0``). All three are
 :func:`private_erm`: solve the regularized problem to a certified precision, round the
@@ -100,7 +100,8 @@ g(Delta_ref) = cost_ref Delta / Delta_ref``, exactly, because ``g`` is proportio
 ``V = (1 + 10^-12) D2^2 g(Delta_ref)^2 / (2 cost_ref)``, the integer variance
 ``sigma^2 = V / g(Delta)^2`` and ``rho = (1 + 10^-12) D2^2 / (2 sigma^2) =
 cost_ref (Delta / Delta_ref)^2``, exactly. The factor ``1 + 10^-12`` reserves room for the
-discreteness term of CKS 2020 Theorem 14 (bounded as in :mod:`dpstream.core.blt_counter` and
+discreteness term of CKS 2020 Theorem 14 (bounded as in :mod:`dpstream.core.counting.blt_counter`
+and
 checked for every computation; it is below ``10^-100`` of rho unless rho exceeds ``10^5``).
 
 **Privacy of one release.** Pure: the released integers are ``r + Y`` with ``Y_j`` iid discrete
@@ -151,8 +152,8 @@ import numpy as np
 import numpy.typing as npt
 
 from dpstream.core._checks import fraction_text, integer_at_least, positive_finite
-from dpstream.core.ledger import Accounting, exact
-from dpstream.core.noise import (
+from dpstream.core.accounting.ledger import Accounting, exact
+from dpstream.core.noise.samplers import (
     RandomIntegers,
     discrete_gaussian,
     discrete_gaussian_variance,
@@ -865,7 +866,7 @@ def _log(x: Fraction) -> float:
 def _discreteness_fits(p: int, sigma2: Fraction, rho: Fraction) -> bool:
     """Whether CKS 2020 Theorem 14's discreteness term fits in the reserved share of ``rho``.
 
-    The term is bounded generously, as in :mod:`dpstream.core.blt_counter`, by
+    The term is bounded generously, as in :mod:`dpstream.core.counting.blt_counter`, by
     ``50 p exp(-pi^2 sigma^2) / (1 - exp(-pi^2 sigma^2))``; it must stay below the reserved
     ``10^-12 / (1 + 10^-12)`` of the charged rho. Logarithms throughout (no underflow).
     """

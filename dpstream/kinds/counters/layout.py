@@ -7,7 +7,8 @@ universe is known at start-up, so :class:`DeclaredLayout` also fixes each declar
 in that order are exactly the order in which its key table starts them (sorted, at the first
 close), so the step clock can hand a shard its events as row numbers
 (:class:`RowCounts`) and neither the shard nor its table has to look a key string up again.
-One :class:`~dpstream.core.key_index.KeyIndex` over the positions serves both as the clock's
+One :class:`~dpstream.core.counting.key_index.KeyIndex` over the positions serves both as the
+clock's
 check that a key is declared and as the lookup from key to position.
 """
 
@@ -20,8 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from dpstream.core.key_index import KeyIndex
-from dpstream.core.noise import JoinedNames
+from dpstream.core.counting.key_index import KeyIndex
+from dpstream.core.noise.samplers import JoinedNames
 
 __all__ = ["DeclaredLayout", "RowCounts", "shard_of", "shards_of"]
 
@@ -70,7 +71,7 @@ class RowCounts:
 class DeclaredLayout(Mapping[int, tuple[str, ...]]):
     """The declared keys by shard, each shard's sorted: a mapping ``shard -> keys``.
 
-    A shard's keys are a :class:`~dpstream.core.noise.JoinedNames` tuple, which also holds
+    A shard's keys are a :class:`~dpstream.core.noise.samplers.JoinedNames` tuple, which also holds
     their UTF-8 bytes joined (about 14 bytes a key of 12 characters), so the lanes of the
     shard's counters are derived without reading a million string objects again. Being a
     tuple subclass with an attribute, the garbage collector tracks it: a full collection

@@ -24,7 +24,7 @@ new coordinates). These are the broken variants listed by Lyu, Su, Li 2017.
 Noise is exact (Canonne, Kamath, Steinke 2020) and replay-safe: ``rho`` comes
 from the monitor's lane ``noise_key.lane(*coordinates)`` at
 ``(TAG_MONITOR_THRESHOLD, 0, 0, 0)`` and ``nu_t`` from ``(TAG_MONITOR_QUERY, 0, 0, t)``
-(:mod:`dpstream.core.bulk_noise`), so a replay after a crash makes the same decisions.
+(:mod:`dpstream.core.noise.bulk`), so a replay after a crash makes the same decisions.
 
 **After halting** :meth:`ThresholdMonitor.step` keeps accepting steps and
 returns ``False`` without looking at the data or drawing noise; check
@@ -46,9 +46,9 @@ from typing import Any, Final
 
 from dpstream.core._checks import increment as checked_increment
 from dpstream.core._checks import integer_at_least, is_integer, positive_finite
-from dpstream.core.bulk_noise import laplace_one
-from dpstream.core.ledger import PrivacyCharge, exact
-from dpstream.core.noise import (
+from dpstream.core.accounting.ledger import PrivacyCharge, exact
+from dpstream.core.noise.bulk import laplace_one
+from dpstream.core.noise.samplers import (
     TAG_MONITOR_QUERY,
     TAG_MONITOR_THRESHOLD,
     NoiseKey,
@@ -370,7 +370,8 @@ def lazy_start_delta(spec: ThresholdMonitorSpec) -> float:
 
     The open key universe watches a key in fixed global windows of ``spec.horizon`` steps;
     in each window its monitor counts only that window's events and starts at the key's
-    first event there, at index ``f`` in the window (see :mod:`dpstream.core.key_statistics`).
+    first event there, at index ``f`` in the window (see
+    :mod:`dpstream.core.counting.key_statistics`).
     Compare it with the ideal monitor ``M*`` that starts at index 0 for every possible key:
     ``M*`` is ``epsilon``-DP (Dwork & Roth, Thm 3.23). Both draw the threshold noise at the
     window's coordinates and the query noise of index ``t`` at ``t``'s coordinates, so they

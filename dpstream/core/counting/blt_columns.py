@@ -1,22 +1,24 @@
 """The BLT counters of many keys as columns: one group, stepped together.
 
 :class:`BltColumns` is the columnar equivalent of ``n`` independent
-:class:`~dpstream.core.blt_counter.BltCounter` objects that started at the same step (the
+:class:`~dpstream.core.counting.blt_counter.BltCounter` objects that started at the same step (the
 buffered linear Toeplitz mechanism of Dvijotham, McMahan, Pillutla, Steinke and Thakurta 2024,
 "Efficient and Near-Optimal Noise Generation for Streaming Differential Privacy", on the
-integer grid of :mod:`dpstream.core.blt_counter`, whose module docstring has the factorization,
+integer grid of :mod:`dpstream.core.counting.blt_counter`, whose module docstring has the
+factorization,
 the grid argument and the privacy proof; nothing here changes them). With the same noise key
 and lanes it returns exactly what those counters return, bit for bit:
 
 * they share the epoch and the step in it (public: the group's start step and the clock), so
   one bulk call draws the step's discrete Gaussian noise of every key at its lane's
-  ``(TAG_BLT, epoch, 0, step_in_epoch)`` (:func:`dpstream.core.bulk_noise.gaussian`, the same
+  ``(TAG_BLT, epoch, 0, step_in_epoch)`` (:func:`dpstream.core.noise.bulk.gaussian`, the same
   values as the counter's ``gaussian_one``) and the standard deviation is one Python float;
-* the integer buffers ``B_j`` are exact multi-limb integers (:mod:`dpstream.core.wide_int`),
+* the integer buffers ``B_j`` are exact multi-limb integers
+(:mod:`dpstream.core.counting.wide_int`),
   one ``(L_j, n)`` uint32 limb array per buffer, updated by the counter's exact rule
   ``Y = x G + sum_j round(W_j B_j / 2^P)``, ``B_j <- round(T_j B_j / 2^P) + x G``
   (round half up), and ``Y + Z`` is converted to float64 with Python's ``float(int)``
-  rounding (:func:`~dpstream.core.wide_int.signed_to_float`);
+  rounding (:func:`~dpstream.core.counting.wide_int.signed_to_float`);
 * the post-processing (``C^{-1}`` in feedback form, the prefix sum, the epoch's base) runs
   on float64 columns with the counter's IEEE operations in the counter's order.
 
@@ -44,9 +46,10 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from dpstream.core import bulk_noise, wide_int
-from dpstream.core.blt_counter import GRID_BITS, BltCounterSpec, _parameters, _variance
-from dpstream.core.noise import TAG_BLT, NoiseKey
+from dpstream.core.counting import wide_int
+from dpstream.core.counting.blt_counter import GRID_BITS, BltCounterSpec, _parameters, _variance
+from dpstream.core.noise import bulk as bulk_noise
+from dpstream.core.noise.samplers import TAG_BLT, NoiseKey
 from dpstream.errors import InvalidParameterError
 
 __all__ = ["BltColumns", "BltGroup", "CounterGroup"]

@@ -23,6 +23,7 @@ import msgspec
 import numpy as np
 import orjson
 
+from dpstream.kinds.counters.layout import DeclaredLayout, RowCounts, shard_of, shards_of
 from dpstream.messages import (
     TICK,
     TIMESTAMP_CREATE_TIME,
@@ -33,7 +34,6 @@ from dpstream.messages import (
     RawMessage,
 )
 from dpstream.stream.clock import MAX_SECONDS, ShardUpdate, StepClock, bad_time, undecodable
-from dpstream.stream.layout import DeclaredLayout, RowCounts, shard_of, shards_of
 
 __all__ = [
     "EventRules",
@@ -209,7 +209,7 @@ class PartitionClock(StepClock):
         """Decode a whole batch in one C call, or return None to take the per-record path.
 
         The payloads are the keys, or in the declared universe their positions
-        (:class:`~dpstream.stream.layout.DeclaredLayout`).
+        (:class:`~dpstream.kinds.counters.layout.DeclaredLayout`).
 
         The records are joined as JSON lines. The join is only trusted when no record
         holds a newline and every line decoded into exactly one event, so each event

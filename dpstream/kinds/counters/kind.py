@@ -1,7 +1,7 @@
 """The counters flow kind: private per-key counts released at every step.
 
 Events ``{"key": ..., "ts": ...}`` -> the shared step clock -> one shard of keyed statistics
-per ``flow.shards`` (:class:`~dpstream.stream.shard.ShardState`: threshold monitor, initial
+per ``flow.shards`` (:class:`~dpstream.kinds.counters.shard.ShardState`: threshold monitor, initial
 count, binary tree or BLT counter per key) -> ``dpstream.release/1``, ``dpstream.alert/1``
 and ``dpstream.status/1`` records. Its configuration tables are ``[privacy]``,
 ``[counter]``, ``[monitor]``, ``[admission]`` and ``[release]``
@@ -30,25 +30,25 @@ import bytewax.operators as op
 from bytewax.dataflow import Stream
 
 from dpstream.config import FlowConfig, Section, build_spec, parse_common, positive
-from dpstream.core.blt_counter import BltCounterSpec
-from dpstream.core.key_statistics import StatisticsSpec
-from dpstream.core.ledger import PrivacyCharge, PrivacyLedger, approx_dp
-from dpstream.core.threshold_monitor import (
+from dpstream.core.accounting.ledger import PrivacyCharge, PrivacyLedger, approx_dp
+from dpstream.core.counting.blt_counter import BltCounterSpec
+from dpstream.core.counting.key_statistics import StatisticsSpec
+from dpstream.core.counting.threshold_monitor import (
     ThresholdMonitorSpec,
     lazy_start_delta,
     minimal_threshold,
 )
-from dpstream.core.tree_counter import TreeCounterSpec
+from dpstream.core.counting.tree_counter import TreeCounterSpec
 from dpstream.errors import ConfigError, InvalidParameterError
-from dpstream.io.records import EncodedBatch, RecordEncoder
+from dpstream.kinds.counters.events import EventRules, PartitionClock
+from dpstream.kinds.counters.layout import DeclaredLayout
+from dpstream.kinds.counters.records import EncodedBatch, RecordEncoder
+from dpstream.kinds.counters.shard import ShardState
 from dpstream.messages import Encoded
 from dpstream.platform import FlowParts
 from dpstream.stream.barrier import end_step_of
 from dpstream.stream.clock import ShardUpdate
-from dpstream.stream.events import EventRules, PartitionClock
-from dpstream.stream.layout import DeclaredLayout
 from dpstream.stream.operators import keyed_statistics
-from dpstream.stream.shard import ShardState
 
 __all__ = ["AdmissionConfig", "CountersConfig", "KIND", "PrivacyConfig", "event_rules",
            "statistics_spec"]
@@ -109,7 +109,7 @@ class CountersConfig(FlowConfig):
         """The declared keys by shard and row, built once (None in the open universe).
 
         Every input partition's clock and every shard of this process share it: its
-        :class:`~dpstream.core.key_index.KeyIndex` (about 16 bytes a key) checks that a key
+        :class:`~dpstream.core.counting.key_index.KeyIndex` (about 16 bytes a key) checks that a key
         is declared and gives its row, and each shard's sorted key list is its table's.
         """
         if self.admission.mode != "declared":
@@ -163,7 +163,7 @@ class CountersConfig(FlowConfig):
 
         Pure: epsilon spent and the delta of ``privacy.delta`` in a release (the ledger's
         delta plus the admission delta). zCDP: ``privacy.approx_dp`` of a release, converted
-        at ``privacy.delta`` by :func:`~dpstream.core.ledger.approx_dp`, the function the
+        at ``privacy.delta`` by :func:`~dpstream.core.accounting.ledger.approx_dp`, the function the
         record encoder calls, with the admission delta added.
         """
         ledger = self.privacy.new_ledger()
@@ -386,7 +386,7 @@ class CountersKind:
              ) -> Stream[Encoded | EncodedBatch]:
         """Keyed statistics per shard, encoded as release, alert and status records.
 
-        One :class:`~dpstream.io.records.EncodedBatch` per closed step of a shard.
+        One :class:`~dpstream.kinds.counters.records.EncodedBatch` per closed step of a shard.
         """
         config: CountersConfig = parts.config
         spec = statistics_spec(config, parts.instance)

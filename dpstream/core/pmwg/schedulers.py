@@ -3,7 +3,7 @@
 The database grows by one row per unit of its public size ``t`` (``t = n,
 n + 1, ...``). A stream of linear queries must be answered at every ``t``
 using a static ``(p, g)``-black box ``M`` (Definition 4;
-:mod:`dpstream.core.blackboxes`). Both schedulers come from Cummings,
+:mod:`dpstream.core.pmwg.blackboxes`). Both schedulers come from Cummings,
 Krehbiel, Lai, Tantipongpipat 2018, "Differential Privacy for Growing
 Databases", Section 4 and appendix D.
 
@@ -91,14 +91,14 @@ inconsistent):
 5. *delta = 0 for BBImprover* is refused (see above).
 6. *The database size* ``t`` is public, as in the paper (``x_t`` has ``t``
    rows). It is passed to the black box as ``n``. Neighbouring inputs differ
-   by one event (:mod:`dpstream.core.blackboxes`).
+   by one event (:mod:`dpstream.core.pmwg.blackboxes`).
 
 **Exact, replay-safe noise.** The schedulers draw nothing themselves. A run
 of the black box gets ``rng_for(*c) = key.stream(*coordinates, kind, box,
 r, *c)``, where ``kind`` is ``"bbscheduler"`` or ``"bbimprover"``, ``box`` is
 the black box's name and ``r`` is the epoch or ``t``. A replay after a crash
 therefore reproduces the very same synopsis, and the black boxes sample
-exactly (:mod:`dpstream.core.blackboxes`). The pure ledger's charges are
+exactly (:mod:`dpstream.core.pmwg.blackboxes`). The pure ledger's charges are
 exact: ``epsilon_i`` is computed as a rational and rounded *down* to a float
 whose decimal value (what the ledger and the noise use) does not exceed it,
 so no partial sum ever exceeds ``epsilon``. A run is first checked against
@@ -126,14 +126,14 @@ import numpy as np
 import numpy.typing as npt
 
 from dpstream.core._checks import integer_at_least, positive_finite
-from dpstream.core.blackboxes import (
+from dpstream.core.accounting.ledger import PrivacyCharge, PrivacyLedger, exact, zcdp_to_approx_dp
+from dpstream.core.noise.samplers import NoiseKey, RandomIntegers, check_coordinates
+from dpstream.core.pmwg.blackboxes import (
     BlackBox,
     PrecheckedBlackBox,
     Synopsis,
     synopsis_from_state,
 )
-from dpstream.core.ledger import PrivacyCharge, PrivacyLedger, exact, zcdp_to_approx_dp
-from dpstream.core.noise import NoiseKey, RandomIntegers, check_coordinates
 from dpstream.errors import BudgetExhaustedError, InvalidParameterError
 
 __all__ = ["BBImprover", "BBImproverSpec", "BBScheduler", "BBSchedulerSpec"]
@@ -563,7 +563,7 @@ class _Runner(Generic[_SpecT]):
     A subclass names its ``_kind`` and says which of the spec's values the black
     box must match (:meth:`_bound`) and the parameters of its first run
     (:meth:`_first_run`, checked up front by a
-    :class:`~dpstream.core.blackboxes.PrecheckedBlackBox`).
+    :class:`~dpstream.core.pmwg.blackboxes.PrecheckedBlackBox`).
     """
 
     _kind: ClassVar[str] = ""
@@ -701,7 +701,7 @@ class _Runner(Generic[_SpecT]):
 
         ``_run`` passes its database (``counts``, a histogram for this module's black boxes)
         to the black box untouched, so a subclass may drive a black box over another kind of
-        database (:mod:`dpstream.core.ermg`).
+        database (:mod:`dpstream.core.erm.ermg`).
         """
         return synopsis_from_state(state)
 
@@ -776,7 +776,7 @@ class BBScheduler(_Runner[BBSchedulerSpec]):
     Raises:
         InvalidParameterError: bad coordinates, a black box that does not match the
             spec, or one that refuses the first epoch's parameters up front
-            (:class:`~dpstream.core.blackboxes.PrecheckedBlackBox`; ``alpha_i`` is the
+            (:class:`~dpstream.core.pmwg.blackboxes.PrecheckedBlackBox`; ``alpha_i`` is the
             same for every epoch, up to rounding).
 
     """

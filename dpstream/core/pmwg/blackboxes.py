@@ -7,7 +7,7 @@ and its ``(p, p', p'', g)`` form in appendix D.2) is a static algorithm
 probability at least ``1 - beta``, answers every query of its class within
 ``alpha`` of the truth whenever ``alpha >= g (log(1/beta) / (epsilon n))^p``
 (appendix D.2: ``g (1/(epsilon n))^p log^p''(n) log^p'(1/beta)``). The
-schedulers of :mod:`dpstream.core.schedulers` rerun such a box as the
+schedulers of :mod:`dpstream.core.pmwg.schedulers` rerun such a box as the
 database grows. This module defines the interface (:class:`BlackBox`,
 :class:`Synopsis`) and three boxes.
 
@@ -99,10 +99,10 @@ theorem: for the ``alpha`` a scheduler requests, SmallDB delivers about
 ``alpha (1 + 2 / ln(1/beta)) + 2 ln(1/beta) / (epsilon n) + 2^-15``.
 
 **Exact sampling.** All noise comes from the exact samplers of
-:mod:`dpstream.core.noise` (Canonne, Kamath, Steinke 2020). The exponential
+:mod:`dpstream.core.noise.samplers` (Canonne, Kamath, Steinke 2020). The exponential
 mechanism is implemented exactly by rejection: propose a candidate uniformly
 and accept it with probability ``exp(-lambda (u_max - u))``, using
-:func:`~dpstream.core.noise.bernoulli_exp` on the rational argument (integer
+:func:`~dpstream.core.noise.samplers.bernoulli_exp` on the rational argument (integer
 utilities, rational ``lambda = epsilon' / (2 Delta)``). An accepted index then
 has probability exactly proportional to ``exp(lambda u)``: this *is* the
 exponential mechanism, so the textbook privacy and accuracy proofs apply
@@ -138,8 +138,8 @@ import numpy as np
 import numpy.typing as npt
 
 from dpstream.core._checks import integer_at_least, positive_finite
-from dpstream.core.ledger import exact
-from dpstream.core.noise import RandomIntegers, bernoulli_exp, discrete_laplace
+from dpstream.core.accounting.ledger import exact
+from dpstream.core.noise.samplers import RandomIntegers, bernoulli_exp, discrete_laplace
 from dpstream.errors import InvalidParameterError
 
 __all__ = [
@@ -325,7 +325,7 @@ def exponential_mechanism(
 
     Rejection sampling: propose ``i`` uniformly and accept it with probability
     ``exp(-rate (max(utilities) - utilities[i]))``, drawn exactly by
-    :func:`~dpstream.core.noise.bernoulli_exp` (integer utilities, rational
+    :func:`~dpstream.core.noise.samplers.bernoulli_exp` (integer utilities, rational
     ``rate``). With ``rate = epsilon / (2 Delta)`` for utilities of
     sensitivity ``Delta`` it is the exponential mechanism (McSherry & Talwar
     2007), ``epsilon``-DP. It needs at most ``len(utilities)`` proposals in

@@ -108,7 +108,8 @@ exactly ``h_t`` and Theorem 24's sum, and with it (B.1), holds for this implemen
 :attr:`Pmwg.halted_rounds` counts the halts actually made (tests assert it equals
 :attr:`Pmwg.hard_queries`).
 
-**Accounting** (recorded in a :class:`~dpstream.core.ledger.PrivacyLedger`, which is part of
+**Accounting** (recorded in a :class:`~dpstream.core.accounting.ledger.PrivacyLedger`, which is
+part of
 the state; :attr:`Answer.spent` is its total).
 
 * *pure, modes paper/solved.* Theorem 24's telescoping: round ``j``'s ATG part starts no
@@ -186,8 +187,8 @@ import numpy as np
 import numpy.typing as npt
 
 from dpstream.core._checks import is_integer
-from dpstream.core.ledger import PrivacyCharge, PrivacyLedger, exact, zcdp_to_approx_dp
-from dpstream.core.noise import (
+from dpstream.core.accounting.ledger import PrivacyCharge, PrivacyLedger, exact, zcdp_to_approx_dp
+from dpstream.core.noise.samplers import (
     NoiseKey,
     RandomIntegers,
     check_coordinates,
@@ -240,7 +241,7 @@ PRIVACY_BUDGET_EXHAUSTED: Final = "privacy budget exhausted"
 
 
 class LinearQueryLike(Protocol):
-    """What PMWG needs of a linear query (implemented by ``dpstream.core.queries``).
+    """What PMWG needs of a linear query (implemented by ``dpstream.core.pmwg.queries``).
 
     ``support_size`` and ``key`` are read-only here so that frozen dataclasses and
     properties satisfy the protocol as well as plain attributes.
@@ -307,7 +308,7 @@ def dlap_variance(scale: Fraction | float) -> float:
     """Return the variance ``2 p / (1 - p)^2``, ``p = exp(-1/scale)``, of the discrete Laplace.
 
     Stable for the huge scales of the NSG grid (``1 - p`` via ``expm1``), where
-    :func:`~dpstream.core.noise.discrete_laplace_variance` loses all precision.
+    :func:`~dpstream.core.noise.samplers.discrete_laplace_variance` loses all precision.
     """
     x = 1.0 / float(scale)
     return 2.0 * math.exp(-x) / math.expm1(-x) ** 2

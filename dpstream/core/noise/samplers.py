@@ -70,7 +70,7 @@ Coordinate = str | int
 NOISE_SCHEME: Final = "dpstream-noise/4"
 """How noise is derived from the key (recorded in snapshots: a resume across schemes would
 re-noise replayed releases, so it is refused). Scheme 2 added lanes and the AES block PRF of
-:mod:`dpstream.core.bulk_noise` for the counters' mechanisms; scheme 3 derives the lanes with
+:mod:`dpstream.core.noise.bulk` for the counters' mechanisms; scheme 3 derives the lanes with
 AES (ECBC-MAC, :meth:`NoiseKey.lane`) so that a million keys' lanes are a few bulk calls.
 Scheme 4 draws the discrete Gaussian (BLT counter, zCDP initial count) from AES words at a
 per-draw sub-lane under its own derived key (:meth:`NoiseKey.encrypt_gaussian_blocks`), so that
@@ -165,7 +165,7 @@ class JoinedNames(tuple[str, ...]):
     at start-up), it serves twice without reading the string objects again, which a table of
     a million keys has not touched since (a read from memory each, about 100 ns):
     :meth:`NoiseKey.lane_words` takes the names' bytes from it, and the record encoder
-    (:mod:`dpstream.io.records`) the keys' JSON texts.
+    (:mod:`dpstream.kinds.counters.records`) the keys' JSON texts.
 
     Raises:
         InvalidParameterError: a name is not a str.
@@ -454,7 +454,7 @@ class NoiseKey:
         """Return the 16-byte lane of the mechanism instance at coordinates ``prefix``.
 
         Each draw of that mechanism is one block of :meth:`encrypt_blocks` at the lane and the
-        draw's numeric coordinates (:mod:`dpstream.core.bulk_noise`). Lanes are secret-derived:
+        draw's numeric coordinates (:mod:`dpstream.core.noise.bulk`). Lanes are secret-derived:
         keep them in memory, never in a snapshot.
 
         **Derivation (scheme 3).** The lane is ECBC-MAC (CBC-MAC under AES-256 key ``K1``,
@@ -560,7 +560,7 @@ class NoiseKey:
     def encrypt_blocks(self, data: bytes | memoryview) -> bytes:
         """Encrypt ``data``, whole 16-byte blocks, with AES-256 (ECB) under a derived key.
 
-        This is the block PRF of :mod:`dpstream.core.bulk_noise`; the AES key is BLAKE2b of
+        This is the block PRF of :mod:`dpstream.core.noise.bulk`; the AES key is BLAKE2b of
         the secret (never the secret itself).
 
         ``cryptography`` (OpenSSL, AES-NI) is imported here only: it encrypts about 70M blocks
@@ -572,7 +572,7 @@ class NoiseKey:
     def encrypt_gaussian_blocks(self, data: bytes) -> bytes:
         """Encrypt whole 16-byte blocks with AES-256 (ECB) under the discrete Gaussian's key.
 
-        The rounds of :func:`dpstream.core.bulk_noise.gaussian` take their words here: the key
+        The rounds of :func:`dpstream.core.noise.bulk.gaussian` take their words here: the key
         is BLAKE2b of the secret under its own personalisation, independent of the key of
         :meth:`encrypt_blocks` and of the lane keys, so these blocks are a separate PRF domain.
         """

@@ -26,7 +26,7 @@ window's monitor: ``epsilon_monitor``. The monitor's start is data-dependent
 but its end is not, and its noise is keyed by the window and the step's index
 in the window, so it decides exactly like a monitor started at the window's
 beginning unless that one fires on a count of 0 before the key's first event:
-:func:`~dpstream.core.threshold_monitor.lazy_start_delta` bounds the resulting
+:func:`~dpstream.core.counting.threshold_monitor.lazy_start_delta` bounds the resulting
 delta, which the configuration keeps within ``privacy.delta``. After admission
 (a published, private output) the initial count and the counter are
 ``epsilon_initial`` and ``epsilon_counter`` DP with respect to one event.
@@ -41,7 +41,7 @@ validated so that it cannot be refused.
 
 **Noise coordinates** bind every draw to the flow instance, the key, the
 mechanism and a digest of the mechanism's parameters (pitfall 13): the lanes
-(:mod:`dpstream.core.bulk_noise`) of ``(instance, key, "monitor", digest, window)``,
+(:mod:`dpstream.core.noise.bulk`) of ``(instance, key, "monitor", digest, window)``,
 ``(instance, key, "initial", digest, step)`` and ``(instance, key, "counter", digest,
 start_step)``.
 
@@ -59,18 +59,18 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Literal
 
-from dpstream.core.blt_counter import BltCounter, BltCounterSpec
-from dpstream.core.bulk_noise import gaussian_one, laplace_one
-from dpstream.core.ledger import PrivacyCharge, PrivacyLedger, exact
-from dpstream.core.noise import (
+from dpstream.core.accounting.ledger import PrivacyCharge, PrivacyLedger, exact
+from dpstream.core.counting.blt_counter import BltCounter, BltCounterSpec
+from dpstream.core.counting.threshold_monitor import ThresholdMonitor, ThresholdMonitorSpec
+from dpstream.core.counting.tree_counter import TreeCounter, TreeCounterSpec
+from dpstream.core.noise.bulk import gaussian_one, laplace_one
+from dpstream.core.noise.samplers import (
     TAG_INITIAL,
     NoiseKey,
     discrete_gaussian_variance,
     discrete_laplace_variance,
     encode_coordinates,
 )
-from dpstream.core.threshold_monitor import ThresholdMonitor, ThresholdMonitorSpec
-from dpstream.core.tree_counter import TreeCounter, TreeCounterSpec
 from dpstream.errors import BudgetExhaustedError, InvalidParameterError
 
 __all__ = ["Alert", "BudgetExhausted", "KeyStatistics", "Release", "StatisticsSpec"]

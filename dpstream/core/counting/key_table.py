@@ -1,16 +1,16 @@
 """Columnar key state: every key of a shard in numpy columns, stepped in bulk.
 
 :class:`KeyTable` is the columnar equivalent of the per-key engine (one
-:class:`~dpstream.core.key_statistics.KeyStatistics` per key, stepped by the shard's
+:class:`~dpstream.core.counting.key_statistics.KeyStatistics` per key, stepped by the shard's
 ``close``): the same threshold monitor, initial count, binary tree counter and ledger
-rules, for pure accounting with a :class:`~dpstream.core.tree_counter.TreeCounterSpec`
-counter and for zCDP accounting with a :class:`~dpstream.core.blt_counter.BltCounterSpec`
+rules, for pure accounting with a :class:`~dpstream.core.counting.tree_counter.TreeCounterSpec`
+counter and for zCDP accounting with a :class:`~dpstream.core.counting.blt_counter.BltCounterSpec`
 counter (:meth:`KeyTable.supports`), in the declared and the open key universe. With the
 same noise key it publishes exactly what the per-key engine publishes, bit for bit: every
-draw comes from the same lane and coordinates (:mod:`dpstream.core.bulk_noise`), and every
+draw comes from the same lane and coordinates (:mod:`dpstream.core.noise.bulk`), and every
 floating-point operation is done in the per-key classes' order.
 
-**Layout.** A :class:`~dpstream.core.key_index.KeyIndex` (an int32 open-addressing table,
+**Layout.** A :class:`~dpstream.core.counting.key_index.KeyIndex` (an int32 open-addressing table,
 not a dict) maps a key to its row and holds the keys by row;
 everything else is numpy columns (struct of arrays): per row, the key's true count since it
 started (``prefix``, which is also its monitor's count) and a byte of flags (which charges it
@@ -23,7 +23,7 @@ the index's 16-24 bytes, where a ``KeyStatistics`` object took about 2.5 kB.
 
 **Binary tree counters in groups** (binary tree mechanism, Dwork, Naor, Pitassi, Rothblum
 2010 and Chan, Shi, Song 2011, with the doubling epochs of Chan, Shi, Song 2011; see
-:mod:`dpstream.core.tree_counter`). The counters of the keys whose counter started at the
+:mod:`dpstream.core.counting.tree_counter`). The counters of the keys whose counter started at the
 same step form a group: they are at the same counter step, so they share the epoch, the
 position in it, the node noise scale and the shape of the stack of maximal completed nodes.
 A group's stack is a list of dense columns (true sums as int64, Honaker-combined estimates
@@ -31,29 +31,30 @@ as float64; Honaker 2015 in the online form of TF-Privacy's tree aggregation); a
 appends a leaf column and merges the carry chain with a few vectorized operations, the
 noise of every node completed in the step drawn with one bulk call per (group, height).
 The variances depend on the shape alone, so they are Python floats per group, computed with
-the very expressions of :class:`~dpstream.core.tree_counter.TreeCounter`; the estimates are
+the very expressions of :class:`~dpstream.core.counting.tree_counter.TreeCounter`; the estimates are
 combined with the same IEEE operations (``(v e_c + var_c y) / (v + var_c)``, the prefix sum
 over the stack bottom to top), so they are equal bit for bit.
 
 **BLT counters in groups** (buffered linear Toeplitz mechanism, Dvijotham, McMahan,
-Pillutla, Steinke and Thakurta 2024; see :mod:`dpstream.core.blt_counter` for the integer
+Pillutla, Steinke and Thakurta 2024; see :mod:`dpstream.core.counting.blt_counter` for the integer
 grid and the privacy argument). The keys whose BLT counter started at the same step form a
-:class:`~dpstream.core.blt_columns.BltGroup`: shared epoch and step in it, the exact integer
-buffers as multi-limb columns (:mod:`dpstream.core.wide_int`), the float buffers of the
+:class:`~dpstream.core.counting.blt_columns.BltGroup`: shared epoch and step in it, the exact
+integer
+buffers as multi-limb columns (:mod:`dpstream.core.counting.wide_int`), the float buffers of the
 inverse, the partial sums and the epoch base as float64 columns, the step's discrete Gaussian
 noise one bulk draw per group. Under zCDP the monitor's epsilon is charged as
 ``epsilon^2 / 2`` and the initial count is a discrete Gaussian (``sigma^2 = 1 / (2 rho)``)
 or, for an epsilon charge, a discrete Laplace, as in
-:class:`~dpstream.core.key_statistics.KeyStatistics`.
+:class:`~dpstream.core.counting.key_statistics.KeyStatistics`.
 
 **Threshold monitors** (AboveThreshold, Dwork & Roth 2014, Algorithm 1; see
-:mod:`dpstream.core.threshold_monitor`). Every watched key is tested at the same index
+:mod:`dpstream.core.counting.threshold_monitor`). Every watched key is tested at the same index
 ``t`` of its monitor (the global step in the declared universe, the step's index in the
 monitor window in the open one), so the query noise of all of them is one bulk draw per
 step; the threshold noise is drawn once per (key, window), when the monitor starts.
 
 **Ledger.** Every key that paid the same charges has the same spend, so a real
-:class:`~dpstream.core.ledger.PrivacyLedger` per *stage* (the set of charges paid) checks
+:class:`~dpstream.core.accounting.ledger.PrivacyLedger` per *stage* (the set of charges paid) checks
 and commits each charge for all the keys that reach it in a step (check-then-commit; a
 refusal exhausts the keys, with a :class:`BudgetExhausted` status for admitted keys only,
 never naming a key before its admission), and gives every release's ``spent``, ``budget``
@@ -79,20 +80,22 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from dpstream.core import bulk_noise
 from dpstream.core._checks import fraction_text
-from dpstream.core.blt_columns import BltGroup, CounterGroup
-from dpstream.core.blt_counter import BltCounterSpec
-from dpstream.core.key_index import KeyIndex
-from dpstream.core.key_statistics import (
+from dpstream.core.accounting.ledger import PrivacyCharge, PrivacyLedger, exact
+from dpstream.core.counting.blt_columns import BltGroup, CounterGroup
+from dpstream.core.counting.blt_counter import BltCounterSpec
+from dpstream.core.counting.key_index import KeyIndex
+from dpstream.core.counting.key_statistics import (
     Alert,
     BudgetExhausted,
     Output,
     Release,
     StatisticsSpec,
 )
-from dpstream.core.ledger import PrivacyCharge, PrivacyLedger, exact
-from dpstream.core.noise import (
+from dpstream.core.counting.threshold_monitor import ThresholdMonitorSpec
+from dpstream.core.counting.tree_counter import TreeCounterSpec
+from dpstream.core.noise import bulk as bulk_noise
+from dpstream.core.noise.samplers import (
     TAG_INITIAL,
     TAG_MONITOR_QUERY,
     TAG_MONITOR_THRESHOLD,
@@ -102,8 +105,6 @@ from dpstream.core.noise import (
     discrete_laplace_variance,
 )
 from dpstream.core.sequences import IndexedSequence
-from dpstream.core.threshold_monitor import ThresholdMonitorSpec
-from dpstream.core.tree_counter import TreeCounterSpec
 from dpstream.errors import BudgetExhaustedError, InvalidParameterError
 
 __all__ = ["AlertColumns", "KeyTable", "ReleaseColumns", "StepOutputs"]

@@ -1,6 +1,7 @@
 """Exact non-negative multi-limb integers as numpy columns (one integer per column).
 
-The BLT counter (:mod:`dpstream.core.blt_counter`; Dvijotham, McMahan, Pillutla, Steinke and
+The BLT counter (:mod:`dpstream.core.counting.blt_counter`; Dvijotham, McMahan, Pillutla, Steinke
+and
 Thakurta 2024, with the integer grid of its module docstring) keeps its buffers as exact
 integers in grid units ``G = 2^40``: they grow like ``G x / (1 - theta)`` and their products
 with the 48-bit dyadic numerators reach ``2^170`` and more, far beyond int64. This module does

@@ -1,0 +1,1 @@
+"""Privacy accounting: the ledgers that decide whether a release may go out."""

@@ -1,0 +1,1 @@
+"""Private ERM: output perturbation, the ERMG growing-database schedule, the release schedules."""

@@ -1,0 +1,1 @@
+"""Noise: exact integer samplers fed by replay-safe, keyed cryptographic randomness."""

@@ -1,0 +1,1 @@
+"""PMWG: private multiplicative weights for growing databases; queries, universe, schedulers."""
