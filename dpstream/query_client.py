@@ -1,6 +1,6 @@
 """Ask a running PMWG flow questions over Kafka, and wait for its answers.
 
-A PMWG flow (:mod:`dpstream.kinds.pmwg`) reads questions from its queries topic and writes
+A PMWG flow (:mod:`dpstream.kinds.pmwg.kind`) reads questions from its queries topic and writes
 ``dpstream.answer/1`` records to its answers topic when the step holding the question's
 broker time closes::
 

@@ -35,8 +35,8 @@ from dpstream.core.erm.perturbation import PrivateModel
 from dpstream.errors import DpstreamError
 from dpstream.io.topics import produce, read_all
 from dpstream.kinds.counters.records import RecordEncoder
-from dpstream.kinds.erm import ModelEncoder, ModelRecord
-from dpstream.kinds.pmwg import AnswerEncoder, AnswerRecord
+from dpstream.kinds.erm.kind import ModelEncoder, ModelRecord
+from dpstream.kinds.pmwg.kind import AnswerEncoder, AnswerRecord
 from dpstream.messages import DeadLetter as RawDeadLetter
 
 ROOT = Path(__file__).parent.parent

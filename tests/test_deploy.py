@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from dpstream.kinds.erm import ModelRecord
-from dpstream.kinds.pmwg import AnswerRecord
+from dpstream.kinds.erm.kind import ModelRecord
+from dpstream.kinds.pmwg.kind import AnswerRecord
 from dpstream.metrics import FlowMetrics
 
 DEPLOY = Path(__file__).parent.parent / "deploy"

@@ -18,7 +18,7 @@ from dpstream.config import parse_config
 from dpstream.core.noise.samplers import NoiseKey
 from dpstream.errors import ConfigError
 from dpstream.estimator import ReleasedClassifier, SchemaError
-from dpstream.kinds.erm import ErmShard
+from dpstream.kinds.erm.kind import ErmShard
 from dpstream.metrics import FlowMetrics
 from dpstream.platform import build_flow
 

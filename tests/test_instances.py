@@ -23,8 +23,8 @@ from dpstream.config import load_config, parse_config
 from dpstream.core.counting import key_statistics as core
 from dpstream.core.noise.samplers import NoiseKey
 from dpstream.kinds.counters.records import RecordEncoder
-from dpstream.kinds.erm import ModelEncoder, ModelRecord
-from dpstream.kinds.pmwg import AnswerEncoder, AnswerRecord
+from dpstream.kinds.erm.kind import ModelEncoder, ModelRecord
+from dpstream.kinds.pmwg.kind import AnswerEncoder, AnswerRecord
 from dpstream.platform import build_flow
 
 ROOT = Path(__file__).parent.parent

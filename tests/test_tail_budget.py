@@ -40,7 +40,7 @@ from dpstream.core.counting import key_statistics as core
 from dpstream.io.broker import free_port
 from dpstream.io.topics import produce, read_all
 from dpstream.kinds.counters.records import RecordEncoder
-from dpstream.kinds.pmwg import AnswerRecord
+from dpstream.kinds.pmwg.kind import AnswerRecord
 from dpstream.metrics import FlowMetrics
 
 pytestmark = [pytest.mark.integration]

@@ -16,8 +16,8 @@ from dpstream.errors import ConfigError
 
 __all__ = ["KINDS", "flow_kind"]
 
-KINDS: Final = {"counters": "dpstream.kinds.counters.kind", "pmwg": "dpstream.kinds.pmwg",
-         "erm": "dpstream.kinds.erm"}
+KINDS: Final = {"counters": "dpstream.kinds.counters.kind", "pmwg": "dpstream.kinds.pmwg.kind",
+         "erm": "dpstream.kinds.erm.kind"}
 
 
 def flow_kind(name: str) -> Any:

@@ -1,0 +1,1 @@
+"""The ERM flow kind: private classifiers released continually from labelled events."""
