@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 
     from dpstream.io.broker import EmbeddedBroker
 
-pytest_plugins = ["support.old_kafka"]  # the `old_kafka` fixture: Apache Kafka 0.9.0.1, ZooKeeper
+# the `old_kafka` fixture (Apache Kafka 0.9.0.1, ZooKeeper); the tiers (fast, ..., soak)
+pytest_plugins = ["support.old_kafka", "support.tiers", "pytester"]
 
 
 @pytest.fixture(scope="session")

@@ -114,6 +114,7 @@ class _OpenSource(FixedPartitionedSource[Any, None]):
         return Part()
 
 
+@pytest.mark.flow
 def test_a_backlog_is_written_out_in_chunks_while_it_closes(monkeypatch):
     monkeypatch.setattr(operators, "BACKLOG_CHUNK_SECONDS", 0.02, raising=False)
     arrivals = _Arrivals()
@@ -147,6 +148,7 @@ def _records(chunk_seconds: float, monkeypatch) -> tuple[list, int]:
     return [item for _, batch in arrivals.batches for item in batch], len(arrivals.batches)
 
 
+@pytest.mark.flow
 def test_chunked_closing_publishes_the_same_records_byte_for_byte(monkeypatch):
     whole, _ = _records(float("inf"), monkeypatch)
     one_step_a_time, writes = _records(0.0, monkeypatch)

@@ -236,6 +236,7 @@ def test_the_kafka_sink_resends_what_failed_and_stops_on_a_permanent_refusal():
         sink.write_batch([EncodedBatch([("alerts", b"k", b"1"), ("releases", b"x", b"22")])])
 
 
+@pytest.mark.flow
 def test_an_in_memory_sink_gets_records_unless_it_asks_for_batches():
     config = parse_config({"flow": {"name": "t", "origin": "2026-09-21T14:13:20Z", "step": "1s",
                                     "shards": 2},

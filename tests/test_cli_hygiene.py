@@ -44,6 +44,7 @@ def test_requires_python_stops_where_bytewax_wheels_stop():
 
 # --- a closed stdout pipe --------------------------------------------------------------------
 
+@pytest.mark.flow
 @pytest.mark.parametrize("argv", [["check-config", "deploy/counters.example.toml"],
                                   ["check-config", "deploy/pmwg.example.toml"],
                                   ["--version"]])

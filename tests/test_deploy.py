@@ -112,6 +112,7 @@ def provisioned_uid():
 # -- Prometheus --------------------------------------------------------------------------------
 
 
+@pytest.mark.flow
 def test_prometheus_config_is_valid():
     """The config, the job name the rules select and the rule files it loads."""
     out = run_promtool("check", "config", "prometheus.yml")
@@ -127,6 +128,7 @@ def test_the_old_paths_are_gone():
         assert not (DEPLOY / old).exists(), old
 
 
+@pytest.mark.flow
 def test_recording_rules_are_valid_and_pass_their_unit_tests():
     out = run_promtool("check", "rules", RECORDING.name)
     assert f"{len(recorded_names())} rules found" in out, out
@@ -145,11 +147,13 @@ def test_burn_rate_and_projected_exhaustion_are_recorded_per_mechanism():
         assert {"job", "flow", "mechanism"} <= {label.strip() for label in expr.split(",")}
 
 
+@pytest.mark.flow
 def test_alert_rules_are_valid():
     out = run_promtool("check", "rules", RULES.name)
     assert f"{len(alert_blocks())} rules found" in out, out
 
 
+@pytest.mark.flow
 def test_alert_rules_pass_their_unit_tests():
     out = run_promtool("test", "rules", RULE_TESTS.name)
     assert "SUCCESS" in out, out
@@ -272,6 +276,7 @@ def test_the_dashboard_shows_what_the_issue_asks_for():
     assert all('flow=~"$flow"' in expr or "up{" in expr for _t, _r, expr in panel_queries({}))
 
 
+@pytest.mark.flow
 def test_every_panel_query_parses(tmp_path):
     """promtool parses each query (as a recording rule) with the variables substituted."""
     queries = panel_queries(OFFLINE_VARIABLES)

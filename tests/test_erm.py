@@ -867,6 +867,7 @@ def test_prediction_helpers():
 # --- layering -------------------------------------------------------------------------------
 
 
+@pytest.mark.flow
 def test_erm_imports_without_scipy_and_the_edges():
     # scipy is imported lazily by the solver: the core (and this module) loads without it
     code = textwrap.dedent("""

@@ -93,6 +93,7 @@ def answers(sink):
     return {json.loads(v)["id"]: json.loads(v) for role, _k, v in sink if role == "answers"}
 
 
+@pytest.mark.flow
 def test_every_question_is_answered_once_with_its_step_and_accurate_values():
     items, truth = stream()
     out = answers(run(config(), items))
@@ -118,6 +119,7 @@ def test_every_question_is_answered_once_with_its_step_and_accurate_values():
     assert {"easy", "hard"} <= kinds
 
 
+@pytest.mark.flow
 def test_answers_do_not_depend_on_batching_interleaving_or_workers():
     items, _ = stream(steps=8)
     first = answers(run(config(), items))
@@ -129,6 +131,7 @@ def test_answers_do_not_depend_on_batching_interleaving_or_workers():
     assert answers(run(config(), items, workers=2)) == first
 
 
+@pytest.mark.flow
 def test_a_replay_is_byte_identical_and_the_noise_key_and_instance_matter():
     items, _ = stream(steps=6)
     one = run(config(), items)
@@ -141,6 +144,7 @@ def test_a_replay_is_byte_identical_and_the_noise_key_and_instance_matter():
     assert hard and any(answers(other)[q]["value"] != answers(one)[q]["value"] for q in hard)
 
 
+@pytest.mark.flow
 def test_bad_records_become_dead_letters_and_bad_questions_error_answers():
     items, _ = stream(steps=3)
     t = ORIGIN + 2.96
@@ -173,6 +177,7 @@ def test_bad_records_become_dead_letters_and_bad_questions_error_answers():
     assert out["old"]["kind"] == "error" and out["old"]["value"] is None
 
 
+@pytest.mark.flow
 def test_a_crash_and_resume_reproduces_every_answer(tmp_path):
     init_db_dir(tmp_path, 1)
     items, _ = stream(steps=10)
@@ -201,6 +206,7 @@ def test_a_snapshot_refuses_other_histogram_parameters():
         PmwgShard(config(), NoiseKey.for_tests(9), "p-1", 3, state)
 
 
+@pytest.mark.flow
 def test_metrics_count_answers_per_histogram_never_per_query():
     metrics = FlowMetrics("p", CollectorRegistry())
     items, _ = stream(steps=6)

@@ -53,6 +53,7 @@ def run(instance: str) -> list[tuple[str, bytes | None, bytes]]:
     return sink
 
 
+@pytest.mark.flow
 def test_every_record_of_a_flow_run_names_its_instance():
     records = run(A)
     roles = {role for role, _, _ in records}
@@ -138,6 +139,7 @@ def test_copies_older_than_the_history_are_counted_as_unchecked():
     assert latest.counts.unchecked == 1
 
 
+@pytest.mark.flow
 def test_two_instances_of_one_flow_name_are_two_series_not_conflicts():
     first, second = run(A), run(B)
     latest = LatestValues()

@@ -84,6 +84,7 @@ def test_the_poison_record_is_where_we_think_it_is():
     assert (poison[3], poison[0], poison[2]) == POISON
 
 
+@pytest.mark.flow
 def test_a_record_that_crashes_the_flow_on_every_run_can_be_skipped(crashing_route, caplog):
     from bytewax.errors import BytewaxRuntimeError
 
@@ -180,6 +181,7 @@ def dpstream_run(tmp_path: Path, *args: str, env: dict[str, str] | None = None
                            *args], env=env or ENV, capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.flow
 def test_dpstream_run_records_and_logs_the_skips_before_the_flow_starts(tmp_path):
     store = tmp_path / "store"
     out = dpstream_run(tmp_path, "--recovery-dir", str(store), "--skip-record", "events:0:5",
@@ -196,6 +198,7 @@ def test_dpstream_run_records_and_logs_the_skips_before_the_flow_starts(tmp_path
     assert "new now" not in again.stderr + again.stdout
 
 
+@pytest.mark.flow
 def test_a_skip_of_another_topic_or_of_a_malformed_name_is_refused_in_one_line(tmp_path):
     for bad, message_part in (("queries:0:1", "not an input topic of this flow (events)"),
                               ("events:1", "TOPIC:PARTITION:OFFSET")):

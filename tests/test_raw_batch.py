@@ -88,6 +88,7 @@ def test_the_clock_treats_columns_and_tuples_alike(mode, seed):
     assert tuples.dead_letters > 0 and tuples.ticks > 0 and tuples.events > 0
 
 
+@pytest.mark.flow
 @pytest.mark.parametrize("mode", ["declared", "open"])
 def test_a_flow_publishes_the_same_records_from_columns_as_from_tuples(mode):
     cfg = config(mode, shards=2)

@@ -384,6 +384,7 @@ def test_fuzz_erm_rows(values):
 # -- end to end: a real Bytewax run -----------------------------------------------------------
 
 
+@pytest.mark.flow
 def test_the_nested_record_in_a_bytewax_run_is_one_dead_letter_and_the_flow_completes():
     cfg = counters_config()
     items = []
@@ -444,6 +445,7 @@ def _poison_run(exact: bool) -> tuple[Any, list[str]]:
     return registry, [r.getMessage() for r in records if "undecodable" in r.getMessage()]
 
 
+@pytest.mark.flow
 def test_an_undecodable_record_logs_one_warning_per_partition_naming_its_offset():
     registry, lines = _poison_run(exact=True)
     assert registry.get_sample_value(
@@ -456,6 +458,7 @@ def test_an_undecodable_record_logs_one_warning_per_partition_naming_its_offset(
         for p in (0, 1))
 
 
+@pytest.mark.flow
 def test_without_exact_counts_an_undecodable_record_logs_one_line_without_where_or_how_many():
     registry, lines = _poison_run(exact=False)
     assert registry.get_sample_value(

@@ -77,6 +77,7 @@ def _zcdp_open(delta: float):
     })
 
 
+@pytest.mark.flow
 @pytest.mark.parametrize("accounting", ["zcdp", "pure"])
 def test_check_config_prints_the_epsilon_delta_every_release_carries(tmp_path, capsys,
                                                                       accounting):

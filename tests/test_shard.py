@@ -329,6 +329,7 @@ def run_flow(config, items):
     return sink
 
 
+@pytest.mark.flow
 @pytest.mark.parametrize("mode", ["open", "declared"])
 def test_release_every_k_publishes_the_k1_releases_of_every_kth_step_byte_for_byte(mode):
     rng = random.Random(5)

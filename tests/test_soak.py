@@ -69,7 +69,7 @@ from dpstream.io.broker import EmbeddedBroker, free_port
 from dpstream.io.topics import ensure_topics, read_all
 from dpstream.kinds.counters.records import MAX_ORIGINAL_BYTES
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.soak, pytest.mark.slow]
 
 NOISE_KEY = "5d1c9b7a3e8f402b6c1d9e0f7a8b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d"
 ENV = dict(os.environ, PYTHONUNBUFFERED="1", DPSTREAM_NOISE_KEY=NOISE_KEY,

@@ -94,7 +94,7 @@ from test_topology import _recreate
 from dpstream.io.broker import EmbeddedBroker, free_port
 from dpstream.io.topics import ensure_topics, read_all
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.soak, pytest.mark.slow]
 
 NESTED_TAIL = b"[" * 1000 + b"]" * 1000
 POISON_REASON = "undecodable record (RecursionError)"

@@ -80,6 +80,7 @@ def metric_samples(registry):
                   if s.name.startswith("dpstream_") and not s.name.endswith("_created"))
 
 
+@pytest.mark.flow
 def test_without_exact_counts_the_metrics_are_the_same_for_neighbours():
     """Item 5: with metrics.exact_counts = false no series moves with one event."""
     config = make_config("declared", "pure", metrics={"exact_counts": False})

@@ -181,6 +181,7 @@ def test_broker_clock_with_flow_end_ends_at_flow_end(mode, accounting, placement
     assert max(b["step"] for _, b in records if "step" in b) == 24
 
 
+@pytest.mark.flow
 @pytest.mark.parametrize(("mode", "accounting"), [("declared", "pure"), ("open", "zcdp")])
 @pytest.mark.parametrize("placement", ["far future (an hour ahead)",
                                        "last record of the input, stamped far later",
@@ -201,6 +202,7 @@ def test_the_real_dataflow_under_the_producer_clock(mode, accounting, placement)
         assert structure(r0) == structure(r1)
 
 
+@pytest.mark.flow
 def test_the_real_dataflow_with_flow_end_and_an_empty_neighbour():
     """Declared keys, flow.end: an input of one event and an empty input publish the same
     steps (every shard closes through flow.end, whether or not a record reached it)."""

@@ -816,6 +816,7 @@ def dataflow(cfg, events: list[Event], noise: NoiseKey, metrics: FlowMetrics | N
     return sink
 
 
+@pytest.mark.flow
 def test_the_real_dataflow_publishes_what_the_driven_layer_produced():
     cfg = config("continual")
     base = base_events()

@@ -207,6 +207,7 @@ def test_empirical_epsilon_of_the_released_values_stays_below_the_claim(mode, ac
     assert bound <= claimed_epsilon(config), (hits, totals, bound)
 
 
+@pytest.mark.flow
 @pytest.mark.parametrize(("mode", "accounting"), MODES)
 def test_the_real_dataflow_publishes_what_the_harness_drives(mode, accounting):
     """The driver is the dataflow's stream layer: 1 and 2 workers publish the same records."""

@@ -84,6 +84,7 @@ def _without_budget(record) -> str:
     return repr((role, sorted(body.items())))
 
 
+@pytest.mark.flow
 def test_worker_count_and_batching_do_not_change_the_dataflow_output():
     config = make_config("open", "pure")
     items = [(t % 3, key, t + 0.25 * j) for t in range(20) for j, key in

@@ -206,6 +206,7 @@ def test_the_statistics_have_power_against_a_size_counter_without_noise():
     assert epsilon_lower_bound(hits[0], totals[0], hits[1], totals[1]) > 1.0, (hits, totals)
 
 
+@pytest.mark.flow
 def test_the_real_dataflow_publishes_what_the_harness_drives():
     cfg = config()
     items = with_extra(base_stream(), 2)
@@ -220,6 +221,7 @@ def test_the_real_dataflow_publishes_what_the_harness_drives():
         [{k: d[k] for k in ("id", "step", "t", "kind")} for d in driven]
 
 
+@pytest.mark.flow
 @pytest.mark.parametrize("step", [0, 5])
 def test_the_answer_metrics_are_functions_of_the_published_answers(step):
     """Neighbours may differ in the metrics only as their published answers differ."""
