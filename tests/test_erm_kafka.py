@@ -34,6 +34,7 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 from support import cli_flows
 from support.cli_flows import finish, iso
+from support.configs import erm, write
 
 from dpstream.estimator import MODEL_SCHEMA, ReleasedClassifier
 from dpstream.io.topics import Record, ensure_topics, produce, read_all
@@ -61,54 +62,18 @@ TRUE_W = np.array([2.0, -1.5, 1.0, 0.8, -0.6, 0.0, 0.0, 0.0])
 BIAS = 0.3
 SECRET = "secret-label-4711"  # the malformed event's label: no dead-letter reason may echo it
 
-CONFIG = """
-[flow]
-kind = "erm"
-name = "{name}"
-step = "1s"
-origin = "{origin}"
-end = "{end}"       # a bounded run closes every step before it
-lateness = "0s"
-clock = "producer"  # the embedded broker ignores LogAppendTime; these producers are trusted
-heartbeat = "off"   # the test writes the ticks that close the steps (tick())
-shards = 2
-[events]
-time_field = "ts"
-[kafka]
-brokers = ["{bootstrap}"]
-input_topic = "{events}"
-models_topic = "{models}"
-dead_letter_topic = "{dead}"
-tail = {tail}
-batch_size = {batch_size}
-startup_timeout = "10s"
-[privacy]
-accounting = "pure"
-epsilon = {epsilon}
-[metrics]
-port = 0
-[model]
-classes = ["no", "yes"]
-dimension = {dimension}
-clip_norm = {clip_norm}
-regularization = 0.05
-streams = ["a", "b"]
-stream_field = "s"
-[release]
-algorithm = "continual"
-block_size = 200
-base_blocks = 2
-"""
 
 
 def write_config(path: Path, bootstrap: str, topics: dict[str, str], *, name: str, tail: bool,
                  batch_size: int = 500) -> Path:
-    path.write_text(CONFIG.format(name=name, origin=iso(ORIGIN), end=iso(ORIGIN + STEPS),
-                                  bootstrap=bootstrap,
-                                  tail=str(tail).lower(), batch_size=batch_size, dimension=D,
-                                  epsilon=EPSILON, clip_norm=CLIP_NORM,
-                                  **topics))
-    return path
+    # a bounded run closes every step before flow.end; the test writes the ticks that close
+    # the steps (tick()): no heartbeat
+    return write(path, erm(
+        bootstrap, topics, name=name, origin=ORIGIN, steps=STEPS,
+        flow={"lateness": "0s", "heartbeat": "off"},
+        kafka={"tail": tail, "batch_size": batch_size, "startup_timeout": "10s"},
+        privacy={"epsilon": EPSILON},
+        model={"dimension": D, "clip_norm": CLIP_NORM}, release={"block_size": 200}))
 
 
 def make_topics(bootstrap: str, stem: str) -> dict[str, str]:

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.configs import counters, write
 
 from dpstream.cli import main
 
@@ -38,32 +39,8 @@ def test_every_example_passes_its_own_check_config(example, capsys):
 
 
 def _config(path: Path, bootstrap: str, topics: dict[str, str], clock: str) -> Path:
-    path.write_text(f"""
-[flow]
-name = "first-hour"
-step = "1s"
-origin = "{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(time.time() - 5))}"
-clock = "{clock}"
-shards = 2
-[kafka]
-brokers = ["{bootstrap}"]
-input_topic = "{topics['events']}"
-releases_topic = "{topics['releases']}"
-alerts_topic = "{topics['alerts']}"
-dead_letter_topic = "{topics['dead']}"
-startup_timeout = "5s"
-[privacy]
-budget = 1.0
-[counter]
-epsilon = 0.9
-horizon = 4096
-[admission]
-mode = "declared"
-keys = ["a", "b"]
-[metrics]
-port = 0
-""")
-    return path
+    return write(path, counters(bootstrap, topics, name="first-hour", origin=time.time() - 5,
+                                flow={"clock": clock}))
 
 
 def _names(tag: str) -> dict[str, str]:

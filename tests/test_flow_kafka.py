@@ -18,6 +18,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from support.configs import counters, write
 
 from dpstream.io.broker import free_port
 from dpstream.io.topics import produce, read_all
@@ -35,38 +36,12 @@ def write_config(path: Path, broker, topics: dict[str, str], *, steps: int, tail
                  metrics_port=0, batch_size=500, name="it", heartbeat="auto") -> Path:
     """A counters flow over ``steps`` steps of data: flow.end closes them all, with or without
     tail (the heartbeat's ticks carry today's time, long after the data's)."""
-    end = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ORIGIN + steps))
-    path.write_text(f"""
-[flow]
-name = "{name}"
-step = "1s"
-origin = "2026-09-21T14:13:20Z"
-end = "{end}"
-shards = 4
-clock = "producer"  # the embedded broker ignores LogAppendTime; these producers are trusted
-heartbeat = "{heartbeat}"
-[kafka]
-brokers = ["{broker.bootstrap}"]
-input_topic = "{topics['events']}"
-releases_topic = "{topics['releases']}"
-alerts_topic = "{topics['alerts']}"
-dead_letter_topic = "{topics['dead']}"
-tail = {str(tail).lower()}
-batch_size = {batch_size}
-[privacy]
-accounting = "pure"
-budget = 1.0
-[counter]
-epsilon = 0.9
-horizon = 4096
-[admission]
-mode = "declared"
-keys = {json.dumps(KEYS)}
-[metrics]
-port = {metrics_port}
-exact_counts = true  # these tests read the exact input counts
-""")
-    return path
+    return write(path, counters(
+        broker.bootstrap, topics, name=name, origin=ORIGIN, steps=steps, keys=KEYS,
+        flow={"shards": 4, "heartbeat": heartbeat},
+        kafka={"tail": tail, "batch_size": batch_size, "startup_timeout": None},
+        privacy={"accounting": "pure"},
+        metrics={"port": metrics_port, "exact_counts": True}))  # the tests read exact counts
 
 
 def make_topics(topic_factory) -> dict[str, str]:

@@ -54,6 +54,7 @@ from typing import Any
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from support.cli_flows import iso
+from support.configs import Tables, counters, erm, pmwg, write
 
 from dpstream.config import parse_config
 from dpstream.core.noise.samplers import NoiseKey
@@ -185,8 +186,8 @@ class Kind:
 
     name: str
     module: str
-    config: str
-    """The configuration's template (``{name}``, ``{bootstrap}``, ``{tail}``, topics)."""
+    config: Callable[..., Tables]
+    """Its configuration: ``config(name, bootstrap, topics, tail, metrics_port, steps)``."""
     outputs: tuple[str, ...]
     """Its output topics' roles; the first is the one whose records the kill test watches."""
     count: str
@@ -212,38 +213,17 @@ class Kind:
 
 COUNTER_KEYS = [f"k{i:02d}" for i in range(20)]
 
-COUNTERS_CONFIG = """
-[flow]
-kind = "counters"
-name = "{name}"
-step = "1s"
-origin = "{origin}"
-end = "{end}"
-shards = {shards}
-clock = "producer"  # the embedded broker ignores LogAppendTime; these producers are trusted
-heartbeat = "off"   # the tests write the ticks (produce_steps)
-[kafka]
-brokers = ["{bootstrap}"]
-input_topic = "{events}"
-releases_topic = "{releases}"
-alerts_topic = "{alerts}"
-dead_letter_topic = "{dead}"
-tail = {tail}
-batch_size = 50
-startup_timeout = "20s"
-[privacy]
-accounting = "pure"
-budget = 1.0
-[counter]
-epsilon = 0.9
-horizon = 4096
-[admission]
-mode = "declared"
-keys = {keys}
-[metrics]
-port = {metrics_port}
-exact_counts = true  # these tests read the exact input counts
-"""
+# every kind: the embedded broker ignores LogAppendTime, so the producer clock (these producers
+# are trusted), and the tests write the ticks (produce_steps), so no heartbeat
+SHARED_KAFKA = {"batch_size": 50, "startup_timeout": "20s"}
+
+
+def counters_flow(name: str, bootstrap: str, topics: dict[str, str], tail: bool,
+                    metrics_port: int, steps: int) -> Tables:
+    return counters(bootstrap, topics, name=name, origin=ORIGIN, steps=steps, keys=COUNTER_KEYS,
+                    flow={"kind": "counters", "shards": SHARDS, "heartbeat": "off"},
+                    kafka=SHARED_KAFKA | {"tail": tail}, privacy={"accounting": "pure"},
+                    metrics={"port": metrics_port, "exact_counts": True})
 
 
 def counters_events(steps: int = 60) -> dict[int, list[Stamped]]:
@@ -268,49 +248,18 @@ HISTOGRAMS = ("sessions", "logins")  # crc32 % 8: shards 3 (process 1) and 4 (pr
 COUNTRIES = ["de", "fr", "us"]
 DEVICES = ["ios", "web"]
 
-PMWG_CONFIG = """
-[flow]
-kind = "pmwg"
-name = "{name}"
-step = "1s"
-origin = "{origin}"
-end = "{end}"
-lateness = "0s"
-clock = "producer"  # the embedded broker ignores LogAppendTime; these producers are trusted
-heartbeat = "off"   # the tests write the ticks (produce_steps)
-shards = {shards}
-[kafka]
-brokers = ["{bootstrap}"]
-input_topic = "{events}"
-queries_topic = "{queries}"
-answers_topic = "{answers}"
-dead_letter_topic = "{dead}"
-tail = {tail}
-batch_size = 50
-startup_timeout = "20s"
-[privacy]
-accounting = "pure"
-budget = 2.0
-[metrics]
-port = {metrics_port}
-exact_counts = true  # these tests read the exact input counts
-""" + "".join(f"""
-[[histograms]]
-name = "{histogram}"
-mechanism = "pmwg"
-mode = "practical"
-hard_queries = 4
-epsilon = 0.8
-size_epsilon = 0.2
-size_horizon = 1024
-alpha = 0.2
-n = 100
-universe = [
-  {{{{ name = "country", values = {json.dumps(COUNTRIES)} }}}},
-  {{{{ name = "device", values = {json.dumps(DEVICES)} }}}},
-  {{{{ name = "age", edges = [0, 30, 60, 120] }}}},
-]
-""" for histogram in HISTOGRAMS)
+def pmwg_flow(name: str, bootstrap: str, topics: dict[str, str], tail: bool,
+                metrics_port: int, steps: int) -> Tables:
+    histograms = [{
+        "name": histogram, "mechanism": "pmwg", "mode": "practical", "hard_queries": 4,
+        "epsilon": 0.8, "size_epsilon": 0.2, "size_horizon": 1024, "alpha": 0.2, "n": 100,
+        "universe": [{"name": "country", "values": COUNTRIES},
+                     {"name": "device", "values": DEVICES},
+                     {"name": "age", "edges": [0, 30, 60, 120]}]} for histogram in HISTOGRAMS]
+    return pmwg(bootstrap, topics, histograms, name=name, origin=ORIGIN, steps=steps,
+                flow={"lateness": "0s", "shards": SHARDS, "heartbeat": "off"},
+                kafka=SHARED_KAFKA | {"tail": tail}, privacy={"budget": 2.0},
+                metrics={"port": metrics_port, "exact_counts": True})
 
 QUERIES = -1  # the partition number the tests give the queries topic's one partition
 QUESTIONS = [{"kind": "count", "where": [{"attr": "country", "eq": "de"}]},
@@ -347,45 +296,14 @@ def pmwg_events(steps: int = 16) -> dict[int, list[Stamped]]:
 ERM_STREAMS = ("left", "right")  # crc32 % 8: shards 0 (process 1) and 4 (process 0)
 ERM_D = 4
 
-ERM_CONFIG = """
-[flow]
-kind = "erm"
-name = "{name}"
-step = "1s"
-origin = "{origin}"
-end = "{end}"
-lateness = "0s"
-clock = "producer"  # the embedded broker ignores LogAppendTime; these producers are trusted
-heartbeat = "off"   # the tests write the ticks (produce_steps)
-shards = {shards}
-[events]
-time_field = "ts"
-[kafka]
-brokers = ["{bootstrap}"]
-input_topic = "{events}"
-models_topic = "{models}"
-dead_letter_topic = "{dead}"
-tail = {tail}
-batch_size = 50
-startup_timeout = "20s"
-[privacy]
-accounting = "pure"
-epsilon = 2.0
-[metrics]
-port = {metrics_port}
-exact_counts = true  # these tests read the exact input counts
-[model]
-classes = ["no", "yes"]
-dimension = {dimension}
-clip_norm = 1.5
-regularization = 0.05
-streams = {streams}
-stream_field = "s"
-[release]
-algorithm = "continual"
-block_size = 40
-base_blocks = 2
-"""
+def erm_flow(name: str, bootstrap: str, topics: dict[str, str], tail: bool,
+               metrics_port: int, steps: int) -> Tables:
+    return erm(bootstrap, topics, name=name, origin=ORIGIN, steps=steps,
+               flow={"lateness": "0s", "shards": SHARDS, "heartbeat": "off"},
+               kafka=SHARED_KAFKA | {"tail": tail}, privacy={"epsilon": 2.0},
+               metrics={"port": metrics_port, "exact_counts": True},
+               model={"dimension": ERM_D, "clip_norm": 1.5, "streams": list(ERM_STREAMS)},
+               release={"block_size": 40})
 
 
 def erm_events(steps: int = 8) -> dict[int, list[Stamped]]:
@@ -414,16 +332,16 @@ def model_identity(body: dict[str, Any]) -> tuple[Any, ...]:
 
 KINDS = {
     "counters": Kind(
-        name="counters", module="dpstream.flows.counters:flow", config=COUNTERS_CONFIG,
+        name="counters", module="dpstream.flows.counters:flow", config=counters_flow,
         outputs=("releases", "alerts", "dead"), count="releases",
         identity=lambda b: (b["schema"], b["key"], b["step"]), events=counters_events,
         steps=60, kill_first=30, victim=0),
     "pmwg": Kind(
-        name="pmwg", module="dpstream.flows.pmwg:flow", config=PMWG_CONFIG,
+        name="pmwg", module="dpstream.flows.pmwg:flow", config=pmwg_flow,
         outputs=("answers", "dead"), count="answers", identity=lambda b: (b["id"],),
         events=pmwg_events, steps=16, kill_first=8, victim=1, extra_topics={"queries": 1}),
     "erm": Kind(
-        name="erm", module="dpstream.flows.erm:flow", config=ERM_CONFIG,
+        name="erm", module="dpstream.flows.erm:flow", config=erm_flow,
         outputs=("models", "dead"), count="releases", identity=model_identity,
         events=erm_events, steps=8, kill_first=4, victim=0),
 }
@@ -448,12 +366,8 @@ def input_topics(kind: Kind, topics: dict[str, str]) -> dict[str, str]:
 
 def write_config(path: Path, kind: Kind, bootstrap: str, topics: dict[str, str], *,
                  tail: bool, metrics_port: int = 0) -> Path:
-    path.write_text(kind.config.format(
-        name=f"mp-{kind.name}", origin=iso(ORIGIN), end=iso(ORIGIN + kind.steps),
-        shards=SHARDS, bootstrap=bootstrap,
-        tail=str(tail).lower(), keys=json.dumps(COUNTER_KEYS), dimension=ERM_D,
-        streams=json.dumps(list(ERM_STREAMS)), metrics_port=metrics_port, **topics))
-    return path
+    return write(path, kind.config(f"mp-{kind.name}", bootstrap, topics, tail, metrics_port,
+                                   kind.steps))
 
 
 def produce_steps(bootstrap: str, topics: dict[str, str], events: dict[int, list[Stamped]],

@@ -19,6 +19,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from support.configs import counters, write
 
 from dpstream.io.broker import EmbeddedBroker, free_port
 from dpstream.io.topics import produce, read_all
@@ -39,43 +40,14 @@ def now_origin() -> int:
 
 def write_config(path: Path, bootstrap: str, topics: dict[str, str], *, origin: int,
                  tail: bool = True, heartbeat: str = "off", metrics_port: int = 0,
-                 extra_kafka: str = "", name: str = "ops", steps: int | None = None) -> Path:
-    """``steps``: flow.end is ``origin + steps`` (a bounded producer-clock run needs it)."""
-    origin_iso = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(origin))
-    end = "" if steps is None else \
-        f'end = "{time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(origin + steps))}"'
-    path.write_text(f"""
-[flow]
-name = "{name}"
-step = "1s"
-origin = "{origin_iso}"
-{end}
-shards = 2
-clock = "producer"  # the embedded broker ignores LogAppendTime; these producers are trusted
-heartbeat = "{heartbeat}"
-[kafka]
-brokers = ["{bootstrap}"]
-input_topic = "{topics['events']}"
-releases_topic = "{topics['releases']}"
-alerts_topic = "{topics['alerts']}"
-dead_letter_topic = "{topics['dead']}"
-tail = {str(tail).lower()}
-batch_size = 200
-startup_timeout = "5s"
-{extra_kafka}
-[privacy]
-budget = 1.0
-[counter]
-epsilon = 0.9
-horizon = 4096
-[admission]
-mode = "declared"
-keys = {json.dumps(KEYS)}
-[metrics]
-port = {metrics_port}
-exact_counts = true  # these tests read the exact input counts
-""")
-    return path
+                 kafka: dict | None = None, name: str = "ops", steps: int | None = None) -> Path:
+    """``steps``: flow.end is ``origin + steps`` (a bounded producer-clock run needs it);
+    ``kafka``: settings of the kafka table added or replaced."""
+    return write(path, counters(
+        bootstrap, topics, name=name, origin=origin, steps=steps, keys=KEYS,
+        flow={"heartbeat": heartbeat},
+        kafka={"tail": tail, "batch_size": 200, **(kafka or {})},
+        metrics={"port": metrics_port, "exact_counts": True}))  # the tests read exact counts
 
 
 def make_topics(topic_factory, partitions: int = 3) -> dict[str, str]:
@@ -339,9 +311,8 @@ def backlog_flow(own: EmbeddedBroker, tmp_path: Path) -> tuple[Path, int]:
              for m in [tick(origin + s)] + [event(k, origin + s + 0.5) for k in KEYS]])
     port = free_port()
     config = write_config(tmp_path / "o.toml", own.bootstrap, topics, origin=origin,
-                          metrics_port=port, extra_kafka='add_config = '
-                          '{"message.timeout.ms" = "2000", "reconnect.backoff.max.ms" = "500"}')
-    config.write_text(config.read_text().replace("batch_size = 200", "batch_size = 20"))
+                          metrics_port=port, kafka={"batch_size": 20, "add_config": {
+                              "message.timeout.ms": "2000", "reconnect.backoff.max.ms": "500"}})
     return config, port
 
 
@@ -446,9 +417,7 @@ def test_a_flow_started_before_the_broker_waits_for_it(tmp_path):
     topics = {"events": "events", "releases": "releases", "alerts": "alerts", "dead": "dead"}
     origin = now_origin()
     config = write_config(tmp_path / "w.toml", bootstrap, topics, origin=origin, tail=False,
-                          extra_kafka="", steps=1)
-    config.write_text(config.read_text().replace('startup_timeout = "5s"',
-                                                 'startup_timeout = "60s"'))
+                          kafka={"startup_timeout": "60s"}, steps=1)
     proc = start(config)
     time.sleep(3)
     assert proc.poll() is None

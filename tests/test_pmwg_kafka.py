@@ -32,6 +32,7 @@ import pytest
 from kafka import KafkaProducer
 from support import cli_flows
 from support.cli_flows import finish, iso
+from support.configs import pmwg, write
 
 from dpstream.errors import DpstreamError
 from dpstream.io.broker import free_port
@@ -60,57 +61,22 @@ TOLERANCE = 0.2
 live test waits for: 0.2 is about 5 std (a Laplace tail of ~1e-3 per answer). Easy answers are
 within the threshold 2 alpha / 3 = 0.133 plus sparse-vector noise of the truth (w.h.p.)."""
 
-CONFIG = """
-[flow]
-kind = "pmwg"
-name = "{name}"
-step = "1s"
-origin = "{origin}"
-{end}lateness = "{lateness}"
-clock = "producer"  # the embedded broker ignores LogAppendTime; these producers are trusted
-heartbeat = "off"   # the tests write the ticks (the only records that close steps) themselves
-shards = 2
-[kafka]
-brokers = ["{bootstrap}"]
-input_topic = "{events}"
-queries_topic = "{queries}"
-answers_topic = "{answers}"
-dead_letter_topic = "{dead}"
-tail = {tail}
-batch_size = {batch_size}
-startup_timeout = "10s"
-[privacy]
-accounting = "pure"
-budget = 1.0
-[metrics]
-port = 0
-[[histograms]]
-name = "{histogram}"
-mechanism = "pmwg"
-mode = "practical"
-hard_queries = 4
-epsilon = 0.8
-size_epsilon = 0.2
-size_horizon = 1024
-alpha = 0.2
-n = 200
-universe = [
-  {{ name = "country", values = ["de", "fr", "us"] }},
-  {{ name = "device", values = ["ios", "web"] }},
-  {{ name = "age", edges = [0, 30, 60, 120] }},
-]
-"""
 
 
 def write_config(path: Path, bootstrap: str, topics: dict[str, str], *, origin: int,
                  name: str, tail: bool, lateness: str = "0s", batch_size: int = 500,
                  end: int | None = None) -> Path:
     """``end``: flow.end (Unix seconds), which a bounded run (tail false) needs."""
-    end_line = "" if end is None else f'end = "{iso(end)}"\n'
-    path.write_text(CONFIG.format(name=name, origin=iso(origin), lateness=lateness, end=end_line,
-                                  bootstrap=bootstrap, tail=str(tail).lower(),
-                                  batch_size=batch_size, histogram=HISTOGRAM, **topics))
-    return path
+    histogram = {"name": HISTOGRAM, "mechanism": "pmwg", "mode": "practical", "hard_queries": 4,
+                 "epsilon": 0.8, "size_epsilon": 0.2, "size_horizon": 1024, "alpha": 0.2,
+                 "n": 200, "universe": [{"name": "country", "values": ["de", "fr", "us"]},
+                                        {"name": "device", "values": ["ios", "web"]},
+                                        {"name": "age", "edges": [0, 30, 60, 120]}]}
+    # the tests write the ticks (the only records that close steps) themselves: no heartbeat
+    return write(path, pmwg(
+        bootstrap, topics, [histogram], name=name, origin=origin,
+        flow={"lateness": lateness, "heartbeat": "off", "end": None if end is None else iso(end)},
+        kafka={"tail": tail, "batch_size": batch_size, "startup_timeout": "10s"}))
 
 
 def make_topics(bootstrap: str, stem: str) -> dict[str, str]:

@@ -64,6 +64,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.configs import counters, write
 
 from dpstream.io.broker import EmbeddedBroker, free_port
 from dpstream.io.topics import ensure_topics, read_all
@@ -112,39 +113,15 @@ HUGE_SIZE = 900_000
 # --- the flow process ------------------------------------------------------------------------
 
 def write_config(path: Path, bootstrap: str, origin: int, metrics_port: int) -> Path:
-    origin_iso = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(origin))
-    path.write_text(f"""
-[flow]
-name = "{FLOW}"
-step = "1s"
-lateness = "{LATENESS}s"  # producer time: records delayed by the outage still count
-origin = "{origin_iso}"
-shards = 2
-clock = "producer"
-heartbeat = "500ms"
-max_skew = "5m"  # a future event is placed 5 min ahead of the ticks: never covered here
-[kafka]
-brokers = ["{bootstrap}"]
-input_topic = "events"
-releases_topic = "releases"
-alerts_topic = "alerts"
-dead_letter_topic = "dead"
-batch_size = 200
-startup_timeout = "10s"
-add_config = {{"message.timeout.ms" = "2000", "reconnect.backoff.max.ms" = "500"}}
-[privacy]
-budget = 1.0
-[counter]
-epsilon = 0.9
-horizon = 4096
-[admission]
-mode = "declared"
-keys = {json.dumps(KEYS)}
-[metrics]
-port = {metrics_port}
-exact_counts = true  # these tests read the exact input counts
-""")
-    return path
+    topics = {"events": "events", "releases": "releases", "alerts": "alerts", "dead": "dead"}
+    return write(path, counters(
+        bootstrap, topics, name=FLOW, origin=origin, keys=KEYS,
+        # producer time: records delayed by the outage still count; a future event is placed
+        # 5 min ahead of the ticks: never covered here
+        flow={"lateness": f"{LATENESS}s", "heartbeat": "500ms", "max_skew": "5m"},
+        kafka={"batch_size": 200, "startup_timeout": "10s", "add_config": {
+            "message.timeout.ms": "2000", "reconnect.backoff.max.ms": "500"}},
+        metrics={"port": metrics_port, "exact_counts": True}))  # the tests read exact counts
 
 
 class FlowRun:

@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from support.configs import counters, write
 
 pytestmark = [pytest.mark.integration]
 
@@ -25,34 +26,8 @@ ENV.pop("DPSTREAM_FLOW_CLOCK", None)
 
 
 def _config(path: Path, bootstrap: str, topics: dict[str, str], origin: float) -> Path:
-    path.write_text(f"""
-[flow]
-name = "topo"
-step = "1s"
-origin = "{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(origin))}"
-end = "{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(origin + 50))}"
-clock = "producer"
-shards = 2
-[kafka]
-brokers = ["{bootstrap}"]
-input_topic = "{topics['events']}"
-releases_topic = "{topics['releases']}"
-alerts_topic = "{topics['alerts']}"
-dead_letter_topic = "{topics['dead']}"
-tail = false
-startup_timeout = "5s"
-[privacy]
-budget = 1.0
-[counter]
-epsilon = 0.9
-horizon = 4096
-[admission]
-mode = "declared"
-keys = ["a", "b"]
-[metrics]
-port = 0
-""")
-    return path
+    return write(path, counters(bootstrap, topics, name="topo", origin=origin, steps=50,
+                                kafka={"tail": False}))
 
 
 def _events(origin: float, first: float, n: int) -> list[tuple[bytes, bytes, int]]:
