@@ -170,7 +170,7 @@ class PmwgConfig(FlowConfig):
 
 
 def which_mechanism(universe_size: int, n: int, epsilon: float, alpha: float) -> str:
-    """Which mechanism suits a histogram, by the regime of docs/pmwg.md, "PMWG or a noisy histogram".
+    """Which mechanism suits a histogram (docs/pmwg.md, "PMWG or a noisy histogram?").
 
     A noisy histogram answers every question, with an error that grows like the square root
     of the cells a question covers: at most ``sqrt(N)`` noise standard deviations of
