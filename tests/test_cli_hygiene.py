@@ -218,10 +218,10 @@ def test_bytewax_run_on_an_uninitialised_store_is_one_line_and_the_readme_steps_
         f"bytewax.recovery {store} N (N partitions, at least 1; dpstream run --recovery-dir "
         f"{store} does this itself)"]
 
-    # README's "once" step, literally (the parent directory does not exist either)
-    readme = (ROOT / "README.md").read_text()
-    step = re.search(r"^(mkdir -p /secret/recovery .*?)\s+# once$", readme, re.M)
-    assert step, "README's initialisation step"
+    # docs/running.md's "once" step, literally (the parent directory does not exist either)
+    running = (ROOT / "docs" / "running.md").read_text()
+    step = re.search(r"^(mkdir -p /secret/recovery .*?)\s+# once$", running, re.M)
+    assert step, "docs/running.md's initialisation step"
     old = os.umask(0o022)
     try:
         subprocess.run(["bash", "-ec", step.group(1).replace("/secret/recovery", str(store))],

@@ -4,14 +4,16 @@
 * ``dpstream topics`` reports the timestamp type the broker actually gave the input topic;
 * ``dpstream run`` with ``flow.clock = "broker"`` on a broker that ignores LogAppendTime stops at
   start-up with one line that names the fix (before: every event became a dead letter);
-* README.md's "Running it", followed command by command against the embedded broker, publishes
-  releases.
+* docs/running.md's "Running it", followed command by command against the embedded broker,
+  publishes releases;
+* every configuration of the README's tour passes its own ``check-config``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -82,8 +84,26 @@ def test_run_with_the_broker_clock_on_the_trial_broker_stops_and_names_the_fix(b
     assert "Traceback" not in done.stderr
 
 
-def _readme_commands() -> list[str]:
+@pytest.mark.parametrize("kind", ["counters", "pmwg", "erm"])
+def test_every_configuration_of_the_readme_tour_passes_check_config(kind, tmp_path, capsys):
     text = (ROOT / "README.md").read_text()
+    tour = text[text.index("## A five-minute tour"):text.index("## The privacy claim")]
+    blocks = [block.split("```", 1)[0] for block in tour.split("```toml\n")[1:]]
+    assert len(blocks) == 3, tour
+    kinds = [re.search(r'^kind = "(\w+)"', b, re.M) for b in blocks]
+    [block] = [b for b, k in zip(blocks, kinds, strict=True)
+               if (k.group(1) if k else "counters") == kind]
+    config = tmp_path / f"{kind}.toml"
+    config.write_text(block)
+    assert main(["check-config", str(config)]) == 0
+    printed = capsys.readouterr().out
+    assert "VIOLATED" not in printed and "not guaranteed" not in printed, printed
+    if kind != "counters":
+        assert f"({kind})" in printed.splitlines()[0], printed
+
+
+def _readme_commands() -> list[str]:
+    text = (ROOT / "docs" / "running.md").read_text()
     section = text[text.index("## Running it"):]
     block = section[section.index("```bash") + len("```bash"):]
     block = block[:block.index("```")]
@@ -97,8 +117,8 @@ def _readme_commands() -> list[str]:
 
 @pytest.mark.integration
 @pytest.mark.slow
-def test_readme_running_it_followed_literally_publishes_releases(tmp_path):
-    """Every command of README "Running it", in order, against the embedded broker.
+def test_docs_running_it_followed_literally_publishes_releases(tmp_path):
+    """Every command of docs/running.md "Running it", in order, against the embedded broker.
 
     Two substitutions only, for a shared test machine: a free port for 9092 (with
     DPSTREAM_BROKERS pointing the example at it) and a temporary directory for /secret; and the

@@ -1,4 +1,4 @@
-"""The versioned JSON records dpstream publishes (documented in README.md).
+"""The versioned JSON records dpstream publishes (documented in docs/records.md).
 
 * ``dpstream.release/1`` — one private count for one key and time step.
 * ``dpstream.alert/1`` — a key's threshold monitor fired.

@@ -18,9 +18,9 @@ of its name (histograms are spread over workers like keys). When a step closes:
    to interleave, so a replay reproduces every answer byte for byte (same noise coordinates).
 
 Mechanisms: ``pmwg`` (:mod:`dpstream.core.pmwg.mechanism`, Algorithm 1 of the paper) and
-``histogram``
-(BBScheduler, Algorithm 4, over a noisy-histogram black box; :mod:`dpstream.core.pmwg.schedulers`):
-which to use is a matter of ``N`` against ``α·ε·t`` (README, "PMWG or a noisy histogram").
+``histogram`` (BBScheduler, Algorithm 4, over a noisy-histogram black box;
+:mod:`dpstream.core.pmwg.schedulers`): which to use is a matter of ``N`` against ``α·ε·t``
+(docs/pmwg.md, "PMWG or a noisy histogram?").
 
 Privacy: the unit is one event. An event is in every histogram's database, so the flow's
 cost per event is the sum over histograms of each one's size counter and mechanism cost;
@@ -171,7 +171,7 @@ class PmwgConfig(FlowConfig):
 
 
 def which_mechanism(universe_size: int, n: int, epsilon: float, alpha: float) -> str:
-    """Which mechanism suits a histogram, by the regime of README "PMWG or a noisy histogram".
+    """Which mechanism suits a histogram (docs/pmwg.md, "PMWG or a noisy histogram?").
 
     A noisy histogram answers every question, with an error that grows like the square root
     of the cells a question covers: at most ``sqrt(N)`` noise standard deviations of
