@@ -31,10 +31,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from kafka import KafkaConsumer, TopicPartition
 from support import cli_flows
 from support.cli_flows import finish, iso
 from support.configs import erm, write
+from support.flows import TopicWatch
 
 from dpstream.estimator import MODEL_SCHEMA, ReleasedClassifier
 from dpstream.io.topics import Record, ensure_topics, produce, read_all
@@ -283,30 +283,6 @@ def test_a_bounded_run_publishes_valid_models_of_both_streams_that_classify(brok
 KILL_AFTER = 6  # the first run is killed once the models of step KILL_AFTER - 2 are out
 
 
-class ModelWatch:
-    """Counts the records of a one-partition topic as they arrive, with little delay (one
-    consumer for the whole watch: the kill should land before the epoch is snapshotted)."""
-
-    def __init__(self, bootstrap: str, topic: str) -> None:
-        self.consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None,
-                                      enable_auto_commit=False, fetch_max_wait_ms=10)
-        partition = TopicPartition(topic, 0)
-        self.consumer.assign([partition])
-        self.consumer.seek(partition, 0)
-        self.seen = 0
-
-    def count(self) -> int:
-        """How many records arrived so far (waits up to 20 ms for more)."""
-        self.seen += sum(map(len, self.consumer.poll(timeout_ms=20).values()))
-        return self.seen
-
-    def __enter__(self) -> ModelWatch:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.consumer.close()
-
-
 @pytest.mark.slow
 def test_kill_minus_nine_and_resume_gives_the_models_of_an_uninterrupted_run(broker,
                                                                              tmp_path):
@@ -327,7 +303,7 @@ def test_kill_minus_nine_and_resume_gives_the_models_of_an_uninterrupted_run(bro
                            tail=True, batch_size=50)
     proc = start_flow(tailing, *args_b)
     seen, produced = 0, 3
-    with ModelWatch(bootstrap, topics["models"]) as watch:
+    with TopicWatch(bootstrap, topics["models"]) as watch:
         while True:
             deadline = time.monotonic() + 60
             while (now := watch.count()) == seen:

@@ -10,8 +10,9 @@ from datetime import timedelta
 import numpy as np
 import pytest
 from bytewax.recovery import RecoveryConfig, init_db_dir
-from bytewax.testing import TestingSink, TestingSource, cluster_main, run_main
+from bytewax.testing import TestingSink, TestingSource, run_main
 from prometheus_client import CollectorRegistry
+from support.flows import run_in_memory
 from support.messages import raw
 
 from dpstream.config import parse_config
@@ -78,15 +79,8 @@ def holdout_file(tmp_path, rows=400, seed=99):
 
 
 def run(cfg, items, workers=1, batch=100, metrics=None, partitions=2):
-    sink: list = []
-    flow = build_flow(cfg, KEY, instance="m-1", partitions=partitions,
-                      source=TestingSource(items, batch), sink=TestingSink(sink),
-                      metrics=metrics)
-    if workers == 1:
-        run_main(flow)
-    else:
-        cluster_main(flow, [], 0, worker_count_per_proc=workers)
-    return sink
+    return run_in_memory(cfg, items, KEY, instance="m-1", partitions=partitions, workers=workers,
+                         batch=batch, metrics=metrics)
 
 
 def models(sink):

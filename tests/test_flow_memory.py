@@ -7,7 +7,8 @@ import random
 from collections import Counter, defaultdict
 
 import pytest
-from bytewax.testing import TestingSink, TestingSource, cluster_main, run_main
+from bytewax.testing import TestingSink, TestingSource, run_main
+from support.flows import run_in_memory
 from support.messages import message, raw
 
 from dpstream.config import parse_config
@@ -55,14 +56,8 @@ def events(steps, rates, partitions=2, seed=0):
 
 
 def run(cfg, items, partitions=2, workers=1, metrics=None):
-    sink: list = []
-    flow = build_flow(cfg, KEY, instance="t-1", partitions=partitions,
-                      source=TestingSource(items, 500), sink=TestingSink(sink), metrics=metrics)
-    if workers == 1:
-        run_main(flow)
-    else:
-        cluster_main(flow, [], 0, worker_count_per_proc=workers)
-    return sink
+    return run_in_memory(cfg, items, KEY, instance="t-1", partitions=partitions, workers=workers,
+                         batch=500, metrics=metrics)
 
 
 def by_role(sink):

@@ -42,7 +42,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -52,9 +51,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaProducer
 from support.cli_flows import iso
 from support.configs import Tables, counters, erm, pmwg, write
+from support.flows import TopicWatch, scrape
 
 from dpstream.config import parse_config
 from dpstream.core.noise.samplers import NoiseKey
@@ -641,49 +641,9 @@ def metrics_ports() -> int:
     raise AssertionError("no two consecutive free ports")
 
 
-def scrape(port: int) -> dict[str, float]:
-    """The samples a metrics endpoint serves, by series (name and labels)."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
-    samples = {}
-    for line in text.decode().splitlines():
-        if line and not line.startswith("#"):
-            series, _, value = line.rpartition(" ")
-            samples[series] = float(value)
-    return samples
-
-
-class Watch:
-    """Counts the records of a one-partition topic as they arrive (one consumer throughout:
-    a kill can follow an output within milliseconds)."""
-
-    def __init__(self, bootstrap: str, topic: str) -> None:
-        self.consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None,
-                                      enable_auto_commit=False, fetch_max_wait_ms=10)
-        partition = TopicPartition(topic, 0)
-        self.consumer.assign([partition])
-        self.consumer.seek(partition, 0)
-        self.seen = 0
-
-    def count(self) -> int:
-        """How many records arrived so far (waits up to 20 ms for more)."""
-        self.seen += sum(map(len, self.consumer.poll(timeout_ms=20).values()))
-        return self.seen
-
-    def settled(self, quiet: float = 1.0) -> int:
-        """The count once no record arrived for ``quiet`` seconds."""
-        last, since = self.count(), time.monotonic()
-        while time.monotonic() - since < quiet:
-            if (now := self.count()) != last:
-                last, since = now, time.monotonic()
-        return last
-
-    def close(self) -> None:
-        self.consumer.close()
-
-
 @pytest.fixture
-def watches() -> Iterator[list[Watch]]:
-    opened: list[Watch] = []
+def watches() -> Iterator[list[TopicWatch]]:
+    opened: list[TopicWatch] = []
     yield opened
     for watch in opened:
         watch.close()
@@ -707,7 +667,7 @@ def test_kill_minus_nine_of_one_process_and_a_restart_of_both_loses_and_renoises
     cluster = start_cluster(kind, tailing, stores, tmp_path / "tail", reference.instance,
                             snapshot_seconds=KILL_SNAPSHOT_SECONDS)
     cleanup.extend(cluster)
-    watch = Watch(bootstrap, topics[kind.outputs[0]])
+    watch = TopicWatch(bootstrap, topics[kind.outputs[0]])
     watches.append(watch)
     wait_for(lambda: watch.count() > 0, "first outputs", cluster)
     # each process serves its metrics on metrics.port + its process id

@@ -15,11 +15,11 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 from support.configs import counters, write
+from support.flows import scrape
 
 from dpstream.io.broker import EmbeddedBroker, free_port
 from dpstream.io.topics import produce, read_all
@@ -83,20 +83,6 @@ def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 30)
         out, _ = proc.communicate()
         pytest.fail(f"the flow did not stop within {timeout} s:\n{out[-3000:]}")
     return out
-
-
-def scrape(port: int) -> dict[str, float]:
-    try:
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
-                                      timeout=5).read().decode()
-    except OSError:  # not serving yet
-        return {}
-    values: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            values[name] = float(value)
-    return values
 
 
 def metric(values: dict[str, float], prefix: str) -> float:

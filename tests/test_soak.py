@@ -58,13 +58,13 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support.configs import counters, write
+from support.flows import scrape
 
 from dpstream.io.broker import EmbeddedBroker, free_port
 from dpstream.io.topics import ensure_topics, read_all
@@ -145,17 +145,7 @@ class FlowRun:
         return self.proc.poll() is None
 
     def scrape(self) -> dict[str, float]:
-        try:
-            text = urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics",
-                                          timeout=5).read().decode()
-        except OSError:  # not serving yet
-            return {}
-        values: dict[str, float] = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                values[name] = float(value)
-        return values
+        return scrape(self.port)
 
     def stop(self, timeout: float = 40.0) -> str:
         """SIGTERM, wait for the exit; kill and fail if it does not come."""
