@@ -36,8 +36,12 @@ ORIGIN = 1_790_000_000  # 2026-09-21T14:13:20Z, an arbitrary whole second
 ORIGIN_ISO = "2026-09-21T14:13:20Z"
 INSTANCE = "601d0000000000000000000000000023"
 """The flow instance id of every golden run (32 hex digits, as a durable instance's)."""
+CREATE_TIME = 1
+"""Kafka's timestamp type of a producer-stamped record (CreateTime)."""
 LOG_APPEND_TIME = 2
 """Kafka's timestamp type of a broker-stamped record (LogAppendTime)."""
+TICK = b'{"dpstream.tick":1}'
+"""A heartbeat tick's value (it moves its partition's clock and is otherwise skipped)."""
 
 GOLDEN_DIR = Path(__file__).resolve().parent.parent / "golden"
 STORES_DIR = GOLDEN_DIR / "stores"
@@ -60,6 +64,8 @@ class GoldenRun:
     batch: int = 50
     stop_after: int | None = None
     """With a recovery store: the records read before the crash (the rest on resume)."""
+    skip: tuple[tuple[str, int, int], ...] = ()
+    """Records the operator quarantined: (topic, partition of that topic, offset)."""
     resumes: tuple[tuple[str, dict[str, Any]], ...] = ()
     """Other configurations the store is also resumed under: (name, tables to update)."""
 
@@ -109,6 +115,32 @@ def _declared_events() -> list[RawMessage]:
         items.append(_raw(0, value, offset, ORIGIN + (0.5 if late else 4.9)))
         offset += 1
     return items
+
+
+def _producer_events() -> list[RawMessage]:
+    """Events stamped by their producers (CreateTime), heartbeat ticks every 0.5 s on each
+    partition through 7 s, a late event, one beyond the clock skew, some after flow.end."""
+    rng = random.Random(5)
+    items: list[tuple[float, int, bytes, float]] = []  # (arrival, partition, value, stamp)
+    for step in range(7):
+        for key, rate in (("a", 6), ("b", 2)):
+            for _ in range(rng.randint(rate // 2, rate)):
+                t = step + rng.random() * 0.99
+                items.append((t, rng.randrange(2), json.dumps({"key": key, "ts": ORIGIN + t})
+                              .encode(), t))
+    items.append((6.9, 0, json.dumps({"key": "a", "ts": ORIGIN + 0.3}).encode(), 0.3))  # late
+    items.append((4.4, 1, json.dumps({"key": "b", "ts": ORIGIN + 4.4}).encode(), 9000.0))
+    for k in range(1, 15):
+        for partition in (0, 1):
+            items.append((k * 0.5 + 1e-6, partition, TICK, k * 0.5))
+    items.sort(key=lambda item: (item[0], item[1]))
+    offsets = [0, 0]
+    out = []
+    for _arrival, partition, value, stamp in items:
+        out.append((partition, value, offsets[partition], "events",
+                    round((ORIGIN + stamp) * 1000), CREATE_TIME))
+        offsets[partition] += 1
+    return out
 
 
 def _open_events() -> list[RawMessage]:
@@ -277,6 +309,13 @@ RUNS: list[GoldenRun] = [
     # BLT under zCDP, declared keys, exhausted likewise; releases only every 2nd step
     GoldenRun("counters-zcdp-declared-every2",
               _counters("zcdp", "declared", release={"every": 2}), _declared_events),
+    # the producer clock (heartbeat ticks), lateness, flow.end closing every step before it at
+    # the end of the input; two records quarantined by the operator
+    GoldenRun("counters-producer-clock-end",
+              _counters("pure", "declared", flow={"clock": "producer", "lateness": "1s",
+                                                  "end": "2026-09-21T14:13:27Z",
+                                                  "max_skew": "1h"}),
+              _producer_events, skip=(("events", 0, 3), ("events", 1, 0))),
     # open universe: threshold monitor alerts, admission with an initial count
     GoldenRun("counters-pure-open", _counters("pure", "open"), _open_events),
     GoldenRun("counters-zcdp-open", _counters("zcdp", "open"), _open_events),
@@ -291,6 +330,11 @@ RUNS: list[GoldenRun] = [
     _erm_run("erm-multi-resolution-sampling", "multi-resolution", sampling=True),
     _erm_run("erm-sliding-window-sampling", "sliding-window", window_blocks=3, sampling=True),
     GoldenRun("erm-ermg", _erm("ermg"), _erm_events()),
+    GoldenRun("erm-continual-end",
+              {**_erm("continual"), "flow": {"kind": "erm", "name": "golden",
+                                             "origin": ORIGIN_ISO, "step": "1s", "shards": 2,
+                                             "end": "2026-09-21T14:13:26Z"}},
+              _erm_events()),
     GoldenRun("erm-zcdp-multinomial",
               _erm("continual", accounting="zcdp", classes=("lo", "mid", "hi")),
               _erm_events(classes=("lo", "mid", "hi"))),
@@ -400,7 +444,7 @@ def run_flow(run: GoldenRun, recovery_dir: Path | None = None, *, crash: bool = 
     sink: list[tuple[str, bytes | None, bytes]] = []
     flow = build_flow(config, NoiseKey.for_tests(run.noise_seed), instance=instance,
                       partitions=run.partitions, source=TestingSource(items, run.batch),
-                      sink=TestingSink(sink))
+                      sink=TestingSink(sink), skip_records=run.skip)
     if recovery is None:
         run_main(flow)
     else:
@@ -482,7 +526,11 @@ def difference(expected: list[Output], actual: list[Output]) -> str | None:
         problems.append(f"topic {topic}: {len(a)} records recorded, {len(b)} now")
         for i, (x, y) in enumerate(zip(a, b, strict=False)):
             if x != y:
-                problems.append(f"  first difference at record {i}:\n"
+                at = next((j for j, (p, q) in enumerate(zip(x[1], y[1], strict=False))
+                           if p != q), min(len(x[1]), len(y[1])))
+                problems.append(f"  first difference at record {i} (value byte {at}: "
+                                f"{x[1][max(0, at - 30):at + 30]!r} recorded, "
+                                f"{y[1][max(0, at - 30):at + 30]!r} now):\n"
                                 f"    recorded key={x[0]!r}\n    recorded value={x[1]!r}\n"
                                 f"    now      key={y[0]!r}\n    now      value={y[1]!r}")
                 break
