@@ -25,6 +25,7 @@ from support.golden import (
     STORE_RUNS,
     STORES_DIR,
     GoldenRun,
+    Output,
     bind_store,
     copy_store,
     decode_outputs,
@@ -39,7 +40,7 @@ from dpstream.errors import RecoveryMismatchError
 pytestmark = pytest.mark.flow
 
 
-def _expect_same(recording: Path, actual: list) -> None:
+def _expect_same(recording: Path, actual: list[Output]) -> None:
     expected = decode_outputs(recording.read_text())
     assert expected, f"{recording.name} records nothing"
     problem = difference(expected, actual)
@@ -85,7 +86,7 @@ def test_the_golden_runs_cover_every_output_record_kind() -> None:
     assert expected <= seen, sorted(expected - seen)
 
 
-def _resume(kind: str, tmp_path: Path, run: GoldenRun | None = None) -> list:
+def _resume(kind: str, tmp_path: Path, run: GoldenRun | None = None) -> list[Output]:
     store = tmp_path / "store"
     copy_store(STORES_DIR / kind, store)
     return run_flow(run or STORE_RUNS[kind], store)

@@ -37,6 +37,8 @@ from support.golden import (  # noqa: E402
     GOLDEN_DIR,
     RUNS,
     STORE_RUNS,
+    GoldenRun,
+    Output,
     copy_store,
     encode_outputs,
     init_store,
@@ -73,7 +75,7 @@ def pickled_globals(store: Path) -> list[str]:
 def record_store(kind: str, target: Path) -> None:
     run = STORE_RUNS[kind]
     with tempfile.TemporaryDirectory() as tmp:
-        outputs = []
+        outputs: list[tuple[list[Output], dict[str, list[Output]], Path]] = []
         for attempt in ("a", "b"):  # twice, for determinism
             store = Path(tmp) / attempt
             init_store(store)
@@ -102,10 +104,10 @@ def record_store(kind: str, target: Path) -> None:
                           for n, o in resumed.items()))
 
 
-def _resume(run: object, store: Path, copy: Path) -> list:
+def _resume(run: GoldenRun, store: Path, copy: Path) -> list[Output]:
     """Resume a copy of ``store`` (the original stays as the crash left it)."""
     copy_store(store, copy)
-    return run_flow(run, copy)  # type: ignore[arg-type]
+    return run_flow(run, copy)
 
 
 def main() -> None:

@@ -444,7 +444,8 @@ def run_flow(run: GoldenRun, recovery_dir: Path | None = None, *, crash: bool = 
     sink: list[tuple[str, bytes | None, bytes]] = []
     flow = build_flow(config, NoiseKey.for_tests(run.noise_seed), instance=instance,
                       partitions=run.partitions, source=TestingSource(items, run.batch),
-                      sink=TestingSink(sink), skip_records=run.skip)
+                      sink=TestingSink(sink),
+                      skip_records=run.skip)  # type: ignore[arg-type]  # triples are accepted
     if recovery is None:
         run_main(flow)
     else:
