@@ -1,15 +1,15 @@
 """Record the golden runs and the recovery stores with the code checked out now.
 
-    python tests/golden/record.py [--commit ID]
+    python tests/golden/record.py --commit ID [--stores]
 
 writes, under ``tests/golden/``:
 
 * ``<run>.jsonl``: every record each golden run (``tests/support/golden.py``) published;
-* ``stores/<kind>/``: a recovery store (Bytewax partition and instance manifest) left by a
-  crash after the first part of the input, ``stores/<kind>/before.jsonl`` what was published
-  before the crash, ``stores/<kind>/resume.jsonl`` what the recorded version published on
+* with ``--stores``, ``stores/<kind>/``: a recovery store (Bytewax partition and instance
+  manifest) left by a crash after the first part of the input; ``before.jsonl``, what was
+  published before the crash; ``resume.jsonl``, what the recorded version published on
   resuming it with the rest of the input (``resume-<name>.jsonl`` under another
-  configuration), and ``stores/<kind>/pickled.txt``, every global the snapshots pickle.
+  configuration); and ``pickled.txt``, every step and global the snapshots hold.
 
 Each run is recorded twice and the recordings compared (determinism); the script stops if
 they differ. Record only with the version the files are meant to pin (``--commit`` names it in
@@ -19,16 +19,11 @@ they differ. Record only with the version the files are meant to pin (``--commit
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import os
-import pickle
 import shutil
-import sqlite3
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -42,34 +37,11 @@ from support.golden import (  # noqa: E402
     copy_store,
     encode_outputs,
     init_store,
+    pickled_globals,
     resumed_under,
     run_flow,
     status_records,
 )
-
-
-def pickled_globals(store: Path) -> list[str]:
-    """Every Bytewax step with a snapshot in ``store``, and every ``module.name`` one pickles.
-
-    Lines ``step <step id> <state keys>``, then ``global <module>.<name>`` (sorted): each
-    snapshot is unpickled with an unpickler that records every class or function it loads.
-    """
-    found: set[str] = set()
-    steps: dict[str, set[str]] = {}
-
-    class Recording(pickle.Unpickler):
-        def find_class(self, module: str, name: str) -> Any:
-            found.add(f"{module}.{name}")
-            return super().find_class(module, name)
-
-    for part in sorted(store.glob("part-*.sqlite3")):
-        with contextlib.closing(sqlite3.connect(part)) as db:
-            for step, key, blob in db.execute("SELECT step_id, state_key, ser_change FROM snaps"):
-                steps.setdefault(step, set()).add(key)
-                if blob is not None:
-                    Recording(io.BytesIO(blob)).load()
-    return ([f"step {step} {' '.join(sorted(keys))}" for step, keys in sorted(steps.items())]
-            + [f"global {name}" for name in sorted(found)])
 
 
 def record_store(kind: str, target: Path) -> None:
@@ -113,6 +85,9 @@ def _resume(run: GoldenRun, store: Path, copy: Path) -> list[Output]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--commit", required=True, help="the commit the recording pins")
+    parser.add_argument("--stores", action="store_true",
+                        help="also make the recovery stores anew (they stand for the version "
+                             "that made them: remake them only with that version)")
     args = parser.parse_args()
     for run in RUNS:
         first, second = run_flow(run), run_flow(run)
@@ -124,7 +99,7 @@ def main() -> None:
     if statuses != status_records():
         sys.exit("status records: two recordings differ (not deterministic)")
     (GOLDEN_DIR / "counters-status-records.jsonl").write_text(encode_outputs(statuses))
-    for kind in STORE_RUNS:
+    for kind in STORE_RUNS if args.stores else ():
         record_store(kind, GOLDEN_DIR / "stores" / kind)
     (GOLDEN_DIR / "RECORDED").write_text(f"recorded at {args.commit}\n")
 

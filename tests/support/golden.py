@@ -22,10 +22,14 @@ the platform's ``build_flow``. When modules move, adapt those imports here.
 from __future__ import annotations
 
 import base64
+import contextlib
+import io
 import json
 import os
+import pickle
 import random
 import shutil
+import sqlite3
 import stat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -468,6 +472,30 @@ def copy_store(source: Path, target: Path) -> None:
     os.chmod(target, 0o700)
     for path in target.iterdir():
         os.chmod(path, stat.S_IRUSR | stat.S_IWUSR)
+
+
+def pickled_globals(store: Path) -> list[str]:
+    """Every Bytewax step with a snapshot in ``store``, and every ``module.name`` one pickles.
+
+    Lines ``step <step id> <state keys>``, then ``global <module>.<name>`` (sorted): each
+    snapshot is unpickled with an unpickler that records every class or function it loads.
+    """
+    found: set[str] = set()
+    steps: dict[str, set[str]] = {}
+
+    class Recording(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> Any:
+            found.add(f"{module}.{name}")
+            return super().find_class(module, name)
+
+    for part in sorted(store.glob("part-*.sqlite3")):
+        with contextlib.closing(sqlite3.connect(part)) as db:
+            for step, key, blob in db.execute("SELECT step_id, state_key, ser_change FROM snaps"):
+                steps.setdefault(step, set()).add(key)
+                if blob is not None:
+                    Recording(io.BytesIO(blob)).load()
+    return ([f"step {step} {' '.join(sorted(keys))}" for step, keys in sorted(steps.items())]
+            + [f"global {name}" for name in sorted(found)])
 
 
 # -- recording format ---------------------------------------------------------------------
