@@ -15,8 +15,10 @@ from __future__ import annotations
 import json
 import pickle
 import sqlite3
+from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.golden import (
@@ -151,23 +153,46 @@ def test_a_store_without_its_manifest_is_refused(tmp_path: Path) -> None:
         run_flow(STORE_RUNS["counters"], store)
 
 
-def test_snapshots_of_an_older_noise_scheme_are_refused_saying_why(tmp_path: Path) -> None:
-    """A store made before noise scheme 4: its shard snapshots record scheme 3."""
-    store = tmp_path / "store"
-    copy_store(STORES_DIR / "counters", store)
+def _rewrite_shard_snapshots(store: Path, change: Callable[[dict[str, Any]], bool]) -> None:
+    """Rewrite the shards' snapshots in ``store`` by ``change`` (which says if it changed one)."""
+    changed = 0
     with closing(sqlite3.connect(store / "part-0.sqlite3")) as db, db:
         rows = db.execute("SELECT step_id, state_key, snap_epoch, ser_change FROM snaps "
                           "WHERE step_id LIKE '%.shards' AND ser_change IS NOT NULL").fetchall()
-        assert rows
         for step, key, epoch, blob in rows:
             state = pickle.loads(blob)
-            state["noise_scheme"] = "dpstream-noise/3"
-            db.execute("UPDATE snaps SET ser_change = ? WHERE step_id = ? AND state_key = ? "
-                       "AND snap_epoch = ?", (pickle.dumps(state), step, key, epoch))
+            if change(state):
+                changed += 1
+                db.execute("UPDATE snaps SET ser_change = ? WHERE step_id = ? AND state_key = ? "
+                           "AND snap_epoch = ?", (pickle.dumps(state), step, key, epoch))
+    assert changed
+
+
+def _older_noise_scheme(state: dict[str, Any]) -> bool:
+    state["noise_scheme"] = "dpstream-noise/3"  # as a store made before noise scheme 4
+    return True
+
+
+def _later_key_table(state: dict[str, Any]) -> bool:
+    if "table" not in state:
+        return False
+    state["table"]["version"] = 2  # as a later dpstream might write it
+    return True
+
+
+@pytest.mark.parametrize("change, message", [
+    (_older_noise_scheme, "made with noise derivation 'dpstream-noise/3' (an older dpstream)"),
+    (_later_key_table, "not a key table state of version 1"),
+], ids=["older-noise-scheme", "later-key-table-version"])
+def test_snapshots_of_another_format_are_refused_saying_why(
+        change: Callable[[dict[str, Any]], bool], message: str, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    copy_store(STORES_DIR / "counters", store)
+    _rewrite_shard_snapshots(store, change)
     with pytest.raises(Exception) as raised:
         run_flow(STORE_RUNS["counters"], store)
     text = "".join(str(e) for e in _chain(raised.value))
-    assert "made with noise derivation 'dpstream-noise/3' (an older dpstream)" in text, text
+    assert message in text, text
 
 
 def _chain(exc: BaseException | None) -> list[BaseException]:
