@@ -223,6 +223,11 @@ def _resume(directory: Path, manifest: Path, fixed: dict[str, Any],
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise RecoveryMismatchError(
             f"cannot read the flow instance manifest {manifest}: {exc}") from None
+    if recorded.get("schema") != MANIFEST_SCHEMA:
+        raise RecoveryMismatchError(
+            f"the flow instance manifest {manifest} has format {recorded.get('schema')!r}; "
+            f"this dpstream reads {MANIFEST_SCHEMA!r} only: resume the instance with the "
+            "dpstream that made it, or start a new instance with an empty recovery directory")
     if instance_id is not None and instance != instance_id:
         raise RecoveryMismatchError(
             f"the recovery store {directory} belongs to flow instance {instance}, not to "
