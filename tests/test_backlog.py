@@ -18,6 +18,7 @@ import pytest
 from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 from bytewax.outputs import DynamicSink, StatelessSinkPartition
 from bytewax.testing import run_main
+from support.configs import counters, write
 from support.messages import message
 
 from dpstream.config import parse_config
@@ -236,27 +237,10 @@ def test_the_operator_reports_backlog_and_waiting_apart(lagging, monkeypatch):
 
 
 def _run_config(path, broker, topics: dict[str, str], origin: str) -> None:
-    path.write_text(f"""
-[flow]
-name = "backlog-run"
-step = "1s"
-origin = "{origin}"
-shards = 2
-clock = "producer"  # the embedded broker ignores LogAppendTime; these producers are trusted
-heartbeat = "1s"
-[kafka]
-brokers = ["{broker.bootstrap}"]
-input_topic = "{topics['events']}"
-releases_topic = "{topics['releases']}"
-alerts_topic = "{topics['alerts']}"
-dead_letter_topic = "{topics['dead']}"
-tail = true
-[admission]
-mode = "declared"
-keys = {json.dumps(KEYS)}
-[metrics]
-port = 0
-""")
+    write(path, counters(broker.bootstrap, topics, name="backlog-run", keys=KEYS,
+                         flow={"origin": origin, "heartbeat": "1s"},
+                         kafka={"tail": True, "startup_timeout": None},
+                         privacy=None, counter=None))
 
 
 @pytest.mark.integration

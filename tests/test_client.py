@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pytest
+from support.configs import counters, write
 
 from dpstream.client import (
     Alert,
@@ -240,38 +241,13 @@ def write_flow_config(path: Path, broker, topics: dict[str, str], name: str = "i
 
     Every admitted key is charged 10 epsilon (monitor 4, initial count 2, counter 4).
     """
-    path.write_text(f"""
-[flow]
-name = "{name}"
-step = "1s"
-origin = "{ORIGIN.isoformat().replace('+00:00', 'Z')}"
-end = "{(ORIGIN + timedelta(seconds=STEPS)).isoformat().replace('+00:00', 'Z')}"
-shards = 2
-clock = "producer"  # the embedded broker ignores LogAppendTime; these producers are trusted
-[kafka]
-brokers = ["{broker.bootstrap}"]
-input_topic = "{topics['events']}"
-releases_topic = "{topics['releases']}"
-alerts_topic = "{topics['alerts']}"
-dead_letter_topic = "{topics['dead']}"
-tail = {str(tail).lower()}
-[privacy]
-accounting = "pure"
-budget = {budget}
-delta = 1e-3
-[counter]
-epsilon = 4.0
-horizon = 64
-[monitor]
-epsilon = 4.0
-horizon = 8
-[admission]
-mode = "open"
-initial_epsilon = 2.0
-[metrics]
-port = {metrics_port}
-""")
-    return path
+    return write(path, counters(
+        broker.bootstrap, topics, name=name, origin=ORIGIN.timestamp(), steps=STEPS,
+        kafka={"tail": tail, "startup_timeout": None},
+        privacy={"accounting": "pure", "budget": budget, "delta": 1e-3},
+        counter={"epsilon": 4.0, "horizon": 64}, monitor={"epsilon": 4.0, "horizon": 8},
+        admission={"mode": "open", "initial_epsilon": 2.0, "keys": None},
+        metrics={"port": metrics_port}))
 
 
 def flow_topics(topic_factory) -> dict[str, str]:

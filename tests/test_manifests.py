@@ -39,6 +39,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
+from support.configs import counters, write
 
 from dpstream.config import load_config
 from dpstream.io.topics import produce, read_all
@@ -587,38 +588,10 @@ def test_the_init_step_spreads_the_partitions_over_the_owners_once(tmp_path):
 def write_flow_config(path: Path, bootstrap: str, topics: dict[str, str], origin: int,
                       end: int) -> Path:
     """A bounded producer-clock flow: it closes every step before ``end`` (flow.end)."""
-    origin_iso = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(origin))
-    end_iso = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(end))
-    path.write_text(f"""
-[flow]
-name = "cluster"
-step = "1s"
-origin = "{origin_iso}"
-end = "{end_iso}"
-shards = 4
-clock = "producer"  # the embedded broker ignores LogAppendTime; this producer is trusted
-heartbeat = "off"
-[kafka]
-brokers = ["{bootstrap}"]
-input_topic = "{topics['events']}"
-releases_topic = "{topics['releases']}"
-alerts_topic = "{topics['alerts']}"
-dead_letter_topic = "{topics['dead']}"
-tail = false
-batch_size = 200
-startup_timeout = "10s"
-[privacy]
-budget = 1.0
-[counter]
-epsilon = 0.9
-horizon = 4096
-[admission]
-mode = "declared"
-keys = ["a", "b", "c", "d", "e"]
-[metrics]
-port = 0
-""")
-    return path
+    return write(path, counters(
+        bootstrap, topics, name="cluster", origin=origin, steps=end - origin,
+        keys=["a", "b", "c", "d", "e"], flow={"shards": 4, "heartbeat": "off"},
+        kafka={"tail": False, "batch_size": 200, "startup_timeout": "10s"}))
 
 
 def test_the_init_step_copies_the_key_private_and_pins_one_instance(tmp_path):

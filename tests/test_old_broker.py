@@ -27,6 +27,7 @@ import confluent_kafka
 import pytest
 from bytewax.dataflow import Dataflow
 from bytewax.testing import TestingSource, run_main
+from support.configs import counters, write
 from support.old_kafka import OldKafka
 
 from dpstream.io.kafka import KafkaClients, KafkaOutput, OutputError
@@ -59,39 +60,11 @@ def topics(old_kafka: OldKafka) -> dict[str, str]:
 
 def _write_config(path: Path, bootstrap: str, topics: dict[str, str],
                   add_config: dict[str, str] | None) -> Path:
-    extra = ""
-    if add_config is not None:
-        extra = "[kafka.add_config]\n" + "".join(f'"{k}" = "{v}"\n' for k, v in add_config.items())
-    path.write_text(f"""
-[flow]
-name = "old-broker"
-step = "1s"
-origin = "2026-09-21T14:13:20Z"
-end = "2026-09-21T14:14:20Z"
-shards = 1
-clock = "producer"
-[kafka]
-brokers = ["{bootstrap}"]
-input_topic = "{topics['events']}"
-releases_topic = "{topics['releases']}"
-alerts_topic = "{topics['alerts']}"
-dead_letter_topic = "{topics['dead_letters']}"
-startup_timeout = "10s"
-tail = false
-{extra}
-[privacy]
-accounting = "pure"
-budget = 1.0
-[counter]
-epsilon = 0.9
-horizon = 64
-[admission]
-mode = "declared"
-keys = ["k0", "k1"]
-[metrics]
-port = 0
-""")
-    return path
+    return write(path, counters(
+        bootstrap, {**topics, "dead": topics["dead_letters"]}, name="old-broker",
+        origin=1_790_000_000, steps=60, keys=["k0", "k1"], flow={"shards": 1},
+        kafka={"startup_timeout": "10s", "tail": False, "add_config": add_config},
+        privacy={"accounting": "pure"}, counter={"horizon": 64}))
 
 
 @pytest.mark.timeout(90, func_only=True)
