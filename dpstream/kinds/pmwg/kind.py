@@ -46,9 +46,10 @@ from dpstream.core.counting.key_statistics import parameter_digest
 from dpstream.core.counting.tree_counter import TreeCounter, TreeCounterSpec
 from dpstream.core.noise.samplers import NoiseKey
 from dpstream.core.pmwg.blackboxes import HistogramSynopsis, NoisyHistogram
-from dpstream.core.pmwg.mechanism import Answer, Pmwg, PmwgSpec
+from dpstream.core.pmwg.mechanism import Answer, Pmwg
 from dpstream.core.pmwg.queries import LinearQuery, QueryCompiler, QueryError
 from dpstream.core.pmwg.schedulers import BBScheduler, BBSchedulerSpec
+from dpstream.core.pmwg.spec import PmwgSpec
 from dpstream.core.pmwg.universe import Universe, UniverseError
 from dpstream.errors import ConfigError, InvalidParameterError
 from dpstream.kinds.counters.events import event_seconds, shard_of
