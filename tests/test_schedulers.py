@@ -9,11 +9,12 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+from support.query_class_boxes import SmallDB
 from support.recording import RecordingKey
 
 from dpstream.core.accounting.ledger import exact, zcdp_to_approx_dp
 from dpstream.core.noise.samplers import NoiseKey
-from dpstream.core.pmwg.blackboxes import HistogramSynopsis, NoisyHistogram, SmallDB
+from dpstream.core.pmwg.blackboxes import HistogramSynopsis, NoisyHistogram
 from dpstream.core.pmwg.schedulers import BBImprover, BBImproverSpec, BBScheduler, BBSchedulerSpec
 from dpstream.errors import BudgetExhaustedError, InvalidParameterError
 
