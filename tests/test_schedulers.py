@@ -1,4 +1,4 @@
-"""Tests of the black-box schedulers (dpstream.core.pmwg.schedulers): BBScheduler and BBImprover."""
+"""Tests of the black-box schedulers (dpstream.core.pmwg.bb_scheduler, bb_improver, runner)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from support.recording import RecordingKey
 
 from dpstream.core.accounting.ledger import exact, zcdp_to_approx_dp
 from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.pmwg.bb_improver import BBImprover, BBImproverSpec
+from dpstream.core.pmwg.bb_scheduler import BBScheduler, BBSchedulerSpec
 from dpstream.core.pmwg.blackboxes import HistogramSynopsis, NoisyHistogram
-from dpstream.core.pmwg.schedulers import BBImprover, BBImproverSpec, BBScheduler, BBSchedulerSpec
 from dpstream.errors import BudgetExhaustedError, InvalidParameterError
 
 COORDS = ("flow", "bb", "key-1")
