@@ -77,7 +77,7 @@ if str(_ROOT) not in sys.path:
 
 from dpstream.core.noise.samplers import NoiseKey  # noqa: E402
 from dpstream.core.pmwg.mechanism import Pmwg  # noqa: E402
-from dpstream.core.pmwg.queries import QueryCompiler  # noqa: E402
+from dpstream.core.pmwg.query_compiler import QueryCompiler  # noqa: E402
 from dpstream.core.pmwg.spec import PmwgSpec  # noqa: E402
 from dpstream.core.pmwg.universe import Universe  # noqa: E402
 

@@ -49,7 +49,9 @@ from dpstream.core.noise.samplers import NoiseKey
 from dpstream.core.pmwg.bb_scheduler import BBScheduler, BBSchedulerSpec
 from dpstream.core.pmwg.blackboxes import HistogramSynopsis, NoisyHistogram
 from dpstream.core.pmwg.mechanism import Answer, Pmwg
-from dpstream.core.pmwg.queries import LinearQuery, QueryCompiler, QueryError
+from dpstream.core.pmwg.queries import LinearQuery
+from dpstream.core.pmwg.query_compiler import QueryCompiler
+from dpstream.core.pmwg.query_parser import QueryError
 from dpstream.core.pmwg.spec import PmwgSpec
 from dpstream.core.pmwg.universe import Universe, UniverseError
 from dpstream.errors import ConfigError, InvalidParameterError
