@@ -54,7 +54,8 @@ from typing import Any, Final, NoReturn, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
-from dpstream.core.pmwg.universe import Universe, _show
+from dpstream.core.pmwg.attributes import _show
+from dpstream.core.pmwg.universe import Universe
 from dpstream.errors import InvalidParameterError
 
 __all__ = [

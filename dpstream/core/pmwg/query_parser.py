@@ -47,6 +47,7 @@ from typing import Any, Final, NoReturn
 import numpy as np
 import numpy.typing as npt
 
+from dpstream.core.pmwg.attributes import Attribute, Bucketed, Categorical, _show
 from dpstream.core.pmwg.queries import (
     WEIGHT_UNIT,
     FloatArray,
@@ -57,7 +58,7 @@ from dpstream.core.pmwg.queries import (
     _is_number,
     _Selection,
 )
-from dpstream.core.pmwg.universe import Attribute, Bucketed, Categorical, Universe, _show
+from dpstream.core.pmwg.universe import Universe
 from dpstream.errors import InvalidParameterError
 
 __all__ = [

@@ -46,6 +46,7 @@ from dpstream.core.counting.blt_counter import BltCounter, BltCounterSpec
 from dpstream.core.counting.key_statistics import parameter_digest
 from dpstream.core.counting.tree_counter import TreeCounter, TreeCounterSpec
 from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.pmwg.attributes import UniverseError
 from dpstream.core.pmwg.bb_scheduler import BBScheduler, BBSchedulerSpec
 from dpstream.core.pmwg.blackboxes import HistogramSynopsis, NoisyHistogram
 from dpstream.core.pmwg.mechanism import Answer, Pmwg
@@ -53,7 +54,7 @@ from dpstream.core.pmwg.queries import LinearQuery
 from dpstream.core.pmwg.query_compiler import QueryCompiler
 from dpstream.core.pmwg.query_parser import QueryError
 from dpstream.core.pmwg.spec import PmwgSpec
-from dpstream.core.pmwg.universe import Universe, UniverseError
+from dpstream.core.pmwg.universe import Universe
 from dpstream.errors import ConfigError, InvalidParameterError
 from dpstream.kinds.counters.events import event_seconds, shard_of
 from dpstream.messages import DeadLetter, Encoded, RawBatch, RawMessage, step_window
