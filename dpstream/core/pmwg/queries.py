@@ -155,7 +155,8 @@ class LinearQuery:
     """A compiled linear query: integer weights ``units_i`` in ``[0, 2^16]`` per cell.
 
     The query's weight on cell ``i`` is ``units_i / 2^16``. Immutable. Build
-    one with :func:`parse_query` or :class:`QueryCompiler`, never directly.
+    one with :func:`~dpstream.core.pmwg.query_parser.parse_query` or
+    :class:`~dpstream.core.pmwg.query_compiler.QueryCompiler`, never directly.
 
     Attributes:
         key: the canonical identity, for caches and logs (``count:country=0,2``
