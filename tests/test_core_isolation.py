@@ -28,7 +28,7 @@ def test_core_imports_without_edges():
         import dpstream.core.pmwg.runner, dpstream.core.pmwg.bb_scheduler
         import dpstream.core.pmwg.bb_improver, dpstream.core.pmwg.blackboxes
         import dpstream.core.pmwg.attributes, dpstream.core.pmwg.query_parser
-        import dpstream.core.pmwg.query_compiler
+        import dpstream.core.pmwg.query_compiler, dpstream.core.pmwg.worst_case
         import dpstream.core.erm.perturbation, dpstream.core.erm.schedules, dpstream.core.erm.ermg
         print('ok')
     """)

@@ -8,8 +8,9 @@ One idea per module:
 * the queries: :mod:`~dpstream.core.pmwg.queries` (compiled linear queries),
   :mod:`~dpstream.core.pmwg.query_parser` (the JSON language),
   :mod:`~dpstream.core.pmwg.query_compiler` (the cache);
-* PMWG (Algorithm 1): :mod:`~dpstream.core.pmwg.spec` (parameters, noise function, worst-case
-  privacy), :mod:`~dpstream.core.pmwg.sparse_vector` (NSG over NATG, Algorithms 2-3),
+* PMWG (Algorithm 1): :mod:`~dpstream.core.pmwg.spec` (parameters and
+  noise function), :mod:`~dpstream.core.pmwg.worst_case` (the worst-case privacy sum (B.1)),
+  :mod:`~dpstream.core.pmwg.sparse_vector` (NSG over NATG, Algorithms 2-3),
   :mod:`~dpstream.core.pmwg.hard_query_sums` (the ``b_tau`` sums),
   :mod:`~dpstream.core.pmwg.guarantee` (the accuracy report),
   :mod:`~dpstream.core.pmwg.mechanism` (the mechanism);

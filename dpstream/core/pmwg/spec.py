@@ -41,46 +41,9 @@ solves ``c`` so that the computed worst case equals the budget; mode ``"practica
 costs at most ``S_t0 + S_t1 / 8`` (``S_t <= sigma c t^(p-1)`` with
 ``sigma = (1 + 2^-50)(1 + 10^-12)(1 + 2^-32)``).
 
-**Accounting** (recorded in a :class:`~dpstream.core.accounting.ledger.PrivacyLedger`, which is
-part of
-the state; :attr:`Answer.spent` is its total).
-
-* *pure, modes paper/solved.* Theorem 24's telescoping: round ``j``'s ATG part starts no
-  earlier than round ``j-1``'s halt, so over a run
-  ``eps <= S_n + sum_{halted rounds} (S_t1 + S_t1/8)``; the released hard queries satisfy
-  ``H(t) <= C(t) = 36/alpha^2 (log N + sum_{n<tau<=t} b_tau)`` at every ``t`` (the cap is
-  the floor of ``(1 - 10^-12) C(t)``), and since ``S`` is non-increasing, Abel summation
-  gives ``sum_k S_(t_k) <= sum_t (C(t) - C(t-1)) S_t`` (Theorem 11's "set
-  ``h_t = 36/alpha^2 b_t``", ``b_n = log N``). This is a bound on the privacy loss of
-  *every* transcript (pure DP composes pointwise), so the run is eps-DP with
-  ``eps = sigma (B.1)``, (B.1) being ``(1 + 81/(2 alpha^2) log N) c n^(p-1)
-  + 81/(2 alpha^2) sum_{t>n} b_t c t^(p-1)`` (``81/2 = 36 * 9/8``). The sum is evaluated as an
-  exact float sum of its terms up to ``max(10^7, n + 10^6)`` plus an analytic **upper**
-  bound of the tail (integrals of decreasing majorants:
-  ``int_T^inf t^(-1-q) = T^-q / q``,
-  ``int_T^inf log t t^(-1-q) = T^-q (log T / q + 1 / q^2)``,
-  ``log(t/(t-1)) t^-q <= (t-1)^(-1-q)``, with ``q = 1 - p``), inflated by ``10^-9`` for
-  float error. That worst case is committed to the ledger when the mechanism starts.
-  The round that exceeds the hard-query cap releases no numeric answer and starts no round,
-  so it costs nothing beyond its ATG part, already counted.
-* *zcdp, modes paper/solved.* Each round is an ATG part (``S_t0``-DP, fixed when the
-  round starts) and, once it has halted at ``t1``, a Laplace part (``S_t1/8``-DP, fixed
-  before its noise is drawn); an ``eps``-DP part is ``eps^2/2``-zCDP (BS16, Prop. 1.4) and
-  the parts compose adaptively (Rényi filter, Feldman & Zrnic 2021, Thm 3.1, at every
-  order). Telescoping as above gives the paper's
-  ``tau = (1 + 585/(16 alpha^2) log N) (xi_n Delta_n)^2
-  + 585/(16 alpha^2) sum_{t>n} b_t (xi_t Delta_t)^2`` (``585/16 = 36 (1 + 1/64)``), with
-  ``sigma^2`` and the same numerics; ``rho = tau / 2`` is committed, and
-  ``(rho + 2 sqrt(rho log(1/delta)), delta)`` reported (== Theorem 4).
-* *practical mode: a privacy filter.* Each round is charged **when it starts**, at public
-  time ``t0``, for both parts bounded from ``t0`` (``S_t1 <= S_t0``): pure
-  ``eps = S_t0 + S_t0/8``, zcdp ``rho = (S_t0^2 + (S_t0/8)^2) / 2``. Every charge is fixed
-  before the part it pays for runs, so basic composition with adaptively chosen epsilons
-  and a stopping rule is valid (privacy filters, Rogers, Roth, Ullman, Vadhan 2016; for
-  pure DP basic composition is a valid filter) and likewise for zCDP (Feldman & Zrnic
-  2021, Thm 3.1). A round the ledger cannot pay ends the mechanism ("privacy budget
-  exhausted", for good). ``c`` is chosen so that ``hard_query_cap`` rounds started at time
-  ``n`` exactly fit the budget; Algorithm 1's hard-query cap is kept as well.
+**Accounting.** The worst-case privacy cost, the coefficient ``c`` of each mode and the
+practical mode's round charge are derived in :mod:`dpstream.core.pmwg.worst_case` (Theorem
+11's sum (B.1), Lemma 18's ``tau``, privacy filters for the practical mode).
 
 **Randomness and state.** The spec draws no noise and holds no state; its :attr:`digest`
 is part of every noise coordinate of the mechanism.
@@ -101,8 +64,17 @@ from dpstream.core._checks import is_integer
 from dpstream.core.accounting.ledger import PrivacyCharge, PrivacyLedger, exact, zcdp_to_approx_dp
 from dpstream.core.noise.samplers import encode_coordinates
 from dpstream.core.pmwg.guarantee import Guarantee, accuracy_guarantee
-from dpstream.core.pmwg.hard_query_sums import _weighted_b_sum, hard_query_increment
+from dpstream.core.pmwg.hard_query_sums import hard_query_increment
 from dpstream.core.pmwg.sparse_vector import GRID_BITS, _floor_log2, _pow2
+from dpstream.core.pmwg.worst_case import (
+    cost_of_coefficient,
+    float_at_least,
+    paper_coefficient,
+    practical_coefficient,
+    round_cost,
+    solved_coefficient,
+    sum_factor,
+)
 from dpstream.errors import InvalidParameterError
 
 __all__ = ["Accounting", "Mode", "PmwgSpec"]
@@ -111,10 +83,6 @@ T_MAX: Final = 2**48
 """The largest public size accepted (float ``xi_t`` is monotone far beyond it)."""
 _XI_FLOAT_SLACK: Final = Fraction(1, 10**12)
 """Relative slack on ``xi_t Delta_t`` covering the float error of ``xi_t`` (<= 2^-50)."""
-_SIGMA: Final = (1 + 2.0**-50) * (1 + 1e-12) * (1 + 2.0**-GRID_BITS)
-"""``S_t <= _SIGMA c t^(p-1)``: float error of ``xi_t``, its slack, and the grid."""
-_SUM_SLACK: Final = 1e-9
-"""Relative inflation of numerically evaluated privacy sums (float summation error)."""
 _CAP_MARGIN: Final = 1e-12
 """The hard-query cap is ``floor((1 - 1e-12) bound)``: never above the real bound."""
 _HALF: Final = 0.5
@@ -123,30 +91,6 @@ Accounting = Literal["pure", "zcdp"]
 Mode = Literal["paper", "solved", "practical"]
 _MODES: Final = ("paper", "solved", "practical")
 _ACCOUNTINGS: Final = ("pure", "zcdp")
-
-
-def _float_at_least(x: Fraction) -> float:
-    """Return a float ``f`` with ``exact(f) >= x`` (what the ledger charges is never less)."""
-    f = float(x)
-    while exact(f) < x:
-        f = math.nextafter(f, math.inf)
-    return f
-
-
-def _paper_coefficient(
-    accounting: str, epsilon: float, delta: float, alpha: float, n: int, cells: int, p: float
-) -> float:
-    """Return ``c`` of Algorithm 1 / (B.5), ``xi_t = c t^p``."""
-    log_nn = math.log(cells * n)
-    q = 1.0 - p
-    if accounting == "pure":
-        if p == _HALF:
-            return alpha**2 * math.sqrt(n) * epsilon / (162.0 * log_nn)
-        return alpha**2 * q**2 * math.pow(n, q) * epsilon / (126.0 * log_nn)
-    return (
-        alpha * q * math.pow(n, q) * epsilon
-        / (24.0 * math.sqrt(log_nn) * math.sqrt(math.log(1.0 / delta)))
-    )
 
 
 def _check_real(name: str, value: object) -> float:
@@ -289,66 +233,26 @@ class PmwgSpec:
     @functools.cached_property
     def paper_coefficient(self) -> float:
         """The paper's ``c`` (Algorithm 1 at p = 1/2 with delta = 0, (B.5) otherwise)."""
-        return _paper_coefficient(self.accounting, float(self.epsilon), float(self.delta),
-                                  float(self.alpha), int(self.n), int(self.universe_size),
-                                  float(self.p))
+        return paper_coefficient(self.accounting, float(self.epsilon), float(self.delta),
+                                 float(self.alpha), int(self.n), int(self.universe_size),
+                                 float(self.p))
 
     def _sum_factor(self) -> float:
-        """Return ``K(c) / c`` (pure) or ``tau(c) / c^2`` (zcdp) with the upper-bounded sum."""
-        alpha, n, q = float(self.alpha), int(self.n), self.q
-        cells = int(self.universe_size)
-        log_n = math.log(cells)
-        if self.accounting == "pure":
-            k = 81.0 / (2.0 * alpha * alpha)
-            return math.pow(n, -q) * (1.0 + k * log_n) + k * _weighted_b_sum(n, cells, q)
-        k2 = 585.0 / (16.0 * alpha * alpha)
-        return math.pow(n, -2 * q) * (1.0 + k2 * log_n) + k2 * _weighted_b_sum(n, cells, 2 * q)
-
-    def _cost_of_coefficient(self, c: float) -> float:
-        """Return the worst-case cost (ledger units) of coefficient ``c`` (paper/solved)."""
-        factor = self._sum_factor()
-        if self.accounting == "pure":
-            return c * factor * _SIGMA * (1.0 + _SUM_SLACK)
-        return c * c * factor * _SIGMA * _SIGMA * (1.0 + _SUM_SLACK) / 2.0
-
-    def _fits(self, cost: float) -> bool:
-        """Whether ``cost`` (rounded up as it will be charged) fits the ledger's budget."""
-        return exact(_float_at_least(Fraction(cost))) <= exact(self.budget)
-
-    def _round_cost(self, s: Fraction) -> Fraction:
-        if self.accounting == "pure":
-            return s * Fraction(9, 8)
-        return (s * s + (s / 8) ** 2) / 2
+        """Return :func:`~dpstream.core.pmwg.worst_case.sum_factor` for this spec."""
+        return sum_factor(self.accounting, float(self.alpha), int(self.n),
+                          int(self.universe_size), self.q)
 
     @functools.cached_property
     def xi_coefficient(self) -> float:
         """The coefficient ``c`` of ``xi_t = c t^p`` actually used."""
         if self.mode == "paper":
             return self.paper_coefficient
-        budget = self.budget
         if self.mode == "solved":
-            factor = self._sum_factor() * (1.0 + _SUM_SLACK)
-            if self.accounting == "pure":
-                c = budget / (factor * _SIGMA)
-            else:
-                c = math.sqrt(2.0 * budget / factor) / _SIGMA
-            while not self._fits(self._cost_of_coefficient(c)):
-                c = math.nextafter(c, 0.0)
-            return c
-        cap = int(self.hard_query_cap or 1)
+            return solved_coefficient(self.accounting, self.budget, self._sum_factor())
         n = int(self.n)
-        # cap rounds at n: cap * round_cost(S_n) <= budget, S_n ~ c n^-q (1 + slack)
-        per_round = budget / cap
-        if self.accounting == "pure":
-            s_target = per_round * 8.0 / 9.0
-        else:
-            s_target = math.sqrt(per_round * 128.0 / 65.0)
-        c = s_target / (math.pow(n, -self.q) * _SIGMA)
-        ledger_budget = exact(budget)
-        while cap * exact(_float_at_least(self._round_cost(self._s_exact(n, c)))) \
-                > ledger_budget:
-            c = math.nextafter(c, 0.0)
-        return c
+        return practical_coefficient(self.accounting, self.budget,
+                                     int(self.hard_query_cap or 1), n, self.q,
+                                     lambda c: self._s_exact(n, c))
 
     # -- the noise function and the grid --
     def _xi(self, t: int, c: float) -> float:
@@ -387,7 +291,7 @@ class PmwgSpec:
 
     def round_charge(self, t0: int) -> PrivacyCharge:
         """Return the practical-mode charge of a round starting at ``t0`` (both parts)."""
-        cost = _float_at_least(self._round_cost(self.sensitivity_bound(t0)))
+        cost = float_at_least(round_cost(self.accounting, self.sensitivity_bound(t0)))
         if self.accounting == "pure":
             return PrivacyCharge(epsilon=cost, label="PMWG round")
         return PrivacyCharge(rho=cost, label="PMWG round")
@@ -411,7 +315,8 @@ class PmwgSpec:
         """
         if self.mode == "practical":
             return self.budget
-        return _float_at_least(Fraction(self._cost_of_coefficient(self.xi_coefficient)))
+        return float_at_least(Fraction(
+            cost_of_coefficient(self.accounting, self._sum_factor(), self.xi_coefficient)))
 
     def worst_case_charge(self) -> PrivacyCharge:
         """Return the charge committed when the mechanism starts (modes paper/solved)."""
