@@ -128,8 +128,10 @@ if str(_ROOT) not in sys.path:
 from dpstream.core.counting import blt_counter as blt  # noqa: E402
 from dpstream.core.counting import tree_counter as tree  # noqa: E402
 from dpstream.core.noise.samplers import NoiseKey  # noqa: E402
-from dpstream.core.pmwg.mechanism import Pmwg, PmwgSpec  # noqa: E402
-from dpstream.core.pmwg.queries import WEIGHT_UNIT, QueryCompiler  # noqa: E402
+from dpstream.core.pmwg.mechanism import Pmwg  # noqa: E402
+from dpstream.core.pmwg.queries import WEIGHT_UNIT  # noqa: E402
+from dpstream.core.pmwg.query_compiler import QueryCompiler  # noqa: E402
+from dpstream.core.pmwg.spec import PmwgSpec  # noqa: E402
 from dpstream.core.pmwg.universe import Universe  # noqa: E402
 from dpstream.errors import InvalidParameterError  # noqa: E402
 

@@ -76,8 +76,9 @@ if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
 from dpstream.core.noise.samplers import NoiseKey  # noqa: E402
-from dpstream.core.pmwg.mechanism import Pmwg, PmwgSpec  # noqa: E402
-from dpstream.core.pmwg.queries import QueryCompiler  # noqa: E402
+from dpstream.core.pmwg.mechanism import Pmwg  # noqa: E402
+from dpstream.core.pmwg.query_compiler import QueryCompiler  # noqa: E402
+from dpstream.core.pmwg.spec import PmwgSpec  # noqa: E402
 from dpstream.core.pmwg.universe import Universe  # noqa: E402
 
 RESULTS_DIR = _ROOT / "bench" / "results"

@@ -23,7 +23,12 @@ def test_core_imports_without_edges():
         import dpstream.core.counting.blt_counter, dpstream.core.counting.threshold_monitor
         import dpstream.core.counting.key_statistics
         import dpstream.core.pmwg.universe, dpstream.core.pmwg.queries, dpstream.core.pmwg.mechanism
-        import dpstream.core.pmwg.schedulers, dpstream.core.pmwg.blackboxes
+        import dpstream.core.pmwg.spec, dpstream.core.pmwg.sparse_vector
+        import dpstream.core.pmwg.hard_query_sums, dpstream.core.pmwg.guarantee
+        import dpstream.core.pmwg.runner, dpstream.core.pmwg.bb_scheduler
+        import dpstream.core.pmwg.bb_improver, dpstream.core.pmwg.blackboxes
+        import dpstream.core.pmwg.attributes, dpstream.core.pmwg.query_parser
+        import dpstream.core.pmwg.query_compiler, dpstream.core.pmwg.worst_case
         import dpstream.core.erm.perturbation, dpstream.core.erm.schedules, dpstream.core.erm.ermg
         print('ok')
     """)

@@ -14,18 +14,16 @@ from support.recording import RecordingKey
 
 from dpstream.core.accounting.ledger import exact, zcdp_to_approx_dp
 from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.pmwg.hard_query_sums import hard_query_increment
 from dpstream.core.pmwg.mechanism import (
     HARD_BUDGET_EXCEEDED,
     PRIVACY_BUDGET_EXHAUSTED,
     WEIGHT_UNIT,
     LinearQueryLike,
-    NumericSparse,
     Pmwg,
-    PmwgSpec,
-    _floor_log2,
-    _round_half_up,
-    hard_query_increment,
 )
+from dpstream.core.pmwg.sparse_vector import NumericSparse, _floor_log2, _round_half_up
+from dpstream.core.pmwg.spec import PmwgSpec
 from dpstream.errors import InvalidParameterError
 
 COORDS = ("flow-instance", "pmwg", "key-1")

@@ -7,14 +7,11 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from dpstream.core.pmwg.queries import (
-    MAX_BOXES,
+from dpstream.core.pmwg.queries import MAX_BOXES, WEIGHT_BITS, WEIGHT_UNIT, LinearQuery
+from dpstream.core.pmwg.query_compiler import QueryCompiler
+from dpstream.core.pmwg.query_parser import (
     MAX_MARGINAL_CELLS,
     QUERY_SCHEMA,
-    WEIGHT_BITS,
-    WEIGHT_UNIT,
-    LinearQuery,
-    QueryCompiler,
     QueryError,
     parse_query,
 )

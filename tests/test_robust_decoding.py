@@ -347,7 +347,7 @@ def test_a_question_nested_past_the_recursion_limit_is_an_error_answer():
 
 def test_a_question_the_compiler_cannot_read_is_an_error_answer_naming_only_the_type(
         monkeypatch):
-    from dpstream.core.pmwg.queries import QueryCompiler
+    from dpstream.core.pmwg.query_compiler import QueryCompiler
     from dpstream.kinds.pmwg.kind import _Histogram
 
     def broken(self, query):

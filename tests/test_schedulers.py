@@ -1,4 +1,4 @@
-"""Tests of the black-box schedulers (dpstream.core.pmwg.schedulers): BBScheduler and BBImprover."""
+"""Tests of the black-box schedulers (dpstream.core.pmwg.bb_scheduler, bb_improver, runner)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,14 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+from support.query_class_boxes import SmallDB
 from support.recording import RecordingKey
 
 from dpstream.core.accounting.ledger import exact, zcdp_to_approx_dp
 from dpstream.core.noise.samplers import NoiseKey
-from dpstream.core.pmwg.blackboxes import HistogramSynopsis, NoisyHistogram, SmallDB
-from dpstream.core.pmwg.schedulers import BBImprover, BBImproverSpec, BBScheduler, BBSchedulerSpec
+from dpstream.core.pmwg.bb_improver import BBImprover, BBImproverSpec
+from dpstream.core.pmwg.bb_scheduler import BBScheduler, BBSchedulerSpec
+from dpstream.core.pmwg.blackboxes import HistogramSynopsis, NoisyHistogram
 from dpstream.errors import BudgetExhaustedError, InvalidParameterError
 
 COORDS = ("flow", "bb", "key-1")

@@ -6,13 +6,8 @@ import pickle
 import numpy as np
 import pytest
 
-from dpstream.core.pmwg.universe import (
-    MAX_CELLS,
-    Bucketed,
-    Categorical,
-    Universe,
-    UniverseError,
-)
+from dpstream.core.pmwg.attributes import Bucketed, Categorical, UniverseError
+from dpstream.core.pmwg.universe import MAX_CELLS, Universe
 from dpstream.errors import InvalidParameterError
 
 SPEC = [

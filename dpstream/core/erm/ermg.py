@@ -2,12 +2,12 @@
 
 Cummings, Krehbiel, Lai, Tantipongpipat 2018, "Differential Privacy for Growing Databases",
 Theorem 31: ERMG is BBImprover (their Algorithm 5, Theorem 29;
-:class:`dpstream.core.pmwg.schedulers.BBImprover`) run with a static ε-DP ERM algorithm as its
+:class:`dpstream.core.pmwg.bb_improver.BBImprover`) run with a static ε-DP ERM algorithm as its
 black box. At every database size ``t >= n`` it reruns the box on the whole database at
 ``ε_t = sqrt(c) ε / (3 sqrt(log(1/δ)) t^(1/2 + c))`` with ``β_t = β/(2t²)``; the ``ε_t``-DP runs
 compose in zCDP (each is ``ε_t²/2``-zCDP) to ``(ε, δ)``-DP (Theorem 29, D.2). The schedule,
 ``α_t``, the ledger (``zcdp``, budget ``ρ = ε²/(18 log(1/δ))``) and the state come from
-:class:`~dpstream.core.pmwg.schedulers.BBImproverSpec` unchanged. ``δ > 0`` is required: Theorem 29
+:class:`~dpstream.core.pmwg.bb_improver.BBImproverSpec` unchanged. ``δ > 0`` is required: Theorem 29
 is ``(ε, δ)``-DP only.
 
 **Time and data.** As in :mod:`dpstream.core.erm.schedules`, one block is one flow step with a
@@ -89,8 +89,8 @@ from dpstream.core.accounting.ledger import PrivacyLedger, exact, zcdp_to_approx
 from dpstream.core.erm.perturbation import Block, ErmSpec, NoiseLevel, PrivateModel
 from dpstream.core.erm.schedules import Release, TrainFn, _default_train
 from dpstream.core.noise.samplers import NoiseKey, check_coordinates
+from dpstream.core.pmwg.bb_improver import BBImprover, BBImproverSpec
 from dpstream.core.pmwg.blackboxes import RngFor
-from dpstream.core.pmwg.schedulers import BBImprover, BBImproverSpec
 from dpstream.errors import InvalidParameterError
 
 __all__ = ["ErmSynopsis", "Ermg", "ErmgSpec", "OutputPerturbation"]
@@ -235,7 +235,7 @@ class ErmgSpec:
 
     Raises:
         InvalidParameterError: a parameter out of range (the checks of
-            :class:`~dpstream.core.pmwg.schedulers.BBImproverSpec`, e.g. ``delta = 0``).
+            :class:`~dpstream.core.pmwg.bb_improver.BBImproverSpec`, e.g. ``delta = 0``).
 
     """
 

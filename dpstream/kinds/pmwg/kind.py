@@ -19,7 +19,7 @@ of its name (histograms are spread over workers like keys). When a step closes:
 
 Mechanisms: ``pmwg`` (:mod:`dpstream.core.pmwg.mechanism`, Algorithm 1 of the paper) and
 ``histogram`` (BBScheduler, Algorithm 4, over a noisy-histogram black box;
-:mod:`dpstream.core.pmwg.schedulers`): which to use is a matter of ``N`` against ``α·ε·t``
+:mod:`dpstream.core.pmwg.bb_scheduler`): which to use is a matter of ``N`` against ``α·ε·t``
 (docs/pmwg.md, "PMWG or a noisy histogram?").
 
 Privacy: the unit is one event. An event is in every histogram's database, so the flow's
@@ -45,11 +45,15 @@ from dpstream.core.counting.blt_counter import BltCounter, BltCounterSpec
 from dpstream.core.counting.key_statistics import parameter_digest
 from dpstream.core.counting.tree_counter import TreeCounter, TreeCounterSpec
 from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.pmwg.attributes import UniverseError
+from dpstream.core.pmwg.bb_scheduler import BBScheduler, BBSchedulerSpec
 from dpstream.core.pmwg.blackboxes import HistogramSynopsis, NoisyHistogram
-from dpstream.core.pmwg.mechanism import Answer, Pmwg, PmwgSpec
-from dpstream.core.pmwg.queries import LinearQuery, QueryCompiler, QueryError
-from dpstream.core.pmwg.schedulers import BBScheduler, BBSchedulerSpec
-from dpstream.core.pmwg.universe import Universe, UniverseError
+from dpstream.core.pmwg.mechanism import Answer, Pmwg
+from dpstream.core.pmwg.queries import LinearQuery
+from dpstream.core.pmwg.query_compiler import QueryCompiler
+from dpstream.core.pmwg.query_parser import QueryError
+from dpstream.core.pmwg.spec import PmwgSpec
+from dpstream.core.pmwg.universe import Universe
 from dpstream.errors import ConfigError, InvalidParameterError
 from dpstream.kinds.counters.events import event_seconds, shard_of
 from dpstream.messages import DeadLetter, Encoded, RawBatch, RawMessage, step_window
