@@ -64,11 +64,12 @@ def test_gives_up_after_the_attempts_naming_them_and_the_last_reason(
 
 def test_retry_on_names_the_retried_exceptions_others_propagate() -> None:
     operation, calls = failing(2, ConnectionError("refused"))
-    reasons: list[str] = []
+    lines: list[str] = []
     got = retry.retry(operation, what="x", retry_on=(ConnectionError,),
-                      reason=lambda exc: reasons.append(str(exc)) or f"r:{exc}",
-                      delay=retry.fixed(0.0), logger=lambda *_args: None)
-    assert got == "done" and calls == [1, 2, 3] and reasons == ["refused", "refused"]
+                      reason=lambda exc: f"r:{exc}", delay=retry.fixed(0.0),
+                      logger=lambda _level, message, *args: lines.append(message % args))
+    assert got == "done" and calls == [1, 2, 3]
+    assert lines == ["waiting for x (attempt 1: r:refused)", "waiting for x (attempt 2: r:refused)"]
 
     operation, calls = failing(2, KeyError("bad"))
     with pytest.raises(KeyError):

@@ -277,6 +277,7 @@ class EmbeddedBroker:
             fail(failure)
 
         def fail(failure: str) -> NoReturn:
+            assert self._log_dir is not None
             raise DpstreamError(
                 f"the embedded Kafka broker ({binary}) {failure} on {_LOOPBACK}:{last[0]}; "
                 f"logs in {self._log_dir}; stderr tail:\n"
