@@ -14,6 +14,9 @@ function readHash() {
   const m = location.hash.match(/^#key=(.*)$/);
   return m ? decodeURIComponent(m[1]) : "";
 }
+// The charts are drawn by hand in SVG, not with a chart library: uPlot 1.6 (MIT) was weighed
+// and kept out, as its minified script alone (51 kB) is 2.6 times this whole page, it draws on
+// a canvas (the tests read the band and line as SVG paths), and it has no horizontal bars.
 function svg(tag, attrs, text) {
   const e = document.createElementNS(SVG_NS, tag);
   for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, String(v));
