@@ -786,16 +786,16 @@ class _OutputPartition(StatelessSinkPartition[Encoded | EncodedBatch]):
     def _produce_blocked(self, item: Encoded, report: Callable[[KafkaError | None, Any], None],
                          failed: list[tuple[Encoded, KafkaError]]) -> None:
         role, key, value = item
-        while True:
-            self.producer.poll(0.1)
-            try:
-                self.producer.produce(self.topics[role], value, key, on_delivery=report)
-                return
-            except BufferError:
-                continue
-            except KafkaException as exc:
-                failed.append((item, exc.args[0]))
-                return
+
+        def produce(_attempt: int) -> None:
+            self.producer.poll(0.1)  # the wait: serves delivery reports, which drain the queue
+            self.producer.produce(self.topics[role], value, key, on_delivery=report)
+
+        try:
+            retry.retry(produce, what="room in the producer's queue", retry_on=(BufferError,),
+                        delay=retry.fixed(0.0), level=logging.DEBUG)
+        except KafkaException as exc:
+            failed.append((item, exc.args[0]))
 
     def _waiting(self, pending: int, started: float) -> None:
         self.observe(pending, {}, 0)

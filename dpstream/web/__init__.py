@@ -420,7 +420,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def _asset(name: str) -> str:
-    return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
+    return resources.files("dpstream.web").joinpath(name).read_text(encoding="utf-8")
 
 
 # The inline style and script are the files after a newline; the CSP hashes exactly these texts.
