@@ -39,6 +39,9 @@ def linters() -> Path:
     node, npm = shutil.which("node"), shutil.which("npm")
     if node is None or npm is None:
         pytest.skip("node and npm are not installed: the page's assets cannot be linted")
+    version = subprocess.run([node, "--version"], capture_output=True, text=True).stdout
+    major, minor = (int(part) for part in version.strip().lstrip("v").split(".")[:2])
+    assert (major, minor) >= (18, 18), f"the linters need node >= 18.18, found {version}"
     lock = hashlib.sha256((TOOLS / "package-lock.json").read_bytes()).hexdigest()
     with open(TOOLS / "package.json", "rb") as guard:  # one npm ci at a time
         fcntl.flock(guard, fcntl.LOCK_EX)
