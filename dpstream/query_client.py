@@ -48,6 +48,7 @@ import kafka.errors
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from dpstream.errors import DpstreamError
+from dpstream.io import retry
 
 __all__ = ["ANSWER_SCHEMA", "QUERY_SCHEMA", "QueryClient", "describe_answer",
            "kafka_python_settings"]
@@ -152,6 +153,7 @@ class QueryClient:
         self._pending: set[str] = set()
         self._found: dict[str, dict[str, Any]] = {}
         self._delivered: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._failures = 0  # failed polls in a row
         where = ",".join(self.brokers)
         try:
             self._consumer = KafkaConsumer(**self._only(KafkaConsumer, {
@@ -267,10 +269,11 @@ class QueryClient:
         try:
             batches = self._consumer.poll(timeout_ms=timeout_ms)
         except kafka.errors.KafkaError as exc:
-            log.warning("query client: reading %s failed (%s); retrying", self.answers_topic,
-                        exc)
-            time.sleep(timeout_ms / 1000)
+            self._failures += 1
+            retry.pause(f"answers on {self.answers_topic}", self._failures, str(exc),
+                        timeout_ms / 1000, logger=log.log)
             return
+        self._failures = 0
         for records in batches.values():
             for record in records:
                 body = self._decode(record.value)

@@ -201,7 +201,8 @@ def test_the_copied_files_are_enough_to_build_the_package(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     for needed in ("dpstream/flows/counters.py", "dpstream/flows/pmwg.py",
                    "dpstream/flows/erm.py", "dpstream/core/counting/blt_parameters.json",
-                   "dpstream/py.typed"):
+                   "dpstream/py.typed", "dpstream/web/page.html", "dpstream/web/page.css",
+                   "dpstream/web/page.js"):
         assert needed in names
 
 

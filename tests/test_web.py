@@ -465,6 +465,7 @@ def browser_run(tmp_path_factory) -> dict[str, Any]:
     return {"shot": shot, "dom": dom, "picked": picked}
 
 
+@pytest.mark.browser
 def test_browser_draws_the_count_line_inside_its_band(browser_run):
     dom: Dom = browser_run["dom"]
     body = next(e for e in dom.elements if e[0] == "body")
@@ -488,6 +489,7 @@ def test_browser_draws_the_count_line_inside_its_band(browser_run):
     assert options == ["", "page-000", "page-001"]
 
 
+@pytest.mark.browser
 def test_browser_draws_budget_bars_with_labels(browser_run):
     dom: Dom = browser_run["dom"]
     bars = dom.by_class("budget-bar")
@@ -497,6 +499,7 @@ def test_browser_draws_budget_bars_with_labels(browser_run):
     assert "metrics" in "".join(dom.by_id("budget-source")[2])
 
 
+@pytest.mark.browser
 def test_browser_lists_alerts_and_budget_exhausted_statuses(browser_run):
     dom: Dom = browser_run["dom"]
     alerts = dom.row_texts("alert-row")
@@ -508,6 +511,7 @@ def test_browser_lists_alerts_and_budget_exhausted_statuses(browser_run):
     assert "1 budget-exhausted status" in "".join(dom.by_id("status-summary")[2])
 
 
+@pytest.mark.browser
 def test_browser_follows_the_key_in_the_address(browser_run):
     dom: Dom = browser_run["picked"]
     assert "page-001" in "".join(dom.by_id("count-heading")[2])
@@ -570,6 +574,7 @@ def colour_mask(image: np.ndarray, hex_colour: str, tolerance: int = 8) -> np.nd
     return (np.abs(image[:, :, :3].astype(np.int16) - rgb) <= tolerance).all(axis=2)
 
 
+@pytest.mark.browser
 def test_screenshot_shows_line_band_bars_and_alerts_where_they_belong(browser_run):
     image = decode_png(browser_run["shot"])
     assert image.shape[:2] == (900, 1200)

@@ -33,6 +33,7 @@ from kafka import KafkaConsumer, TopicPartition
 from dpstream.client.latest import LatestValues
 from dpstream.client.records import Record, SchemaVersionError, UnknownRecordError, decode
 from dpstream.errors import DpstreamError
+from dpstream.io import retry
 
 __all__ = ["ReadStats", "Received", "RecordConsumer"]
 
@@ -145,6 +146,7 @@ class RecordConsumer:
         self.stats = ReadStats()
         self._consumer: KafkaConsumer | None = None
         self._version_error: SchemaVersionError | None = None
+        self._failures = 0  # failed polls in a row
         settings: dict[str, Any] = {
             "bootstrap_servers": self.brokers, "client_id": "dpstream-client",
             "group_id": None, "enable_auto_commit": False, "auto_offset_reset": "earliest",
@@ -246,9 +248,11 @@ class RecordConsumer:
         try:
             batches = self._consumer.poll(timeout_ms=max(1, int(timeout * 1000)))
         except kafka.errors.KafkaError as exc:
-            log.warning("reading %s failed (%s); retrying", ", ".join(self.topics), exc)
-            time.sleep(timeout)
+            self._failures += 1
+            retry.pause(f"Kafka topic(s) {', '.join(self.topics)}", self._failures, str(exc),
+                        timeout, logger=log.log)
             return []
+        self._failures = 0
         out: list[Received] = []
         for records in batches.values():
             for message in records:

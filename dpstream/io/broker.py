@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import signal
@@ -27,9 +28,10 @@ import time
 import weakref
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Final
+from typing import IO, Final, NoReturn
 
 from dpstream.errors import DpstreamError
+from dpstream.io import retry
 
 __all__ = ["EmbeddedBroker", "find_tansu_binary", "free_port"]
 
@@ -251,8 +253,11 @@ class EmbeddedBroker:
             self._log_dir = Path(tempfile.mkdtemp(prefix="dpstream-broker-"))
         began = time.monotonic()
         attempts = 1 if self._requested_port is not None else _PORT_ATTEMPTS
-        for attempt in range(1, attempts + 1):
+        last: list[int] = []  # the port of the last attempt
+
+        def start_on_a_port(_attempt: int) -> EmbeddedBroker:
             port = self._requested_port if self._requested_port is not None else free_port()
+            last[:] = [port]
             proc = self._spawn(binary, port)
             failure = self._await_ready(proc, port, began + self._start_timeout)
             if failure is None:
@@ -267,18 +272,22 @@ class EmbeddedBroker:
             exited_on_its_own = proc.poll() is not None
             _terminate(proc, self._stop_timeout)
             self._close_logs()
-            if (
-                attempt < attempts
-                and exited_on_its_own
-                and time.monotonic() < began + self._start_timeout
-            ):
-                continue  # most likely lost the port race; try another port
+            if exited_on_its_own:
+                raise retry.NotYet(failure)  # most likely lost the port race; try another port
+            fail(failure)
+
+        def fail(failure: str) -> NoReturn:
+            assert self._log_dir is not None
             raise DpstreamError(
-                f"the embedded Kafka broker ({binary}) {failure} on {_LOOPBACK}:{port}; "
+                f"the embedded Kafka broker ({binary}) {failure} on {_LOOPBACK}:{last[0]}; "
                 f"logs in {self._log_dir}; stderr tail:\n"
                 f"{_tail(self._log_dir / 'tansu.stderr.log')}"
             )
-        raise AssertionError("unreachable")  # pragma: no cover
+
+        return retry.retry(start_on_a_port, what="a free port for the embedded broker",
+                           attempts=attempts, deadline=began + self._start_timeout,
+                           delay=retry.fixed(0.0), level=logging.DEBUG,
+                           give_up=lambda gave_up: fail(gave_up.reason))
 
     def _spawn(self, binary: Path, port: int) -> subprocess.Popen[bytes]:
         assert self._log_dir is not None
@@ -313,17 +322,18 @@ class EmbeddedBroker:
     @staticmethod
     def _await_ready(proc: subprocess.Popen[bytes], port: int, deadline: float) -> str | None:
         """Return ``None`` once the broker answers, else a phrase saying what went wrong."""
-        delay = 0.01
-        while True:
+        def answered(_attempt: int) -> str | None:
             code = proc.poll()
             if code is not None:
                 return f"exited with status {code} before accepting connections"
             if _answers_kafka(_LOOPBACK, port, timeout=1.0):
                 return None
-            if time.monotonic() >= deadline:
-                return "did not answer Kafka requests in time"
-            time.sleep(delay)
-            delay = min(delay * 2, 0.2)
+            raise retry.NotYet("no answer to ApiVersions yet")
+
+        return retry.retry(answered, what=f"the embedded broker on {_LOOPBACK}:{port}",
+                           deadline=deadline, delay=retry.exponential(0.01, 0.2),
+                           level=logging.DEBUG,
+                           give_up=lambda _gave_up: "did not answer Kafka requests in time")
 
     def stop(self) -> None:
         """Stop the broker: SIGTERM to its PID, SIGKILL after ``stop_timeout``. Idempotent.

@@ -30,6 +30,7 @@ Bytewax's Kafka connector was replaced because a privacy system cannot lose what
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -39,7 +40,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 import numpy as np
 import orjson
@@ -58,6 +59,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient
 
 from dpstream.errors import ConfigError, DpstreamError
+from dpstream.io import retry
 from dpstream.kinds.counters.records import EncodedBatch
 from dpstream.messages import TICK, Encoded, RawBatch
 from dpstream.stream import stopping
@@ -245,6 +247,11 @@ def probe_api_versions(address: str, timeout: float = 3.0) -> bool | None:
     return False if _ask(address, 3, struct.pack(">i", 0), timeout) else None
 
 
+def _kafka_reason(exc: BaseException) -> str:
+    """The text of a :class:`KafkaException`'s error (or of the exception)."""
+    return exc.args[0].str() if exc.args and hasattr(exc.args[0], "str") else str(exc)
+
+
 def wait_for_topics(clients: KafkaClients, input_topic: str, output_topics: Iterable[str],
                     timeout: float = 60.0) -> int:
     """Wait for the cluster, check the topics, return the input topic's partition count.
@@ -261,30 +268,28 @@ def wait_for_topics(clients: KafkaClients, input_topic: str, output_topics: Iter
             where=where, why="the settings say broker.version.fallback="
             + clients.settings["broker.version.fallback"]))
     deadline = time.monotonic() + timeout
-    attempt = 0
-    while True:
-        attempt += 1
+
+    def attempt(_attempt: int) -> Any:
         if clients.plaintext:
             answers = [probe_api_versions(a) for a in clients.bootstrap]
             if False in answers and True not in answers:
                 raise DpstreamError(_TOO_OLD.format(
                     where=where, why="it does not answer the ApiVersions request"))
         admin = AdminClient(clients.config("admin"))
-        try:
-            metadata = admin.list_topics(timeout=min(2.0, max(0.5, deadline - time.monotonic())))
-        except KafkaException as exc:
-            reason = exc.args[0].str() if exc.args and hasattr(exc.args[0], "str") else str(exc)
-            if time.monotonic() >= deadline:
-                raise DpstreamError(
-                    f"cannot reach a Kafka broker at {where} after {timeout:.0f} s "
-                    f"({attempt} attempts; last: {reason}); settings: {clients.describe()}"
-                ) from None
-            log.warning("waiting for Kafka at %s (attempt %d: %s)", where, attempt, reason)
-            stopping.wait(min(2.0 * attempt, 10.0))
-            if stopping.stop_requested():
-                raise DpstreamError("stopped while waiting for Kafka") from None
-            continue
-        break
+        return admin.list_topics(timeout=min(2.0, max(0.5, deadline - time.monotonic())))
+
+    def give_up(gave_up: retry.GaveUp) -> NoReturn:
+        if gave_up.stopped:
+            raise DpstreamError("stopped while waiting for Kafka") from None
+        raise DpstreamError(
+            f"cannot reach a Kafka broker at {where} after {timeout:.0f} s "
+            f"({gave_up.attempts} attempts; last: {gave_up.reason}); "
+            f"settings: {clients.describe()}") from None
+
+    metadata = retry.retry(attempt, what=f"Kafka at {where}", retry_on=(KafkaException,),
+                           reason=_kafka_reason, deadline=deadline,
+                           delay=retry.linear(2.0, 10.0), logger=log.log, interruptible=True,
+                           give_up=give_up)
     topics = {name: t for name, t in metadata.topics.items() if t.error is None}
     missing = [t for t in (input_topic, *output_topics) if t not in topics]
     if missing:
@@ -721,7 +726,11 @@ class _OutputPartition(StatelessSinkPartition[Encoded | EncodedBatch]):
         delivered: dict[str, int] = {}
         retried = 0
         started = time.monotonic()
-        while pending:
+
+        def send(attempt: int) -> None:
+            nonlocal pending, retried
+            if attempt > 1:
+                self._waiting(len(pending), started)
             failed: list[tuple[Encoded, KafkaError]] = []
             self._produce(pending, delivered, failed)
             while len(self.producer) > 0:
@@ -739,10 +748,13 @@ class _OutputPartition(StatelessSinkPartition[Encoded | EncodedBatch]):
             pending = [item for item, _err in failed]
             if pending:
                 retried += len(pending)
-                self.waiting("retry", logging.WARNING,
-                             "%d output record(s) not delivered (%s); re-sending (the "
-                             "snapshot waits for them)", len(pending), failed[0][1].str())
-                self._waiting(len(pending), started)
+                raise retry.NotYet(
+                    f"{len(pending)} output record(s) not delivered ({failed[0][1].str()}); "
+                    "re-sending (the snapshot waits for them)")
+
+        if pending:  # resent until delivered: the snapshot waits for them (no bound, no delay)
+            retry.retry(send, what="the broker to take the output", delay=retry.fixed(0.0),
+                        logger=functools.partial(self.waiting, "retry"))
         self.observe(0, delivered, retried)
 
     def _produce(self, items: list[Encoded], delivered: dict[str, int],
@@ -774,16 +786,16 @@ class _OutputPartition(StatelessSinkPartition[Encoded | EncodedBatch]):
     def _produce_blocked(self, item: Encoded, report: Callable[[KafkaError | None, Any], None],
                          failed: list[tuple[Encoded, KafkaError]]) -> None:
         role, key, value = item
-        while True:
-            self.producer.poll(0.1)
-            try:
-                self.producer.produce(self.topics[role], value, key, on_delivery=report)
-                return
-            except BufferError:
-                continue
-            except KafkaException as exc:
-                failed.append((item, exc.args[0]))
-                return
+
+        def produce(_attempt: int) -> None:
+            self.producer.poll(0.1)  # the wait: serves delivery reports, which drain the queue
+            self.producer.produce(self.topics[role], value, key, on_delivery=report)
+
+        try:
+            retry.retry(produce, what="room in the producer's queue", retry_on=(BufferError,),
+                        delay=retry.fixed(0.0), level=logging.DEBUG)
+        except KafkaException as exc:
+            failed.append((item, exc.args[0]))
 
     def _waiting(self, pending: int, started: float) -> None:
         self.observe(pending, {}, 0)

@@ -11,15 +11,17 @@ Tansu broker) whose ListOffsets(latest) answers are unreliable.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any, Final, NamedTuple
+from typing import Any, Final, NamedTuple, NoReturn
 
 import kafka.errors
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 
 from dpstream.errors import DpstreamError
+from dpstream.io import retry
 
 __all__ = ["Record", "ensure_topics", "produce", "read_all", "topic_partitions"]
 
@@ -114,19 +116,25 @@ def ensure_topics(bootstrap: str, topics: Mapping[str, int], timeout: float = 10
         missing = [name for name in topics if name not in counts]
         if missing:
             _create(bootstrap, {name: topics[name] for name in missing}, timeout)
-        while True:
+        last: list[tuple[dict[str, int], dict[str, int | str]]] = []
+
+        def visible(_attempt: int) -> None:
             counts = _partition_counts(client, topics)
             _check_counts(topics, counts, final=False)
             pending = {n: p for n, p in topics.items() if counts.get(n) != p}
-            if not pending:
-                return
-            if time.monotonic() >= deadline:
-                seen = {n: counts.get(n, "missing") for n in pending}
-                raise DpstreamError(
-                    f"topics not visible in metadata of {bootstrap!r} after {timeout} s: "
-                    f"wanted {pending}, saw {seen}"
-                )
-            time.sleep(_METADATA_RETRY_S)
+            if pending:
+                last[:] = [(pending, {n: counts.get(n, "missing") for n in pending})]
+                raise retry.NotYet(f"wanted {last[0][0]}, saw {last[0][1]}")
+
+        def give_up(_gave_up: retry.GaveUp) -> NoReturn:
+            pending, seen = last[0]
+            raise DpstreamError(
+                f"topics not visible in metadata of {bootstrap!r} after {timeout} s: "
+                f"wanted {pending}, saw {seen}"
+            )
+
+        retry.retry(visible, what="the topics in the metadata", deadline=deadline,
+                    delay=retry.fixed(_METADATA_RETRY_S), level=logging.DEBUG, give_up=give_up)
     finally:
         client.close()
 
