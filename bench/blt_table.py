@@ -47,7 +47,8 @@ from dpstream.core.counting.blt_counter import GRID_BITS, BltCounterSpec, _param
 from dpstream.core.counting.key_statistics import KeyStatistics, StatisticsSpec  # noqa: E402
 from dpstream.core.counting.key_table import KeyTable  # noqa: E402
 from dpstream.core.noise import bulk as bulk_noise  # noqa: E402
-from dpstream.core.noise.samplers import TAG_BLT, NoiseKey  # noqa: E402
+from dpstream.core.noise.coordinates import TAG_BLT  # noqa: E402
+from dpstream.core.noise.keys import NoiseKey  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 KEY = NoiseKey.for_tests(0)

@@ -121,7 +121,7 @@ def run_once(kind: str, events: int, steps: int) -> dict[str, Any]:
     from bytewax.outputs import DynamicSink, StatelessSinkPartition
     from bytewax.testing import run_main
 
-    from dpstream.core.noise.samplers import NoiseKey
+    from dpstream.core.noise.keys import NoiseKey
     from dpstream.io.memory import MemorySource
     from dpstream.platform import build_flow
 

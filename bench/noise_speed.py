@@ -49,13 +49,9 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 
 from dpstream.core.noise import bulk as bulk_noise  # noqa: E402
-from dpstream.core.noise.samplers import (  # noqa: E402
-    TAG_BLT,
-    TAG_TREE,
-    NoiseKey,
-    discrete_gaussian,
-    discrete_laplace,
-)
+from dpstream.core.noise.coordinates import TAG_BLT, TAG_TREE  # noqa: E402
+from dpstream.core.noise.keys import NoiseKey  # noqa: E402
+from dpstream.core.noise.samplers import discrete_gaussian, discrete_laplace  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -127,7 +127,7 @@ if str(_ROOT) not in sys.path:
 
 from dpstream.core.counting import blt_counter as blt  # noqa: E402
 from dpstream.core.counting import tree_counter as tree  # noqa: E402
-from dpstream.core.noise.samplers import NoiseKey  # noqa: E402
+from dpstream.core.noise.keys import NoiseKey  # noqa: E402
 from dpstream.core.pmwg.mechanism import Pmwg, PmwgSpec  # noqa: E402
 from dpstream.core.pmwg.queries import WEIGHT_UNIT, QueryCompiler  # noqa: E402
 from dpstream.core.pmwg.universe import Universe  # noqa: E402

@@ -75,7 +75,7 @@ _ROOT = Path(__file__).resolve().parent.parent
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
-from dpstream.core.noise.samplers import NoiseKey  # noqa: E402
+from dpstream.core.noise.keys import NoiseKey  # noqa: E402
 from dpstream.core.pmwg.mechanism import Pmwg, PmwgSpec  # noqa: E402
 from dpstream.core.pmwg.queries import QueryCompiler  # noqa: E402
 from dpstream.core.pmwg.universe import Universe  # noqa: E402

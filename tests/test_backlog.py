@@ -21,7 +21,7 @@ from bytewax.testing import run_main
 from support.messages import message
 
 from dpstream.config import parse_config
-from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.kinds.counters.records import RecordEncoder
 from dpstream.kinds.counters.shard import ShardState
 from dpstream.metrics import FlowMetrics

@@ -11,7 +11,8 @@ import pytest
 from scipy.stats import chi2
 from support.recording import RecordingKey
 
-from dpstream.core.noise.samplers import NoiseKey, discrete_laplace_variance
+from dpstream.core.noise.keys import NoiseKey
+from dpstream.core.noise.samplers import discrete_laplace_variance
 from dpstream.core.pmwg.blackboxes import (
     MAX_SMALLDB_CANDIDATES,
     MWEM,

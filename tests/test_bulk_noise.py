@@ -18,16 +18,15 @@ from scipy import stats
 
 from dpstream.core.noise import bulk as bulk_noise
 from dpstream.core.noise.bulk import gaussian, gaussian_one, lanes_array, laplace, laplace_one
-from dpstream.core.noise.samplers import (
-    NOISE_SCHEME,
+from dpstream.core.noise.coordinates import (
     TAG_BLT,
     TAG_INITIAL,
     TAG_MONITOR_QUERY,
     TAG_TREE,
     JoinedNames,
-    NoiseKey,
-    discrete_gaussian_variance,
 )
+from dpstream.core.noise.keys import NOISE_SCHEME, NoiseKey
+from dpstream.core.noise.samplers import discrete_gaussian_variance
 from dpstream.errors import InvalidParameterError, RecoveryMismatchError
 from dpstream.stream.barrier import binding, check_binding
 

@@ -41,7 +41,7 @@ from dpstream.core.erm.perturbation import (
     sampling_rate,
     solve,
 )
-from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import DpstreamError, InvalidParameterError
 
 KEY = NoiseKey.for_tests(8)

@@ -27,7 +27,7 @@ from dpstream.core.erm.schedules import (
     ScheduleSpec,
     sampling_rate_at_most,
 )
-from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import BudgetExhaustedError, InvalidParameterError
 
 COORDS = ("instance-1", "flow", "erm", "stream-a")

@@ -31,11 +31,8 @@ from dpstream.core.erm.perturbation import (
     sampling_rate,
     solve,
 )
-from dpstream.core.noise.samplers import (
-    NoiseKey,
-    discrete_gaussian_variance,
-    discrete_laplace_variance,
-)
+from dpstream.core.noise.keys import NoiseKey
+from dpstream.core.noise.samplers import discrete_gaussian_variance, discrete_laplace_variance
 
 pytestmark = pytest.mark.statistical
 

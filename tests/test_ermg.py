@@ -21,7 +21,7 @@ from dpstream.core.erm.perturbation import (
     private_erm,
     solve,
 )
-from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import InvalidParameterError
 
 COORDS = ("instance-1", "flow", "erm", "default")

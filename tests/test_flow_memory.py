@@ -11,7 +11,7 @@ from bytewax.testing import TestingSink, TestingSource, cluster_main, run_main
 from support.messages import message, raw
 
 from dpstream.config import parse_config
-from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.metrics import FlowMetrics
 from dpstream.platform import build_flow
 

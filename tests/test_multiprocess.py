@@ -56,7 +56,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from support.cli_flows import iso
 
 from dpstream.config import parse_config
-from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import ConfigError, RecoveryMismatchError
 from dpstream.instance import MANIFEST_NAME, bind_instance
 from dpstream.io.broker import free_port

@@ -12,7 +12,7 @@ import pytest
 from support.recording import RecordingKey
 
 from dpstream.core.accounting.ledger import exact, zcdp_to_approx_dp
-from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.core.pmwg.blackboxes import HistogramSynopsis, NoisyHistogram, SmallDB
 from dpstream.core.pmwg.schedulers import BBImprover, BBImproverSpec, BBScheduler, BBSchedulerSpec
 from dpstream.errors import BudgetExhaustedError, InvalidParameterError

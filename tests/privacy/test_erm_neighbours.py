@@ -54,7 +54,7 @@ from prometheus_client import CollectorRegistry
 from dpstream.config import parse_config
 from dpstream.core.erm import perturbation as core_erm
 from dpstream.core.erm.schedules import ReleaseSchedule
-from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.kinds.erm.kind import ErmClock, ErmShard, ModelEncoder
 from dpstream.messages import TIMESTAMP_LOG_APPEND_TIME
 from dpstream.metrics import FlowMetrics

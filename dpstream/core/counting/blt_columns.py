@@ -49,7 +49,8 @@ import numpy.typing as npt
 from dpstream.core.counting import wide_int
 from dpstream.core.counting.blt_counter import GRID_BITS, BltCounterSpec, _parameters, _variance
 from dpstream.core.noise import bulk as bulk_noise
-from dpstream.core.noise.samplers import TAG_BLT, NoiseKey
+from dpstream.core.noise.coordinates import TAG_BLT
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import InvalidParameterError
 
 __all__ = ["BltColumns", "BltGroup", "CounterGroup"]

@@ -95,15 +95,14 @@ from dpstream.core.counting.key_statistics import (
 from dpstream.core.counting.threshold_monitor import ThresholdMonitorSpec
 from dpstream.core.counting.tree_counter import TreeCounterSpec
 from dpstream.core.noise import bulk as bulk_noise
-from dpstream.core.noise.samplers import (
+from dpstream.core.noise.coordinates import (
     TAG_INITIAL,
     TAG_MONITOR_QUERY,
     TAG_MONITOR_THRESHOLD,
     TAG_TREE,
-    NoiseKey,
-    discrete_gaussian_variance,
-    discrete_laplace_variance,
 )
+from dpstream.core.noise.keys import NoiseKey
+from dpstream.core.noise.samplers import discrete_gaussian_variance, discrete_laplace_variance
 from dpstream.core.sequences import IndexedSequence
 from dpstream.errors import BudgetExhaustedError, InvalidParameterError
 

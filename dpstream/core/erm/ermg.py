@@ -88,7 +88,8 @@ from dpstream.core._checks import (
 from dpstream.core.accounting.ledger import PrivacyLedger, exact, zcdp_to_approx_dp
 from dpstream.core.erm.perturbation import Block, ErmSpec, NoiseLevel, PrivateModel
 from dpstream.core.erm.schedules import Release, TrainFn, _default_train
-from dpstream.core.noise.samplers import NoiseKey, check_coordinates
+from dpstream.core.noise.coordinates import check_coordinates
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.core.pmwg.blackboxes import RngFor
 from dpstream.core.pmwg.schedulers import BBImprover, BBImproverSpec
 from dpstream.errors import InvalidParameterError

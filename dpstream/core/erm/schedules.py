@@ -203,7 +203,9 @@ from dpstream.core._checks import (
 from dpstream.core.accounting.ledger import exact
 from dpstream.core.erm import perturbation as _erm
 from dpstream.core.erm.perturbation import Block, ErmSpec, NoiseLevel, PrivateModel
-from dpstream.core.noise.samplers import NoiseKey, RandomIntegers, check_coordinates
+from dpstream.core.noise.coordinates import check_coordinates
+from dpstream.core.noise.keys import NoiseKey
+from dpstream.core.noise.samplers import RandomIntegers
 from dpstream.errors import BudgetExhaustedError, InvalidParameterError
 
 __all__ = [

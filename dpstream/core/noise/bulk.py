@@ -11,9 +11,9 @@ initial count) has a *lane*, ``NoiseKey.lane(*prefix)``: a 128-bit pseudorandom 
 coordinates (``(instance, key, "counter", digest, start_step)``, ...) under the secret; since
 noise scheme 3 it is ECBC-MAC with AES under keys derived from the secret, so that the lanes of
 a million keys are a few bulk AES calls (``NoiseKey.lane_words``; the construction and its
-security argument are in :meth:`~dpstream.core.noise.samplers.NoiseKey.lane`).
+security argument are in :meth:`~dpstream.core.noise.keys.NoiseKey.lane`).
 A draw of that mechanism at numeric coordinates ``(tag, epoch, height, index)`` (see the
-``TAG_*`` constants of :mod:`dpstream.core.noise.samplers`) is the 128-bit block
+``TAG_*`` constants of :mod:`dpstream.core.noise.coordinates`) is the 128-bit block
 
     AES-256_K( lane XOR pack(tag, height, epoch, index) )
 
@@ -24,7 +24,7 @@ coordinates give distinct AES inputs; across lanes, lanes are pseudorandom and s
 AES inputs coincide with probability ``2^-128`` per pair. Without such a collision the outputs
 are those of a pseudorandom permutation on distinct inputs: computationally independent
 uniform 128-bit words (the PRP/PRF switching term is ``q^2 / 2^129``). This is the same
-computational trade-off as the scalar BLAKE2b streams of :mod:`dpstream.core.noise.samplers`; AES is
+computational trade-off as the scalar BLAKE2b streams of :mod:`dpstream.core.noise.keys`; AES is
 used because OpenSSL encrypts about 70 million blocks a second on one core.
 
 **Exact discrete Laplace from two words** (``scale = t/s``, ``p = exp(-s/t)``). If ``G1``,
@@ -123,7 +123,7 @@ block above at those coordinates. Round ``r`` reads the words of the two blocks
     AES-256_KG( S XOR pack(r, g) ),    g = 0, 1
 
 (``w0, w1`` from ``g = 0``, ``w2, w3`` from ``g = 1``), where ``KG`` is the Gaussian key
-(:meth:`~dpstream.core.noise.samplers.NoiseKey.encrypt_gaussian_blocks`: BLAKE2b of the secret
+(:meth:`~dpstream.core.noise.keys.NoiseKey.encrypt_gaussian_blocks`: BLAKE2b of the secret
 under its
 own personalisation, independent of the block key) and ``pack`` puts ``2^8 r + g`` in the first
 64-bit little-endian word (``r < 2^56``: injective). One draw's inputs are distinct. Two draws'
@@ -166,13 +166,8 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-from dpstream.core.noise.samplers import (
-    LANE_BYTES,
-    NoiseKey,
-    RandomIntegers,
-    bernoulli_exp,
-    discrete_gaussian,
-)
+from dpstream.core.noise.keys import LANE_BYTES, NoiseKey
+from dpstream.core.noise.samplers import RandomIntegers, bernoulli_exp, discrete_gaussian
 from dpstream.errors import DpstreamError, InvalidParameterError
 
 __all__ = ["gaussian", "gaussian_one", "lanes_array", "laplace", "laplace_one"]
@@ -405,7 +400,7 @@ def laplace(noise: NoiseKey, lanes: WordArray, scale: Fraction, tag: int, epoch:
         noise: the secret key.
         lanes: ``(n, 2)`` uint64, from :func:`lanes_array`.
         scale: the exact scale ``t/s > 0``.
-        tag: the draws' kind (a ``TAG_*`` of :mod:`dpstream.core.noise.samplers`).
+        tag: the draws' kind (a ``TAG_*`` of :mod:`dpstream.core.noise.coordinates`).
         epoch: the draws' epoch coordinate (a scalar or a length-n array).
         height: the draws' height coordinate (a scalar or a length-n array).
         index: the draws' index coordinate (a scalar or a length-n array).
@@ -820,7 +815,7 @@ def gaussian(noise: NoiseKey, lanes: WordArray, sigma2: Fraction, tag: int, epoc
         noise: the secret key.
         lanes: ``(n, 2)`` uint64, from :func:`lanes_array`.
         sigma2: the exact variance parameter, a Fraction > 0 with ``floor(sqrt(sigma2)) < 2^56``.
-        tag: the draws' kind (a ``TAG_*`` of :mod:`dpstream.core.noise.samplers`).
+        tag: the draws' kind (a ``TAG_*`` of :mod:`dpstream.core.noise.coordinates`).
         epoch: the draws' epoch coordinate (a scalar or a length-n array).
         height: the draws' height coordinate (a scalar or a length-n array).
         index: the draws' index coordinate (a scalar or a length-n array).

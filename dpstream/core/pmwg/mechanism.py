@@ -188,13 +188,9 @@ import numpy.typing as npt
 
 from dpstream.core._checks import is_integer
 from dpstream.core.accounting.ledger import PrivacyCharge, PrivacyLedger, exact, zcdp_to_approx_dp
-from dpstream.core.noise.samplers import (
-    NoiseKey,
-    RandomIntegers,
-    check_coordinates,
-    discrete_laplace,
-    encode_coordinates,
-)
+from dpstream.core.noise.coordinates import check_coordinates, encode_coordinates
+from dpstream.core.noise.keys import NoiseKey
+from dpstream.core.noise.samplers import RandomIntegers, discrete_laplace
 from dpstream.errors import InvalidParameterError
 
 __all__ = [

@@ -127,7 +127,9 @@ import numpy.typing as npt
 
 from dpstream.core._checks import integer_at_least, positive_finite
 from dpstream.core.accounting.ledger import PrivacyCharge, PrivacyLedger, exact, zcdp_to_approx_dp
-from dpstream.core.noise.samplers import NoiseKey, RandomIntegers, check_coordinates
+from dpstream.core.noise.coordinates import check_coordinates
+from dpstream.core.noise.keys import NoiseKey
+from dpstream.core.noise.samplers import RandomIntegers
 from dpstream.core.pmwg.blackboxes import (
     BlackBox,
     PrecheckedBlackBox,

@@ -45,7 +45,7 @@ from dpstream.core._checks import fraction_text
 from dpstream.core.counting.key_statistics import parameter_digest
 from dpstream.core.erm.perturbation import Block, ErmSpec, PrivateModel, predict
 from dpstream.core.erm.schedules import ReleaseSchedule, ScheduleSpec
-from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import BudgetExhaustedError, ConfigError
 from dpstream.estimator import MODEL_SCHEMA
 from dpstream.kinds.counters.events import event_seconds, shard_of
