@@ -1,7 +1,7 @@
 """The core imports numpy only: it works with bytewax, kafka and prometheus blocked.
 
 scipy is blocked too: the ERM solver imports it only when it solves (scipy earns its place
-there, see dpstream/core/erm/perturbation.py), so every core module imports without it.
+there, see dpstream/core/erm/solver.py), so every core module imports without it.
 """
 
 import subprocess
@@ -26,7 +26,9 @@ def test_core_imports_without_edges():
         import dpstream.core.counting.key_statistics
         import dpstream.core.pmwg.universe, dpstream.core.pmwg.queries, dpstream.core.pmwg.mechanism
         import dpstream.core.pmwg.schedulers, dpstream.core.pmwg.blackboxes
-        import dpstream.core.erm.perturbation, dpstream.core.erm.schedules, dpstream.core.erm.ermg
+        import dpstream.core.erm.spec, dpstream.core.erm.grid, dpstream.core.erm.solver
+        import dpstream.core.erm.output_noise, dpstream.core.erm.model, dpstream.core.erm.sampling
+        import dpstream.core.erm.schedules, dpstream.core.erm.ermg
         print('ok')
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

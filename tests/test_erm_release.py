@@ -4,7 +4,7 @@
 Most tests use a fake trainer that records what it is asked and returns a model whose cost is
 the noise level's (the schedule checks it); the accounting and the chains are data-independent,
 so that is all they need. The last tests run the real output perturbation of
-dpstream.core.erm.perturbation.
+dpstream.core.erm.output_noise.
 """
 
 from __future__ import annotations
@@ -19,14 +19,16 @@ import numpy as np
 import pytest
 from support.recording import RecordingKey
 
-from dpstream.core.erm import perturbation as erm_module
-from dpstream.core.erm.perturbation import Block, ErmSpec, PrivateModel
+from dpstream.core.erm.model import PrivateModel
+from dpstream.core.erm.output_noise import private_erm
+from dpstream.core.erm.sampling import amplified_epsilon
 from dpstream.core.erm.schedules import (
     Release,
     ReleaseSchedule,
     ScheduleSpec,
     sampling_rate_at_most,
 )
+from dpstream.core.erm.spec import Block, ErmSpec
 from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import BudgetExhaustedError, InvalidParameterError
 
@@ -419,12 +421,12 @@ def test_sampling_rate_hits_the_paper_sequence():
     for k in range(1, 12):
         target = half / (1 << k)
         rate = sampling_rate_at_most(half, target)
-        amplified = erm_module.amplified_epsilon(half, rate)
+        amplified = amplified_epsilon(half, rate)
         assert amplified <= target
         assert amplified >= target * (1 - Fraction(1, 10**6))  # the paper's rate, not 1/2^k
         # ln(1 + q(e^a - 1)) is concave in q: rate 1/2^k would cost more than a/2^k
         assert rate < Fraction(1, 1 << k)
-        assert erm_module.amplified_epsilon(half, Fraction(1, 1 << k)) > target
+        assert amplified_epsilon(half, Fraction(1, 1 << k)) > target
 
 
 def test_sampled_multi_resolution_theorem_b1():
@@ -582,7 +584,7 @@ def test_state_is_bound_to_its_specs():
                                    KEY, COORDS)
 
 
-# --- with the real trainer (dpstream.core.erm.perturbation.private_erm)
+# --- with the real trainer (dpstream.core.erm.output_noise.private_erm)
 # ------------------------------------
 
 
@@ -619,7 +621,7 @@ def test_updates_use_their_own_regularization_and_the_accounting_is_unchanged():
 
     def train(spec, block, *, normalizer, center, level, rng):
         asked.append((center is not None, float(spec.regularization)))
-        return erm_module.private_erm(spec, block, normalizer=normalizer, center=center,
+        return private_erm(spec, block, normalizer=normalizer, center=center,
                                       level=level, rng=rng)
 
     plain = ScheduleSpec(algorithm="continual", epsilon=1.0, block_size=8, base_blocks=2)

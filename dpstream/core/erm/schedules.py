@@ -2,7 +2,7 @@
 
 The schedules of Watson et al., "Continual and Sliding Window Release for Private Empirical
 Risk Minimization" (paper 004), over the output-perturbation trainer of
-:mod:`dpstream.core.erm.perturbation` (Algorithm 1 ``PSGD``; Algorithms 3 and 7 ``PBERM`` are the
+:mod:`dpstream.core.erm.output_noise` (Algorithm 1 ``PSGD``; Algorithms 3 and 7 ``PBERM`` are the
 same
 with a *centre*, an earlier released model, as the regularisation point).
 
@@ -15,8 +15,8 @@ schedule. The paper's ``b0`` is the public *nominal* block size (``ScheduleSpec.
 over ``j`` blocks is normalised by ``n̄ = j·b0``, never by the private count, so one event
 added or removed changes one block and moves that computation's minimiser by at most
 ``Δ(n̄) = L/(λ n̄)`` (add/remove neighbours; the paper's Lemma A.1 uses replace-one,
-``2L/(λ n̄)``; :mod:`dpstream.core.erm.perturbation`). The noise of a computation is a
-:class:`~dpstream.core.erm.perturbation.NoiseLevel` fixed by a *reference* (a normaliser and the
+``2L/(λ n̄)``; :mod:`dpstream.core.erm.spec`). The noise of a computation is a
+:class:`~dpstream.core.erm.output_noise.NoiseLevel` fixed by a *reference* (a normaliser and the
 cost at
 it); at another normaliser the same real noise costs exactly ``cost_ref·Δ/Δ_ref`` (pure ε) or
 ``cost_ref·(Δ/Δ_ref)²`` (zCDP ρ). That is how the paper's "constant noise, decreasing cost"
@@ -72,7 +72,7 @@ shrinks by ``4`` per doubling instead of ``2``, so the references are chosen for
 updates ``(b0, 3ρ/4)`` (``< ρ``; with Algorithm 2, ``< 2ρ``); sliding base ``(2^(k−1) b0, ρ/3)``
 and updates ``(b0, ρ/4)`` (``ρ/3 + 2·(ρ/4)(4/3) = ρ``, strictly less for a finite window);
 independent ``(b0, ρ)``. Sampling is refused under zCDP: amplification is implemented for
-pure ε only (:func:`~dpstream.core.erm.perturbation.amplified_epsilon`); a Poisson-subsampled zCDP
+pure ε only (:func:`~dpstream.core.erm.sampling.amplified_epsilon`); a Poisson-subsampled zCDP
 mechanism has no rate-proportional ρ (it needs Rényi or truncated-CDP accounting).
 
 **The per-block ledger.** Every computation charges each block of its own data range its
@@ -168,10 +168,10 @@ schedule's spec and the model's spec (:meth:`ReleaseSchedule.from_state` checks 
    ``ln(1 + q(e^ε − 1))`` (Balle, Barthe, Gaboardi 2018) — the paper's "Further notes on
    sampling" allow it. The rate is the paper's
    ``q = (e^(a/2^j) − 1)/(e^a − 1)`` (``a`` the unamplified cost), rounded *down* until
-   :func:`~dpstream.core.erm.perturbation.amplified_epsilon` (rounded up) is at most ``a/2^j``
+   :func:`~dpstream.core.erm.sampling.amplified_epsilon` (rounded up) is at most ``a/2^j``
    (:func:`sampling_rate_at_most`); that bound is what is charged. The sampled objective is
    normalised by the *full* nominal size of its blocks (blocks × ``b0``), as
-   :mod:`dpstream.core.erm.perturbation` explains: only then is the sensitivity the one the noise is
+   :mod:`dpstream.core.erm.sampling` explains: only then is the sensitivity the one the noise is
    calibrated to ("noise calibrated to the full bucket size"); normalising by the sample's
    size would multiply the unamplified cost by ``2^j``. The sliding window's sampling text
    gives two calibrations (rate ``1/2^j`` with noise ``4L/(λ 2^j b0 ε)``, then "the same
@@ -201,8 +201,10 @@ from dpstream.core._checks import (
     positive_finite,
 )
 from dpstream.core.accounting.ledger import exact
-from dpstream.core.erm import perturbation as _erm
-from dpstream.core.erm.perturbation import Block, ErmSpec, NoiseLevel, PrivateModel
+from dpstream.core.erm.model import PrivateModel
+from dpstream.core.erm.output_noise import NoiseLevel, private_erm
+from dpstream.core.erm.sampling import amplified_epsilon, poisson_sample, sampling_rate
+from dpstream.core.erm.spec import Block, ErmSpec
 from dpstream.core.noise.coordinates import check_coordinates
 from dpstream.core.noise.keys import NoiseKey
 from dpstream.core.noise.samplers import RandomIntegers
@@ -232,7 +234,7 @@ Chain: TypeAlias = tuple[tuple[int, int], ...]
 
 
 class TrainFn(Protocol):
-    """Trains one private model (as :func:`~dpstream.core.erm.perturbation.private_erm`)."""
+    """Trains one private model (as :func:`~dpstream.core.erm.output_noise.private_erm`)."""
 
     def __call__(
         self,
@@ -257,7 +259,7 @@ def _default_train(
     level: NoiseLevel,
     rng: RandomIntegers,
 ) -> PrivateModel:
-    return _erm.private_erm(
+    return private_erm(
         spec, block, normalizer=normalizer, center=center, level=level, rng=rng
     )
 
@@ -274,10 +276,10 @@ def sampling_rate_at_most(unamplified: Fraction, target: Fraction) -> Fraction:
     """Return a Poisson rate whose charged (amplified) cost is at most ``target`` (pure ε only).
 
     Starts from the paper's rate ``(e^target − 1)/(e^unamplified − 1)`` (Algorithm 6 line 5,
-    Algorithm 8 line 11) as :func:`dpstream.core.erm.perturbation.sampling_rate` computes it
+    Algorithm 8 line 11) as :func:`dpstream.core.erm.sampling.sampling_rate` computes it
     (rounded down
     to a denominator of ``10^18``), then lowers it, by steps that double, until
-    :func:`~dpstream.core.erm.perturbation.amplified_epsilon` — an upper bound on
+    :func:`~dpstream.core.erm.sampling.amplified_epsilon` — an upper bound on
     ``ln(1 + q(e^unamplified − 1))``, rounded up — is at most ``target``: that bound is what is
     charged, so the paper's sums hold exactly. Rate 1 when ``target >= unamplified``.
 
@@ -289,14 +291,14 @@ def sampling_rate_at_most(unamplified: Fraction, target: Fraction) -> Fraction:
         return Fraction(1)
     if target <= 0:
         raise InvalidParameterError(f"a sampled cost target must be > 0, got {target}")
-    rate = _erm.sampling_rate(unamplified, target)
+    rate = sampling_rate(unamplified, target)
     num, den = rate.numerator, rate.denominator
     step = max(1, num >> 40)
     for _ in range(_RATE_TRIES):
         if num <= 0:
             break
         rate = Fraction(num, den)
-        if _erm.amplified_epsilon(unamplified, rate) <= target:
+        if amplified_epsilon(unamplified, rate) <= target:
             return rate
         num -= step
         step *= 2
@@ -323,7 +325,7 @@ class ScheduleSpec:
         window_blocks: ``w`` in blocks, ``2^k − 1`` with ``k >= 2`` (Algorithm 5).
         sampling: Algorithms 6, 8 and the sampled sliding window (pure only).
         accounting: ``"pure"`` (discrete Laplace, ε) or ``"zcdp"`` (discrete Gaussian, ρ);
-            must equal the model's :attr:`~dpstream.core.erm.perturbation.ErmSpec.accounting`.
+            must equal the model's :attr:`~dpstream.core.erm.spec.ErmSpec.accounting`.
         update_regularization: the λ of the centred computations (Algorithm 3/7: the
             updates of Algorithm 4/8 and the buckets of Algorithm 5), or ``None`` for the
             model's λ. Algorithm 3 takes λ as its own input; Theorem 5 wants it small enough
@@ -555,7 +557,7 @@ class ReleaseSchedule:
             ``spec.accounting``.
         noise: the secret key all noise and sampling bits are derived from.
         coordinates: the schedule's coordinates, e.g. ``(instance, flow, "erm", stream)``.
-        train: the trainer (default :func:`dpstream.core.erm.perturbation.private_erm`); injectable
+        train: the trainer (default :func:`dpstream.core.erm.output_noise.private_erm`); injectable
         for
             tests.
 
@@ -658,7 +660,7 @@ class ReleaseSchedule:
                 Computation(step, role, level, first, last, centre, normalizer, None, cost),
                 noise, cost, release_role, release_level,
             )
-        charge = _erm.amplified_epsilon(cost, rate)
+        charge = amplified_epsilon(cost, rate)
         return _Job(
             Computation(step, role, level, first, last, centre, normalizer, rate, charge),
             noise, cost, release_role, release_level,
@@ -872,7 +874,7 @@ class ReleaseSchedule:
             data = self._data(blocks, self._first_kept, c.first_step, c.last_step)
             coordinates = self._coordinates_of(c)
             if c.rate is not None:
-                mask = _erm.poisson_sample(self._key.stream(*coordinates, "sample"),
+                mask = poisson_sample(self._key.stream(*coordinates, "sample"),
                                            data.size, c.rate)
                 data = Block(np.asarray(data.z[mask]), np.asarray(data.y[mask]))
             centre = None if not c.centre else models[c.centre].params
