@@ -875,7 +875,7 @@ class ReleaseSchedule:
             coordinates = self._coordinates_of(c)
             if c.rate is not None:
                 mask = poisson_sample(self._key.stream(*coordinates, "sample"),
-                                           data.size, c.rate)
+                                      data.size, c.rate)
                 data = Block(np.asarray(data.z[mask]), np.asarray(data.y[mask]))
             centre = None if not c.centre else models[c.centre].params
             model = self._train(self._model_spec(centre is not None), data,
