@@ -81,7 +81,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import erm_data as D  # noqa: E402
 
 D._core()  # puts the repository root on sys.path
-from dpstream.core.erm.schedules import ScheduleSpec  # noqa: E402
+from dpstream.core.erm.schedules.spec import ScheduleSpec  # noqa: E402
 from dpstream.core.erm.solver import solve  # noqa: E402
 
 STREAM_SEED = 8001

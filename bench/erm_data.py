@@ -542,7 +542,7 @@ def run_schedule(
     import time
 
     _core()
-    from dpstream.core.erm.schedules import ReleaseSchedule
+    from dpstream.core.erm.schedules.schedule import ReleaseSchedule
 
     schedule = ReleaseSchedule(
         schedule_spec, spec, noise_key(seed), ("bench-erm", tag)

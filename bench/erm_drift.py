@@ -69,7 +69,7 @@ import erm_data as D  # noqa: E402
 
 D._core()
 from dpstream.core.erm.output_noise import NoiseLevel, private_erm  # noqa: E402
-from dpstream.core.erm.schedules import ScheduleSpec  # noqa: E402
+from dpstream.core.erm.schedules.spec import ScheduleSpec  # noqa: E402
 from dpstream.core.erm.solver import solve  # noqa: E402
 from dpstream.core.erm.spec import ErmSpec  # noqa: E402
 

@@ -28,7 +28,7 @@ def test_core_imports_without_edges():
         import dpstream.core.pmwg.schedulers, dpstream.core.pmwg.blackboxes
         import dpstream.core.erm.spec, dpstream.core.erm.grid, dpstream.core.erm.solver
         import dpstream.core.erm.output_noise, dpstream.core.erm.model, dpstream.core.erm.sampling
-        import dpstream.core.erm.schedules, dpstream.core.erm.ermg
+        import dpstream.core.erm.schedules.schedule, dpstream.core.erm.ermg
         print('ok')
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -22,12 +22,9 @@ from support.recording import RecordingKey
 from dpstream.core.erm.model import PrivateModel
 from dpstream.core.erm.output_noise import private_erm
 from dpstream.core.erm.sampling import amplified_epsilon
-from dpstream.core.erm.schedules import (
-    Release,
-    ReleaseSchedule,
-    ScheduleSpec,
-    sampling_rate_at_most,
-)
+from dpstream.core.erm.schedules.releases import Release
+from dpstream.core.erm.schedules.schedule import ReleaseSchedule
+from dpstream.core.erm.schedules.spec import ScheduleSpec, sampling_rate_at_most
 from dpstream.core.erm.spec import Block, ErmSpec
 from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import BudgetExhaustedError, InvalidParameterError

@@ -88,7 +88,7 @@ from dpstream.core._checks import (
 from dpstream.core.accounting.ledger import PrivacyLedger, exact, zcdp_to_approx_dp
 from dpstream.core.erm.model import PrivateModel
 from dpstream.core.erm.output_noise import NoiseLevel
-from dpstream.core.erm.schedules import Release, TrainFn, _default_train
+from dpstream.core.erm.schedules.releases import Release, TrainFn, _default_train
 from dpstream.core.erm.spec import Block, ErmSpec
 from dpstream.core.noise.coordinates import check_coordinates
 from dpstream.core.noise.keys import NoiseKey

@@ -44,7 +44,8 @@ from dpstream.config import FlowConfig, Section, build_spec, parse_common, posit
 from dpstream.core._checks import fraction_text
 from dpstream.core.counting.key_statistics import parameter_digest
 from dpstream.core.erm.model import PrivateModel, predict
-from dpstream.core.erm.schedules import ReleaseSchedule, ScheduleSpec
+from dpstream.core.erm.schedules.schedule import ReleaseSchedule
+from dpstream.core.erm.schedules.spec import ScheduleSpec
 from dpstream.core.erm.spec import Block, ErmSpec
 from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import BudgetExhaustedError, ConfigError
