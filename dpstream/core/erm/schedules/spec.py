@@ -5,22 +5,20 @@ Minimization" (paper 004), over the output-perturbation trainer of
 :mod:`dpstream.core.erm.output_noise` (Algorithm 1 ``PSGD``; Algorithms 3 and 7 ``PBERM`` are the
 same with a *centre*, an earlier released model, as the regularisation point).
 
-**Time and data.** The unit of time is one *block*: the events of one flow step (block index =
-step number, public). Blocks arrive through :meth:`ReleaseSchedule.add_block` with
-consecutive steps ``0, 1, 2, ...``; ``t`` below is the number of blocks seen (``t = step + 1``).
-A block may hold any number of events, including none: an empty block still advances the
-schedule. The paper's ``b0`` is the public *nominal* block size (``ScheduleSpec.block_size``),
-``B = base_blocks`` blocks and ``w = window_blocks`` blocks (``w0`` = one block). A computation
-over ``j`` blocks is normalised by ``n̄ = j·b0``, never by the private count, so one event
-added or removed changes one block and moves that computation's minimiser by at most
-``Δ(n̄) = L/(λ n̄)`` (add/remove neighbours; the paper's Lemma A.1 uses replace-one,
-``2L/(λ n̄)``; :mod:`dpstream.core.erm.spec`). The noise of a computation is a
-:class:`~dpstream.core.erm.output_noise.NoiseLevel` fixed by a *reference* (a normaliser and the
-cost at
-it); at another normaliser the same real noise costs exactly ``cost_ref·Δ/Δ_ref`` (pure ε) or
-``cost_ref·(Δ/Δ_ref)²`` (zCDP ρ). That is how the paper's "constant noise, decreasing cost"
-sums are reproduced exactly: its noise constants ``4L/(λBε)``, ``12L/(λw0ε)``, ... appear here
-as the cost fractions they stand for.
+**Time and data.** The unit of time is one *block*: the events of one flow step (block index = step
+number, public). Blocks arrive through :meth:`ReleaseSchedule.add_block` with consecutive steps
+``0, 1, 2, ...``; ``t`` below is the number of blocks seen (``t = step + 1``). A block may hold any
+number of events, including none: an empty block still advances the schedule. The paper's ``b0`` is
+the public *nominal* block size (``ScheduleSpec.block_size``), ``B = base_blocks`` blocks and
+``w = window_blocks`` blocks (``w0`` = one block). A computation over ``j`` blocks is normalised by
+``n̄ = j·b0``, never by the private count, so one event added or removed changes one block and
+moves that computation's minimiser by at most ``Δ(n̄) = L/(λ n̄)`` (add/remove neighbours; the
+paper's Lemma A.1 uses replace-one, ``2L/(λ n̄)``; :mod:`dpstream.core.erm.spec`). The noise of a
+computation is a :class:`~dpstream.core.erm.output_noise.NoiseLevel` fixed by a *reference* (a
+normaliser and the cost at it); at another normaliser the same real noise costs exactly
+``cost_ref·Δ/Δ_ref`` (pure ε) or ``cost_ref·(Δ/Δ_ref)²`` (zCDP ρ). That is how the paper's
+"constant noise, decreasing cost" sums are reproduced exactly: its noise constants ``4L/(λBε)``,
+``12L/(λw0ε)``, ... appear here as the cost fractions they stand for.
 
 **Algorithms** (``ScheduleSpec.algorithm``; ε below is ``ScheduleSpec.epsilon``, read as ρ
 under ``accounting = "zcdp"``):
@@ -117,8 +115,7 @@ def sampling_rate_at_most(unamplified: Fraction, target: Fraction) -> Fraction:
 
     Starts from the paper's rate ``(e^target − 1)/(e^unamplified − 1)`` (Algorithm 6 line 5,
     Algorithm 8 line 11) as :func:`dpstream.core.erm.sampling.sampling_rate` computes it
-    (rounded down
-    to a denominator of ``10^18``), then lowers it, by steps that double, until
+    (rounded down to a denominator of ``10^18``), then lowers it, by steps that double, until
     :func:`~dpstream.core.erm.sampling.amplified_epsilon` — an upper bound on
     ``ln(1 + q(e^unamplified − 1))``, rounded up — is at most ``target``: that bound is what is
     charged, so the paper's sums hold exactly. Rate 1 when ``target >= unamplified``.
