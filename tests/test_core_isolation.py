@@ -20,7 +20,8 @@ def test_core_imports_without_edges():
         sys.meta_path.insert(0, Block())
         import dpstream.core.noise.samplers, dpstream.core.noise.keys
         import dpstream.core.noise.coordinates
-        import dpstream.core.noise.bulk, dpstream.core.accounting.ledger
+        import dpstream.core.noise.bulk, dpstream.core.noise.bulk_gaussian
+        import dpstream.core.accounting.ledger
         import dpstream.core.counting.tree_counter
         import dpstream.core.counting.blt_counter, dpstream.core.counting.threshold_monitor
         import dpstream.core.counting.key_statistics

@@ -98,7 +98,7 @@ from dpstream.core._checks import increment as checked_increment
 from dpstream.core._checks import integer_at_least, positive_finite
 from dpstream.core.accounting.ledger import PrivacyCharge, exact
 from dpstream.core.counting.estimate import CounterEstimate
-from dpstream.core.noise.bulk import gaussian_one
+from dpstream.core.noise.bulk_gaussian import gaussian_one
 from dpstream.core.noise.coordinates import TAG_BLT, Coordinate
 from dpstream.core.noise.keys import NoiseKey
 from dpstream.core.noise.samplers import discrete_gaussian_variance

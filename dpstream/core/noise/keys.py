@@ -389,9 +389,10 @@ class NoiseKey:
     def encrypt_gaussian_blocks(self, data: bytes) -> bytes:
         """Encrypt whole 16-byte blocks with AES-256 (ECB) under the discrete Gaussian's key.
 
-        The rounds of :func:`dpstream.core.noise.bulk.gaussian` take their words here: the key
-        is BLAKE2b of the secret under its own personalisation, independent of the key of
-        :meth:`encrypt_blocks` and of the lane keys, so these blocks are a separate PRF domain.
+        The rounds of :func:`dpstream.core.noise.bulk_gaussian.gaussian` take their words here:
+        the key is BLAKE2b of the secret under its own personalisation, independent of the key
+        of :meth:`encrypt_blocks` and of the lane keys, so these blocks are a separate PRF
+        domain.
         """
         return self._ecb("gaussian_encryptor", self._gaussian_key, data)
 
