@@ -14,7 +14,8 @@ round's value. Round ``r`` reads four 64-bit words ``w0 .. w3`` (see "Words" bel
 2. ``D ~ Bernoulli(exp(-U/t))`` from ``w1``; the round fails if ``D = 0``;
 3. ``V``, geometric with ``P(V >= k) = e^-k`` (the number of Bernoulli(exp(-1)) successes
    before the first failure), from ``w2`` with the thresholds of scale 1, decided exactly as
-   for the discrete Laplace above (a tie, or the tail ``V >= K = 34``, by :func:`_resolve_word`);
+   for the discrete Laplace of :mod:`dpstream.core.noise.bulk` (a tie, or the tail
+   ``V >= K = 34``, by :func:`_resolve_word`);
 4. ``X = U + t V``; the round fails if ``B = 1`` and ``X = 0``, else ``Y = (-1)^B X``;
 5. ``A ~ Bernoulli(exp(-(X - sigma2/t)^2 / (2 sigma2)))`` from ``w3``: the round succeeds with
    ``Y`` if ``A = 1``, else fails.
@@ -72,23 +73,23 @@ laws, the draws exactly ``N_Z(0, sigma2)``, and the outcome of a trial does not 
 which path decided it.
 
 **Words.** A draw at ``(lane, tag, epoch, height, index)`` has the *sub-lane* ``S``: the PRF
-block above at those coordinates. Round ``r`` reads the words of the two blocks
+block of :mod:`dpstream.core.noise.bulk` at those coordinates. Round ``r`` reads the words of
+the two blocks
 
     AES-256_KG( S XOR pack(r, g) ),    g = 0, 1
 
 (``w0, w1`` from ``g = 0``, ``w2, w3`` from ``g = 1``), where ``KG`` is the Gaussian key
-(:meth:`~dpstream.core.noise.keys.NoiseKey.encrypt_gaussian_blocks`: BLAKE2b of the secret
-under its
-own personalisation, independent of the block key) and ``pack`` puts ``2^8 r + g`` in the first
+(:meth:`~dpstream.core.noise.keys.NoiseKey.encrypt_gaussian_blocks`: BLAKE2b of the secret under
+its own personalisation, independent of the block key) and ``pack`` puts ``2^8 r + g`` in the first
 64-bit little-endian word (``r < 2^56``: injective). One draw's inputs are distinct. Two draws'
-sub-lanes are AES outputs at distinct inputs (distinct coordinates of a lane, or two lanes
-barring the ``2^-128`` collision above), hence distinct and pseudorandom, so ``S XOR c`` and
-``S' XOR c'`` meet only if ``S XOR S' = c XOR c'``: probability at most ``R^2 2^-128`` for two
-draws of at most ``R`` rounds each. Barring that, the words are outputs of a PRP under an
-independent key on distinct inputs: computationally independent uniform words (switching term
-``q^2 / 2^129``), independent of ``S`` as well, and no input under ``KG`` can meet an input
-under the block key (the Laplace draws', the sub-lanes'). A draw is therefore a pure function
-of the key, its lane and its coordinates, whatever else is in the batch and in any order.
+sub-lanes are AES outputs at distinct inputs (distinct coordinates of a lane, or two lanes barring
+the ``2^-128`` collision of :mod:`dpstream.core.noise.bulk`), hence distinct and pseudorandom, so
+``S XOR c`` and ``S' XOR c'`` meet only if ``S XOR S' = c XOR c'``: probability at most
+``R^2 2^-128`` for two draws of at most ``R`` rounds each. Barring that, the words are outputs of a
+PRP under an independent key on distinct inputs: computationally independent uniform words
+(switching term ``q^2 / 2^129``), independent of ``S`` as well, and no input under ``KG`` can meet
+an input under the block key (the Laplace draws', the sub-lanes'). A draw is therefore a pure
+function of the key, its lane and its coordinates, whatever else is in the batch and in any order.
 
 :func:`gaussian` runs the rounds of all pending draws at once and hands a draw whose round has
 an undecided trial (or a tie or tail of ``V``, or ``fl(M) > 2^14``) to the scalar round

@@ -93,7 +93,7 @@ def _tagged(coordinate: Coordinate) -> bytes:
 
 
 def _unit(coordinate: Coordinate) -> bytes:
-    """A coordinate's unit of the lane message (see :meth:`NoiseKey.lane`).
+    """A coordinate's unit of the lane message (see :meth:`.NoiseKey.lane`).
 
     The coordinate as :func:`encode_coordinates` writes it, zero-padded to 16-byte blocks.
     """
@@ -109,8 +109,8 @@ class JoinedNames(tuple[str, ...]):
     lone surrogate), else None. Made once for keys known in advance (a shard's declared keys,
     at start-up), it serves twice without reading the string objects again, which a table of
     a million keys has not touched since (a read from memory each, about 100 ns):
-    :meth:`NoiseKey.lane_words` takes the names' bytes from it, and the record encoder
-    (:mod:`dpstream.kinds.counters.records`) the keys' JSON texts.
+    :meth:`~dpstream.core.noise.keys.NoiseKey.lane_words` takes the names' bytes from it, and
+    the record encoder (:mod:`dpstream.kinds.counters.records`) the keys' JSON texts.
 
     Raises:
         InvalidParameterError: a name is not a str.
