@@ -35,11 +35,12 @@ ratio is at most ``exp(||r - r'||_1 / t) <= exp(D1 / t) = e^epsilon``. zCDP: ``Y
 on public quantities (the spec and ``n̄``), the float parameters ``g (r + Y)`` are
 post-processing, and the paper's per-coordinate scales are reproduced only as cost fractions.
 
-**Exactness and replay-safety.** All randomness comes from the ``rng`` passed in, which the
-caller derives from ``NoiseKey.stream(*coordinates)`` for the release's coordinates:
-:func:`private_erm` draws coordinate ``j``'s noise from that one stream in row-major order, and
-:func:`poisson_sample` one uniform integer per row. Everything else is deterministic (the solver
-is a fixed computation of its inputs), so a replayed release is byte-identical to the first.
+**Exactness and replay-safety.** All randomness comes from the ``rng`` passed in, which the caller
+derives from ``NoiseKey.stream(*coordinates)`` for the release's coordinates: :func:`private_erm`
+draws coordinate ``j``'s noise from that one stream in row-major order, and
+:func:`~dpstream.core.erm.sampling.poisson_sample` one uniform integer per row. Everything else is
+deterministic (the solver is a fixed computation of its inputs), so a replayed release is
+byte-identical to the first.
 
 **State.** None here: the release is a :class:`~dpstream.core.erm.model.PrivateModel`.
 """

@@ -7,29 +7,29 @@ sensitivity of the *exact* minimiser of the strongly convex objective of
 minimiser and certifies its distance.
 
 **Certificate.** Output perturbation needs the exact minimiser. For any ``w``, strong convexity
-gives ``||w - w*|| <= ||grad J(w)|| / lambda``. :func:`solve` runs L-BFGS-B (scipy, warm-started
-at the centre), then Newton-CG steps with exact Hessian-vector products, each accepted only if it
+gives ``||w - w*|| <= ||grad J(w)|| / lambda``. :func:`solve` runs L-BFGS-B (scipy, warm-started at
+the centre), then Newton-CG steps with exact Hessian-vector products, each accepted only if it
 shrinks ``||grad J||`` at least by the factor ``1 - lambda/beta`` that a plain gradient step
 ``w - grad J(w)/beta`` guarantees (``beta = smoothness m/n̄ + lambda``, the smoothness of ``J``;
-``grad J(w+) = (I - A/beta) grad J(w)`` with ``lambda I <= A <= beta I``); otherwise it takes
-that gradient step. So the loop provably terminates. It stops when the computed
-``||grad J|| <= lambda tau / 2`` with ``tau = Delta 2^-20`` (:data:`PRECISION_BITS`). The other
-half of ``lambda tau`` is the allowance for the floating-point error of evaluating the gradient:
-that error is about ``u log2(m) m / n̄`` per coordinate for blocked summation (``u = 2^-53``;
-rounding errors that behave randomly give ``u sqrt(m) / n̄``), the allowance is
-``L 2^-21 / n̄``, so it covers the pessimistic estimate while ``sqrt(p) m log2(m)`` stays below
-about ``4 10^9`` (``10^6`` events at ``p = 65`` with a 25-fold margin) and the typical error far
-beyond. This is an error *model*, as in the design, not a proof. Then the computed ``w`` lies
-within ``tau`` of ``w*`` and for neighbours ``||w(D) - w(D')|| <= Delta + 2 tau = (1 + 2^-19)
-Delta``: that is the sensitivity charged. How ``w`` was found (iterations, warm start) does not
-matter, only the certificate. scipy earns its place: L-BFGS-B's line search (Moré-Thuente) reaches
-the neighbourhood of the optimum in a few dozen iterations whatever the conditioning, which a
-hand-written method would have to replicate (more code to audit); privacy never depends on it,
-since the certificate is checked afterwards. It is imported lazily, so the rest of the core
-imports without scipy. If float64 cannot reach the certificate (gradient steps stop shrinking
-the gradient: far beyond the sizes above), :func:`private_erm` raises
-:class:`CertificationError` rather than release an uncertified model; :func:`solve` itself never
-raises on data.
+``grad J(w+) = (I - A/beta) grad J(w)`` with ``lambda I <= A <= beta I``); otherwise it takes that
+gradient step. So the loop provably terminates. It stops when the computed
+``||grad J|| <= lambda tau / 2`` with ``tau = Delta 2^-20``
+(:data:`~dpstream.core.erm.grid.PRECISION_BITS`). The other half of ``lambda tau`` is the allowance
+for the floating-point error of evaluating the gradient: that error is about ``u log2(m) m / n̄``
+per coordinate for blocked summation (``u = 2^-53``; rounding errors that behave randomly give
+``u sqrt(m) / n̄``), the allowance is ``L 2^-21 / n̄``, so it covers the pessimistic estimate while
+``sqrt(p) m log2(m)`` stays below about ``4 10^9`` (``10^6`` events at ``p = 65`` with a 25-fold
+margin) and the typical error far beyond. This is an error *model*, as in the design, not a proof.
+Then the computed ``w`` lies within ``tau`` of ``w*`` and for neighbours
+``||w(D) - w(D')|| <= Delta + 2 tau = (1 + 2^-19) Delta``: that is the sensitivity charged. How
+``w`` was found (iterations, warm start) does not matter, only the certificate. scipy earns its
+place: L-BFGS-B's line search (Moré-Thuente) reaches the neighbourhood of the optimum in a few
+dozen iterations whatever the conditioning, which a hand-written method would have to replicate
+(more code to audit); privacy never depends on it, since the certificate is checked afterwards. It
+is imported lazily, so the rest of the core imports without scipy. If float64 cannot reach the
+certificate (gradient steps stop shrinking the gradient: far beyond the sizes above),
+:func:`~dpstream.core.erm.output_noise.private_erm` raises :class:`CertificationError` rather than
+release an uncertified model; :func:`solve` itself never raises on data.
 
 **Noise and state.** Nothing here is random: :func:`solve` is a fixed computation of its inputs,
 so a replayed release solves to the same floats. A :class:`Solution` holds the non-private
@@ -64,10 +64,10 @@ _LBFGS_MAX_ITERATIONS: Final = 2_000
 class CertificationError(DpstreamError):
     """The solver could not certify its minimiser to the required precision in float64.
 
-    Raised by :func:`private_erm` instead of releasing a model whose distance to the exact
-    minimiser is not bounded (the sensitivity argument would not cover it). It only happens far
-    outside the supported range (the module docstring's *Certificate*: blocks of many millions
-    of events).
+    Raised by :func:`~dpstream.core.erm.output_noise.private_erm` instead of releasing a model
+    whose distance to the exact minimiser is not bounded (the sensitivity argument would not
+    cover it). It only happens far outside the supported range (the module docstring's
+    *Certificate*: blocks of many millions of events).
     """
 
 

@@ -480,7 +480,7 @@ def gaussian(noise: NoiseKey, lanes: WordArray, sigma2: Fraction, tag: int, epoc
 
     Args:
         noise: the secret key.
-        lanes: ``(n, 2)`` uint64, from :func:`lanes_array`.
+        lanes: ``(n, 2)`` uint64, from :func:`~dpstream.core.noise.bulk.lanes_array`.
         sigma2: the exact variance parameter, a Fraction > 0 with ``floor(sqrt(sigma2)) < 2^56``.
         tag: the draws' kind (a ``TAG_*`` of :mod:`dpstream.core.noise.coordinates`).
         epoch: the draws' epoch coordinate (a scalar or a length-n array).

@@ -119,7 +119,7 @@ class Release:
         model: the released model.
         cost: the charge of the computation that made it (amplified when sampled). For a
             window release the chain's other new models of this step were charged too (see
-            :attr:`ReleaseSchedule.trained`).
+            :attr:`~dpstream.core.erm.schedules.schedule.ReleaseSchedule.trained`).
         rate: the computation's sampling rate (``None`` when not sampled).
 
     """

@@ -6,7 +6,8 @@ Minimization" (paper 004), over the output-perturbation trainer of
 same with a *centre*, an earlier released model, as the regularisation point).
 
 **Time and data.** The unit of time is one *block*: the events of one flow step (block index = step
-number, public). Blocks arrive through :meth:`ReleaseSchedule.add_block` with consecutive steps
+number, public). Blocks arrive through
+:meth:`~dpstream.core.erm.schedules.schedule.ReleaseSchedule.add_block` with consecutive steps
 ``0, 1, 2, ...``; ``t`` below is the number of blocks seen (``t = step + 1``). A block may hold any
 number of events, including none: an empty block still advances the schedule. The paper's ``b0`` is
 the public *nominal* block size (``ScheduleSpec.block_size``), ``B = base_blocks`` blocks and
