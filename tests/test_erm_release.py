@@ -222,6 +222,14 @@ def test_window_chains_tile_the_window_with_distinct_sizes(w):
         s.window_chain(w - 1)
 
 
+
+@pytest.mark.parametrize("algorithm", ["multi-resolution", "continual", "independent"])
+def test_window_chain_is_refused_by_the_other_schedules(algorithm):
+    s = schedule(algorithm, base=2)
+    feed(s, range(8))
+    with pytest.raises(InvalidParameterError, match="window_chain is for the sliding-window"):
+        s.window_chain(8)
+
 def test_window_15_each_model_is_trained_once_and_releases_are_chain_ends():
     s = schedule("sliding-window", window=15)
     identities: Counter = Counter()
