@@ -11,7 +11,7 @@ script runs ``K`` independent trials of the real counter class: ``.step`` is cal
 for every step ``0 .. T-1`` on a fixed synthetic stream (Poisson(3) increments from
 a seeded numpy generator, so the true prefix counts are known). Trials differ only
 in their noise coordinates ``("bench", mechanism, T, trial)`` under one
-:class:`~dpstream.core.noise.samplers.NoiseKey`. The error ``e_t = value_t - prefix_t`` is
+:class:`~dpstream.core.noise.keys.NoiseKey`. The error ``e_t = value_t - prefix_t`` is
 recorded at every step.
 
 Statistics (``sigma_t = analytic_std(spec, t)``, ``z_t = e_t / sigma_t``):
@@ -71,7 +71,7 @@ if str(_ROOT) not in sys.path:
 
 from dpstream.core.counting import blt_counter as blt  # noqa: E402
 from dpstream.core.counting import tree_counter as tree  # noqa: E402
-from dpstream.core.noise.samplers import NoiseKey  # noqa: E402
+from dpstream.core.noise.keys import NoiseKey  # noqa: E402
 
 RESULTS_DIR = _ROOT / "bench" / "results"
 TREE = "tree-laplace"

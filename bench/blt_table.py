@@ -15,7 +15,7 @@ BLT
   (``B_j ~ G x / (1 - theta_j)``) for ``x`` events per key per step, from the proved rule of
   :mod:`dpstream.core.counting.blt_columns`;
 * **close-step speed** (key-steps/s) of one :class:`~dpstream.core.counting.blt_columns.BltColumns`
-  group of 100k and 1M keys, exact noise included (``bulk_noise.gaussian``), and the exact
+  group of 100k and 1M keys, exact noise included (``bulk_gaussian.gaussian``), and the exact
   sampler's rate alone; against the reference engine (one ``KeyStatistics`` with a
   ``BltCounter`` per key, driven as ``ReferenceShardState.close`` drives it) on 20k keys.
 
@@ -46,8 +46,9 @@ from dpstream.core.counting.blt_columns import BltColumns  # noqa: E402
 from dpstream.core.counting.blt_counter import GRID_BITS, BltCounterSpec, _parameters  # noqa: E402
 from dpstream.core.counting.key_statistics import KeyStatistics, StatisticsSpec  # noqa: E402
 from dpstream.core.counting.key_table import KeyTable  # noqa: E402
-from dpstream.core.noise import bulk as bulk_noise  # noqa: E402
-from dpstream.core.noise.samplers import TAG_BLT, NoiseKey  # noqa: E402
+from dpstream.core.noise import bulk_gaussian  # noqa: E402
+from dpstream.core.noise.coordinates import TAG_BLT  # noqa: E402
+from dpstream.core.noise.keys import NoiseKey  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 KEY = NoiseKey.for_tests(0)
@@ -141,7 +142,7 @@ def noise_rate(draws: int) -> float:
     spec = BltCounterSpec(rho=0.5, horizon=2**20)
     lanes = KEY.lane_words(("bench",), [f"u{i}" for i in range(draws)], ("counter", "d", 0))
     started = time.perf_counter()
-    bulk_noise.gaussian(KEY, lanes, spec.sigma2_grid, TAG_BLT, 0, 0, 5)
+    bulk_gaussian.gaussian(KEY, lanes, spec.sigma2_grid, TAG_BLT, 0, 0, 5)
     return draws / (time.perf_counter() - started)
 
 
@@ -222,7 +223,7 @@ def report(out: dict[str, Any]) -> str:
                  f"{out['reference_key_steps_per_s']:,.0f} |")
     lines.append("")
     lanes = max(g["keys"] for g in out["group_speed"])
-    lines.append(f"The exact discrete Gaussian alone (`bulk_noise.gaussian`, {lanes:,} "
+    lines.append(f"The exact discrete Gaussian alone (`bulk_gaussian.gaussian`, {lanes:,} "
                  f"lanes): {out['exact_noise_draws_per_s']:,.0f} draws/s; the reference draws "
                  "one at a time (`gaussian_one`).")
     return "\n".join(lines) + "\n"

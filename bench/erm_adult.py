@@ -4,7 +4,7 @@
 Pure ε throughout, with the theorems' constants: per-event Lipschitz constant ``L = 1``
 (binary logistic loss, ``||z|| <= 1``), add/remove sensitivity ``L/(λ n̄)`` with a public
 normaliser, the L1 sensitivity ``sqrt(p)`` times the L2 one (plus the grid rounding) for the
-discrete Laplace noise (:mod:`dpstream.core.erm.perturbation`). Nothing is taken from the paper's
+discrete Laplace noise (:mod:`dpstream.core.erm.output_noise`). Nothing is taken from the paper's
 Fig. 4
 shortcut (a data-dependent "Lipschitz constant" divided by the sample count, and Laplace noise
 per coordinate scaled to an L2 sensitivity), so the figures are the honest ones.
@@ -81,8 +81,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import erm_data as D  # noqa: E402
 
 D._core()  # puts the repository root on sys.path
-from dpstream.core.erm.perturbation import solve  # noqa: E402
-from dpstream.core.erm.schedules import ScheduleSpec  # noqa: E402
+from dpstream.core.erm.schedules.spec import ScheduleSpec  # noqa: E402
+from dpstream.core.erm.solver import solve  # noqa: E402
 
 STREAM_SEED = 8001
 TUNE_SEED = 8002

@@ -426,16 +426,13 @@ LAMBDA_GRID = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0, 10.0)
 """The λ grid every private model is tuned over (on public data only)."""
 
 
-def _core():  # noqa: ANN202 - the core is imported lazily so the loaders work without it
+def _core() -> None:
+    """Put the repository root on sys.path: the core is imported lazily, where it is used, so
+    the loaders work without it."""
     import sys
 
     if str(_ROOT) not in sys.path:
         sys.path.insert(0, str(_ROOT))
-    from dpstream.core.erm import perturbation as erm
-    from dpstream.core.erm import schedules as erm_release
-    from dpstream.core.noise import samplers as noise
-
-    return erm, erm_release, noise
 
 
 def make_spec(
@@ -447,8 +444,10 @@ def make_spec(
     accounting: str = "pure",
 ):  # noqa: ANN201
     """The :class:`ErmSpec` of a data set at ``regularization``."""
-    erm, _, _ = _core()
-    return erm.ErmSpec(
+    _core()
+    from dpstream.core.erm.spec import ErmSpec
+
+    return ErmSpec(
         classes=ds.classes,
         dimension=ds.dimension,
         clip_norm=clip_norm,
@@ -466,18 +465,22 @@ class Evaluator:
         self._z: dict[tuple, np.ndarray] = {}
 
     def __call__(self, spec, params: np.ndarray) -> float:  # noqa: ANN001
-        erm, _, _ = _core()
+        _core()
+        from dpstream.core.erm.model import predict
+
         key = (spec.clip_norm, spec.intercept, spec.dimension)
         z = self._z.get(key)
         if z is None:
             z = self._z[key] = spec.features(self.split.x)
-        return float(np.mean(erm.predict(spec, params, z) == self.split.y))
+        return float(np.mean(predict(spec, params, z) == self.split.y))
 
 
 def noise_key(seed: int):  # noqa: ANN201
     """A deterministic test key: the benchmarks are reproducible, never production."""
-    _, _, noise = _core()
-    return noise.NoiseKey.for_tests(seed)
+    _core()
+    from dpstream.core.noise.keys import NoiseKey
+
+    return NoiseKey.for_tests(seed)
 
 
 def one_shot(spec, split: Split, epsilon: float, seed: int, *, tag: str = "eval",  # noqa: ANN001, ANN201
@@ -489,24 +492,28 @@ def one_shot(spec, split: Split, epsilon: float, seed: int, *, tag: str = "eval"
     ``epsilon`` exactly (the model reports it). ``initial`` is a warm start (a function of
     this data only, e.g. :func:`warm_start`); the certificate does not depend on it.
     """
-    erm, _, _ = _core()
+    _core()
     from fractions import Fraction
 
+    from dpstream.core.erm.output_noise import NoiseLevel, private_erm
+
     n = split.size
-    level = erm.NoiseLevel(spec.sensitivity(float(n)), Fraction(epsilon))
+    level = NoiseLevel(spec.sensitivity(float(n)), Fraction(epsilon))
     block = spec.block(split.x, split.y)
     rng = noise_key(seed).stream("bench-erm", tag, "one-shot", n)
-    model = erm.private_erm(spec, block, normalizer=float(n), center=None, level=level, rng=rng,
-                            initial=initial)
+    model = private_erm(spec, block, normalizer=float(n), center=None, level=level, rng=rng,
+                        initial=initial)
     return model
 
 
 def warm_start(spec, split: Split) -> np.ndarray:  # noqa: ANN001
     """The certified non-private minimiser of ``split`` (a warm start for repeated seeds)."""
-    erm, _, _ = _core()
+    _core()
+    from dpstream.core.erm.solver import solve
+
     n = float(split.size)
     tau = float(spec.precision(n)) * (1 - 1e-9)
-    return erm.solve(spec, spec.block(split.x, split.y), n, None, precision=tau).params
+    return solve(spec, spec.block(split.x, split.y), n, None, precision=tau).params
 
 
 def blocks_of(split: Split, block_size: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -534,8 +541,10 @@ def run_schedule(
     """
     import time
 
-    _, erm_release, _ = _core()
-    schedule = erm_release.ReleaseSchedule(
+    _core()
+    from dpstream.core.erm.schedules.schedule import ReleaseSchedule
+
+    schedule = ReleaseSchedule(
         schedule_spec, spec, noise_key(seed), ("bench-erm", tag)
     )
     out = []

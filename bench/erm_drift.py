@@ -29,7 +29,7 @@ drift (steps 7–19), after it (20–39), and once the window has left the old c
 medians over noise seeds. Target: the sliding window beats
 the cumulative release after the drift.
 
-**Cost per released model.** Wall time of :func:`~dpstream.core.erm.perturbation.private_erm`
+**Cost per released model.** Wall time of :func:`~dpstream.core.erm.output_noise.private_erm`
 (certified
 solve + exact rounding + exact noise) for one block, against the block size and ``d``
 (synthetic Gaussian features, binary labels from a random hyperplane with 10 % noise, pure ε
@@ -68,8 +68,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import erm_data as D  # noqa: E402
 
 D._core()
-from dpstream.core.erm.perturbation import ErmSpec, NoiseLevel, private_erm, solve  # noqa: E402
-from dpstream.core.erm.schedules import ScheduleSpec  # noqa: E402
+from dpstream.core.erm.output_noise import NoiseLevel, private_erm  # noqa: E402
+from dpstream.core.erm.schedules.spec import ScheduleSpec  # noqa: E402
+from dpstream.core.erm.solver import solve  # noqa: E402
+from dpstream.core.erm.spec import ErmSpec  # noqa: E402
 
 B0 = 4096
 """The drift experiment's block size: large enough that a block's private model is not

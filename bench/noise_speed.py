@@ -16,10 +16,10 @@ small sigma2 (2, 50: the zCDP initial count's range) and the BLT counter's sigma
 (``BltCounterSpec(rho).sigma2_grid`` at rho = 0.5, 0.01 and 1e-6, horizon 2^20: sigma about
 2^41 to 2^51):
 
-* ``bulk``: :func:`dpstream.core.noise.bulk.gaussian` (noise scheme 4: the vectorized exact
-  sampler) over ``--draws`` lanes at once;
-* ``scalar-v4``: :func:`dpstream.core.noise.bulk.gaussian_one`, its scalar reference, the same
-  draws one at a time (what the BLT counter and the initial count call per release);
+* ``bulk``: :func:`dpstream.core.noise.bulk_gaussian.gaussian` (noise scheme 4: the vectorized
+  exact sampler) over ``--draws`` lanes at once;
+* ``scalar-v4``: :func:`dpstream.core.noise.bulk_gaussian.gaussian_one`, its scalar reference, the
+  same draws one at a time (what the BLT counter and the initial count call per release);
 * ``scalar-v3``: the sampler of noise scheme 3 (CKS Algorithm 3,
   :func:`dpstream.core.noise.samplers.discrete_gaussian`, on a BLAKE2b stream per draw).
 
@@ -49,13 +49,10 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 
 from dpstream.core.noise import bulk as bulk_noise  # noqa: E402
-from dpstream.core.noise.samplers import (  # noqa: E402
-    TAG_BLT,
-    TAG_TREE,
-    NoiseKey,
-    discrete_gaussian,
-    discrete_laplace,
-)
+from dpstream.core.noise import bulk_gaussian  # noqa: E402
+from dpstream.core.noise.coordinates import TAG_BLT, TAG_TREE  # noqa: E402
+from dpstream.core.noise.keys import NoiseKey  # noqa: E402
+from dpstream.core.noise.samplers import discrete_gaussian, discrete_laplace  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -127,15 +124,15 @@ def gaussian_main(args: argparse.Namespace) -> None:
     cases = _gaussian_cases()
     rates: dict[str, dict[str, list[float]]] = {}
     for name, sigma2 in cases:
-        bulk_noise.gaussian(key, lanes[:1000], sigma2, TAG_BLT, 0, 0, index[:1000])  # warm up
+        bulk_gaussian.gaussian(key, lanes[:1000], sigma2, TAG_BLT, 0, 0, index[:1000])  # warm up
         rows = rates.setdefault(name, {})
         for _ in range(args.repeats):
             started = time.perf_counter()
-            bulk_noise.gaussian(key, lanes, sigma2, TAG_BLT, 0, 0, index)
+            bulk_gaussian.gaussian(key, lanes, sigma2, TAG_BLT, 0, 0, index)
             rows.setdefault("bulk", []).append(args.draws / (time.perf_counter() - started))
             started = time.perf_counter()
             for i in range(args.scalar_draws):
-                bulk_noise.gaussian_one(key, lanes_bytes[i], sigma2, TAG_BLT, 0, 0, i)
+                bulk_gaussian.gaussian_one(key, lanes_bytes[i], sigma2, TAG_BLT, 0, 0, i)
             rows.setdefault("scalar-v4", []).append(
                 args.scalar_draws / (time.perf_counter() - started))
             started = time.perf_counter()
@@ -166,8 +163,8 @@ def gaussian_main(args: argparse.Namespace) -> None:
         f"`{meta['command']}` on {meta['date']}: {meta['cpus']} vCPUs, Python "
         f"{meta['python']}, numpy {meta['numpy']}; load average at the end {load:.2f}.", "",
         f"One process, one core, interleaved; each figure is the median of {args.repeats} "
-        f"repeats. *bulk*: `bulk_noise.gaussian` on {args.draws:,} lanes at once (noise scheme "
-        "4, the vectorized exact CKS Algorithm 3); *scalar-v4*: `bulk_noise.gaussian_one`, its "
+        f"repeats. *bulk*: `bulk_gaussian.gaussian` on {args.draws:,} lanes at once (noise scheme "
+        "4, the vectorized exact CKS Algorithm 3); *scalar-v4*: `bulk_gaussian.gaussian_one`, its "
         f"plain-Python reference, on {args.scalar_draws:,} draws one at a time; *scalar-v3*: "
         "the scheme-3 sampler (`noise.discrete_gaussian` on a BLAKE2b stream per draw).", "",
         "| sigma2 | t = floor(sigma) + 1 | bulk | scalar-v4 | scalar-v3 | bulk / scalar-v3 |",

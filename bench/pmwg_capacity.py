@@ -127,7 +127,7 @@ if str(_ROOT) not in sys.path:
 
 from dpstream.core.counting import blt_counter as blt  # noqa: E402
 from dpstream.core.counting import tree_counter as tree  # noqa: E402
-from dpstream.core.noise.samplers import NoiseKey  # noqa: E402
+from dpstream.core.noise.keys import NoiseKey  # noqa: E402
 from dpstream.core.pmwg.mechanism import Pmwg  # noqa: E402
 from dpstream.core.pmwg.queries import WEIGHT_UNIT  # noqa: E402
 from dpstream.core.pmwg.query_compiler import QueryCompiler  # noqa: E402

@@ -75,7 +75,7 @@ _ROOT = Path(__file__).resolve().parent.parent
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
-from dpstream.core.noise.samplers import NoiseKey  # noqa: E402
+from dpstream.core.noise.keys import NoiseKey  # noqa: E402
 from dpstream.core.pmwg.mechanism import Pmwg  # noqa: E402
 from dpstream.core.pmwg.query_compiler import QueryCompiler  # noqa: E402
 from dpstream.core.pmwg.spec import PmwgSpec  # noqa: E402

@@ -261,7 +261,7 @@ def run_once(path: str, kind: str, universe: str, keys: int, steps: int,
     from bytewax.outputs import DynamicSink, StatelessSinkPartition
     from bytewax.testing import run_main
 
-    from dpstream.core.noise.samplers import NoiseKey
+    from dpstream.core.noise.keys import NoiseKey
     from dpstream.io.memory import MemorySource
     from dpstream.kinds.counters.records import EncodedBatch
     from dpstream.platform import build_flow
@@ -332,7 +332,7 @@ def breakdown_once(kind: str, universe: str, keys: int, steps: int, trace: bool 
     import tracemalloc
     from collections import defaultdict
 
-    from dpstream.core.noise.samplers import NoiseKey
+    from dpstream.core.noise.keys import NoiseKey
     from dpstream.kinds.counters.events import PartitionClock
     from dpstream.kinds.counters.kind import event_rules, statistics_spec
     from dpstream.kinds.counters.records import RecordEncoder

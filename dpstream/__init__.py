@@ -5,7 +5,7 @@ The public API is small; everything else is in private-by-convention modules.
 
 from dpstream.config import FlowConfig, load_config
 from dpstream.core.accounting.ledger import PrivacyCharge, PrivacyLedger
-from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import (
     BudgetExhaustedError,
     ConfigError,

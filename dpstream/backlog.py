@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Final
 
-from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.noise.keys import NoiseKey
 
 __all__ = ["BacklogEstimate", "estimate"]
 

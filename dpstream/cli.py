@@ -66,7 +66,7 @@ KEY_FILE_MODE = 0o600
 
 def _keygen(args: argparse.Namespace) -> int:
     """Make a fresh key: into a new 0600 file (printing its fingerprint), or onto stdout."""
-    from dpstream.core.noise.samplers import NOISE_KEY_FILE_ENV, NoiseKey
+    from dpstream.core.noise.keys import NOISE_KEY_FILE_ENV, NoiseKey
 
     raw = secrets.token_bytes(32)
     key = NoiseKey(raw)  # validates it like any loaded key

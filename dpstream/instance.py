@@ -63,7 +63,7 @@ from pathlib import Path
 from typing import Any, Final, Protocol
 
 from dpstream.config import FlowConfig
-from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import ConfigError, RecoveryMismatchError
 from dpstream.store_lock import LOCK_PATTERN
 from dpstream.stream.quarantine import SkippedRecord

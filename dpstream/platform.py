@@ -28,7 +28,7 @@ from bytewax.inputs import FixedPartitionedSource, Source, StatefulSourcePartiti
 from bytewax.outputs import Sink
 
 from dpstream.config import FlowConfig
-from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import ConfigError, DpstreamError
 from dpstream.io.kafka import (
     KafkaClients,

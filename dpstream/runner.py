@@ -355,7 +355,7 @@ def flow_from_environment(config_path: str | None = None, recovery_dir: str | No
     record ever skipped in the instance becomes a dead letter; the list is logged at start.
     """
     from dpstream.config import load_config
-    from dpstream.core.noise.samplers import NoiseKey
+    from dpstream.core.noise.keys import NoiseKey
     from dpstream.instance import bind_instance, private_directory
     from dpstream.io.kafka import Heartbeat, is_secret
     from dpstream.kinds import flow_kind

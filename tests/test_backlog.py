@@ -22,7 +22,7 @@ from support.configs import counters, write
 from support.messages import message
 
 from dpstream.config import parse_config
-from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.kinds.counters.records import RecordEncoder
 from dpstream.kinds.counters.shard import ShardState
 from dpstream.metrics import FlowMetrics

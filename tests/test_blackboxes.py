@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from support.recording import RecordingKey
 
-from dpstream.core.noise.samplers import NoiseKey, discrete_laplace_variance
+from dpstream.core.noise.keys import NoiseKey
+from dpstream.core.noise.samplers import discrete_laplace_variance
 from dpstream.core.pmwg.blackboxes import (
     HistogramSynopsis,
     NoisyHistogram,

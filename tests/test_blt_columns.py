@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from dpstream.core.counting import wide_int
 from dpstream.core.counting.blt_columns import BltColumns, BltGroup
 from dpstream.core.counting.blt_counter import BltCounter, BltCounterSpec, _parameters
-from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import InvalidParameterError
 
 KEY = NoiseKey.for_tests(11)

@@ -23,7 +23,7 @@ from dpstream.core.counting.blt_counter import (
     plain_tree_zcdp_worst_std,
     worst_step_std,
 )
-from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import InvalidParameterError
 
 G = 1 << blt.GRID_BITS

@@ -17,7 +17,7 @@ from support.messages import message
 from dpstream.config import parse_config
 from dpstream.core.counting.key_statistics import Alert, BudgetExhausted
 from dpstream.core.counting.key_table import AlertColumns, ReleaseColumns, StepOutputs
-from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.io.kafka import _OutputPartition
 from dpstream.kinds.counters.records import EncodedBatch, EncodedColumn, RecordEncoder, flatten
 from dpstream.platform import build_flow
@@ -103,7 +103,7 @@ def test_empty_steps_and_columns_encode_to_nothing():
 @given(st.lists(keys | st.text(max_size=6), max_size=8, unique=True))
 def test_key_texts_from_joined_bytes_are_orjson_s(names):
     """Keys read from JoinedNames' bytes: the same texts as orjson's, refused as it refuses."""
-    from dpstream.core.noise.samplers import JoinedNames
+    from dpstream.core.noise.coordinates import JoinedNames
     from dpstream.kinds.counters import records
 
     joined = JoinedNames(names)
@@ -119,7 +119,7 @@ def test_key_texts_from_joined_bytes_are_orjson_s(names):
 
 
 def test_key_texts_are_kept_for_tuples_only_and_for_a_bounded_number_of_them():
-    from dpstream.core.noise.samplers import JoinedNames
+    from dpstream.core.noise.coordinates import JoinedNames
     from dpstream.kinds.counters import records
 
     encoder = RecordEncoder("f", ORIGIN, 1.0)

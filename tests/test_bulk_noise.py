@@ -17,17 +17,18 @@ import pytest
 from scipy import stats
 
 from dpstream.core.noise import bulk as bulk_noise
-from dpstream.core.noise.bulk import gaussian, gaussian_one, lanes_array, laplace, laplace_one
-from dpstream.core.noise.samplers import (
-    NOISE_SCHEME,
+from dpstream.core.noise import bulk_gaussian
+from dpstream.core.noise.bulk import lanes_array, laplace, laplace_one
+from dpstream.core.noise.bulk_gaussian import gaussian, gaussian_one
+from dpstream.core.noise.coordinates import (
     TAG_BLT,
     TAG_INITIAL,
     TAG_MONITOR_QUERY,
     TAG_TREE,
     JoinedNames,
-    NoiseKey,
-    discrete_gaussian_variance,
 )
+from dpstream.core.noise.keys import NOISE_SCHEME, NoiseKey
+from dpstream.core.noise.samplers import discrete_gaussian_variance
 from dpstream.errors import InvalidParameterError, RecoveryMismatchError
 from dpstream.stream.barrier import binding, check_binding
 
@@ -403,9 +404,9 @@ def test_gaussian_round_words_are_the_documented_prf() -> None:
     assert bulk_noise._block_one(KEY, lane, tag, epoch, height, index) == (s0, s1)
     for r in (0, 1, 5, 2**40):
         expected = aes(gauss_key, s0 ^ (r << 8), s1) + aes(gauss_key, s0 ^ (r << 8 | 1), s1)
-        assert bulk_noise._round_words_one(KEY, s0, s1, r) == expected
+        assert bulk_gaussian._round_words_one(KEY, s0, s1, r) == expected
         sub = np.array([[s0, s1]], dtype=np.uint64)
-        assert bulk_noise._round_words(KEY, sub, r)[0].tolist() == list(expected)
+        assert bulk_gaussian._round_words(KEY, sub, r)[0].tolist() == list(expected)
 
 
 @pytest.mark.parametrize("sigma2", [Fraction(5, 2), BLT_SIGMA2], ids=["small", "blt"])
@@ -496,16 +497,16 @@ def test_gaussian_huge_sigma_mean_variance_tails_and_low_bits() -> None:
 
 def _force_exact_trials(monkeypatch: pytest.MonkeyPatch) -> list[Fraction]:
     """Make the float screen decide nothing: every D and acceptance trial goes exact."""
-    monkeypatch.setattr(bulk_noise, "_MARGIN", 1.0)
-    monkeypatch.setattr(bulk_noise, "_SLACK", 1.0)
+    monkeypatch.setattr(bulk_gaussian, "_MARGIN", 1.0)
+    monkeypatch.setattr(bulk_gaussian, "_SLACK", 1.0)
     calls: list[Fraction] = []
-    original = bulk_noise._bernoulli_exact
+    original = bulk_gaussian._bernoulli_exact
 
     def spy(gamma: Fraction, w: int, stream):  # type: ignore[no-untyped-def]
         calls.append(gamma)
         return original(gamma, w, stream)
 
-    monkeypatch.setattr(bulk_noise, "_bernoulli_exact", spy)
+    monkeypatch.setattr(bulk_gaussian, "_bernoulli_exact", spy)
     return calls
 
 
@@ -545,7 +546,7 @@ def test_gaussian_ties_and_tails_of_v_take_the_exact_scalar_round(
     """Words forced onto a threshold of V (a tie) or below the table (the tail)."""
     _, descending = bulk_noise._thresholds(Fraction(1))
     forced_v = [descending[0], descending[2], 0, 5, descending[-1]]
-    real_bulk, real_one = bulk_noise._round_words, bulk_noise._round_words_one
+    real_bulk, real_one = bulk_gaussian._round_words, bulk_gaussian._round_words_one
 
     def bulk_words(noise, sub, r):  # type: ignore[no-untyped-def]
         words = real_bulk(noise, sub, r).copy()
@@ -557,8 +558,8 @@ def test_gaussian_ties_and_tails_of_v_take_the_exact_scalar_round(
         w0, w1, w2, w3 = real_one(noise, s0, s1, r)
         return w0, w1, forced_v[s1 % 5] if r == 0 else w2, w3
 
-    monkeypatch.setattr(bulk_noise, "_round_words", bulk_words)
-    monkeypatch.setattr(bulk_noise, "_round_words_one", one_words)
+    monkeypatch.setattr(bulk_gaussian, "_round_words", bulk_words)
+    monkeypatch.setattr(bulk_gaussian, "_round_words_one", one_words)
     resolved: list[int] = []
     original = bulk_noise._resolve_word
 
@@ -566,7 +567,7 @@ def test_gaussian_ties_and_tails_of_v_take_the_exact_scalar_round(
         resolved.append(u)
         return original(rng, u, scale)
 
-    monkeypatch.setattr(bulk_noise, "_resolve_word", spy)
+    monkeypatch.setattr(bulk_gaussian, "_resolve_word", spy)
     sigma2 = Fraction(9)  # t = 4: a tail V >= 34 gives X >= 136, almost always rejected
     lanes, epoch, height, index = _coordinates(400)
     bulk = gaussian(KEY, lanes_array(lanes), sigma2, TAG_BLT, epoch, height, index)
@@ -582,22 +583,22 @@ def test_gaussian_refuses_a_platform_exp_less_accurate_than_assumed(
     from dpstream.errors import DpstreamError
 
     lanes = lanes_array([KEY.lane("exp")])
-    monkeypatch.setattr(bulk_noise, "_exp_checked", False)
-    bulk_noise._check_exp()  # the real ones pass
+    monkeypatch.setattr(bulk_gaussian, "_exp_checked", False)
+    bulk_gaussian._check_exp()  # the real ones pass
     for broken in (lambda x: np.exp(x) * (1 + 2.0**-36),
                    lambda x: np.exp(np.maximum(x, -700).astype(np.float32)).astype(np.float64),
                    lambda x: np.exp(x) + 2.0**-60):
-        monkeypatch.setattr(bulk_noise, "_exp_checked", False)
-        monkeypatch.setattr(bulk_noise, "_vector_exp", broken)
+        monkeypatch.setattr(bulk_gaussian, "_exp_checked", False)
+        monkeypatch.setattr(bulk_gaussian, "_vector_exp", broken)
         with pytest.raises(DpstreamError, match="not within 2\\^-40"):
             gaussian(KEY, lanes, Fraction(2), TAG_BLT, 0, 0, 0)
-    monkeypatch.setattr(bulk_noise, "_vector_exp", np.exp)
-    monkeypatch.setattr(bulk_noise, "_exp_checked", False)
-    monkeypatch.setattr(bulk_noise, "_scalar_exp", lambda x: math.exp(x) * (1 - 2.0**-38))
+    monkeypatch.setattr(bulk_gaussian, "_vector_exp", np.exp)
+    monkeypatch.setattr(bulk_gaussian, "_exp_checked", False)
+    monkeypatch.setattr(bulk_gaussian, "_scalar_exp", lambda x: math.exp(x) * (1 - 2.0**-38))
     with pytest.raises(DpstreamError, match="math.exp"):
         gaussian_one(KEY, KEY.lane("exp"), Fraction(2), TAG_BLT, 0, 0, 0)
-    monkeypatch.setattr(bulk_noise, "_scalar_exp", math.exp)
-    monkeypatch.setattr(bulk_noise, "_exp_checked", False)
+    monkeypatch.setattr(bulk_gaussian, "_scalar_exp", math.exp)
+    monkeypatch.setattr(bulk_gaussian, "_exp_checked", False)
     assert gaussian_one(KEY, KEY.lane("exp"), Fraction(2), TAG_BLT, 0, 0, 0) == \
         int(gaussian(KEY, lanes, Fraction(2), TAG_BLT, 0, 0, 0)[0])
 

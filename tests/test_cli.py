@@ -20,7 +20,7 @@ import pytest
 import dpstream
 from dpstream.cli import main
 from dpstream.config import parse_config
-from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import ConfigError, NoiseKeyError
 from dpstream.instance import MANIFEST_NAME, bind_instance
 from dpstream.kinds.counters.kind import statistics_spec

@@ -32,7 +32,7 @@ from dpstream.client import (
 )
 from dpstream.config import load_config
 from dpstream.core.counting import key_statistics as core
-from dpstream.core.erm.perturbation import PrivateModel
+from dpstream.core.erm.model import PrivateModel
 from dpstream.errors import DpstreamError
 from dpstream.io.topics import produce, read_all
 from dpstream.kinds.counters.records import RecordEncoder

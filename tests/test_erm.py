@@ -1,5 +1,6 @@
-"""Unit tests of private ERM (dpstream.core.erm.perturbation): spec, feature map, certified solver,
-sensitivity, exact grid noise, exact costs, replay, state, Poisson subsampling.
+"""Unit tests of private ERM (dpstream.core.erm: spec, grid, solver, output_noise, model, sampling):
+spec, feature map, certified solver, sensitivity, exact grid noise, exact costs, replay, state,
+Poisson subsampling.
 
 Statistical tests of the noise and of the sampler are in test_erm_statistical.py.
 """
@@ -21,27 +22,26 @@ from hypothesis import strategies as st
 from scipy.optimize import minimize
 from sklearn.linear_model import LogisticRegression
 
-import dpstream.core.erm.perturbation as erm
-from dpstream.core.erm.perturbation import (
+from dpstream.core.erm import output_noise, solver
+from dpstream.core.erm.grid import (
     GRID_BITS,
     PRECISION_BITS,
-    Block,
-    CertificationError,
-    ErmSpec,
-    NoiseLevel,
-    PrivateModel,
-    Solution,
-    amplified_epsilon,
-    decision_function,
-    poisson_sample,
-    predict,
-    predict_proba,
-    private_erm,
+    _grid_constants,
+    _params_from_integers,
     round_to_grid,
-    sampling_rate,
-    solve,
 )
-from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.erm.model import PrivateModel, decision_function, predict, predict_proba
+from dpstream.core.erm.output_noise import NoiseLevel, private_erm
+from dpstream.core.erm.sampling import amplified_epsilon, poisson_sample, sampling_rate
+from dpstream.core.erm.solver import CertificationError, Solution, _precision_float, solve
+from dpstream.core.erm.spec import Block, ErmSpec
+from dpstream.core.noise.keys import NoiseKey
+from dpstream.core.noise.samplers import (
+    discrete_gaussian,
+    discrete_gaussian_variance,
+    discrete_laplace,
+    discrete_laplace_variance,
+)
 from dpstream.errors import DpstreamError, InvalidParameterError
 
 KEY = NoiseKey.for_tests(8)
@@ -353,7 +353,7 @@ def test_gradient_steps_alone_certify_and_a_stall_is_reported(monkeypatch):
             self.x, self.nit = x, 0
 
     monkeypatch.setattr(scipy.optimize, "minimize", lambda fun, x0, **kw: Result(x0))
-    monkeypatch.setattr(erm, "_conjugate_gradient", lambda *args: None)
+    monkeypatch.setattr(solver, "_conjugate_gradient", lambda *args: None)
     spec = multi_spec(regularization=1.0)
     block = random_block(spec, 100, 28)
     tau = float(spec.precision(100.0))
@@ -474,7 +474,7 @@ def test_grid_constants_are_exact():
     for p in (1, 2, 4, 6, 65, 650, 7999, 8000):
         s = math.isqrt(p - 1) + 1
         assert (s - 1) ** 2 < p <= s * s
-        c_g, d1, d2 = erm._grid_constants(p)
+        c_g, d1, d2 = _grid_constants(p)
         assert c_g == Fraction(1, 2**GRID_BITS * s)
         slack = 1 + Fraction(2, 2**PRECISION_BITS)
         with localcontext() as ctx:
@@ -590,14 +590,14 @@ def test_private_erm_release_fields_and_rounding(accounting):
     assert model.params.shape == (4, 5) and not model.params.flags.writeable
     for k, v in zip(model.integers, model.params.reshape(-1).tolist(), strict=True):
         assert v == float(k * model.grid)
-    sol = solve(spec, block, n, None, precision=erm._precision_float(spec.precision(n)))
+    sol = solve(spec, block, n, None, precision=_precision_float(spec.precision(n)))
     noise = np.array(model.integers) - np.array(round_to_grid(sol.params, model.grid))
     if accounting == "pure":
         scale = level.integer_scale(spec, delta)
-        expected_std = math.sqrt(erm.discrete_laplace_variance(scale)) * float(model.grid)
+        expected_std = math.sqrt(discrete_laplace_variance(scale)) * float(model.grid)
     else:
         s2 = level.integer_variance(spec, delta)
-        expected_std = math.sqrt(erm.discrete_gaussian_variance(s2)) * float(model.grid)
+        expected_std = math.sqrt(discrete_gaussian_variance(s2)) * float(model.grid)
     assert model.noise_std == expected_std
     # 20 coordinates of noise with the analytic std: the sample std is within a factor 3
     assert 1 / 3 < np.std(noise) * float(model.grid) / expected_std < 3
@@ -634,7 +634,7 @@ def test_noise_depends_on_the_coordinates_only_never_on_the_data():
     spec = multi_spec()
     n = 80.0
     level = NoiseLevel(spec.sensitivity(n), Fraction(2))
-    tau = erm._precision_float(spec.precision(n))
+    tau = _precision_float(spec.precision(n))
     noises = []
     for seed in (26, 27):
         block = random_block(spec, 80, seed)
@@ -710,7 +710,7 @@ def test_private_model_state_round_trip_is_exact():
 )
 def test_model_state_round_trip_property(integers, num, den, size):
     grid = Fraction(num, den)
-    params = erm._params_from_integers(integers, grid, (2, 3))
+    params = _params_from_integers(integers, grid, (2, 3))
     model = PrivateModel(
         params, grid, 0.5, Fraction(1, 3), Fraction(2, 7), 12.0, size, tuple(integers)
     )
@@ -745,7 +745,7 @@ def test_private_erm_validates_before_releasing(monkeypatch):
     def uncertified(*args, **kwargs):
         return Solution(np.zeros((1, 6)), 1.0, 1.0, 5, False)
 
-    monkeypatch.setattr(erm, "solve", uncertified)
+    monkeypatch.setattr(output_noise, "solve", uncertified)
     with pytest.raises(CertificationError, match="nothing was released") as info:
         private_erm(spec, block, normalizer=10.0, center=None, level=level, rng=KEY.stream("v"))
     assert isinstance(info.value, DpstreamError)
@@ -753,7 +753,7 @@ def test_private_erm_validates_before_releasing(monkeypatch):
 
 def test_precision_float_never_exceeds_tau():
     for tau in (Fraction(1, 3), Fraction(1, 10**30), Fraction(2**-60) * 3):
-        f = erm._precision_float(tau)
+        f = _precision_float(tau)
         assert Fraction(f) <= tau and math.nextafter(f, math.inf) > tau * (1 - Fraction(1, 10**15))
 
 
@@ -774,11 +774,11 @@ def test_rounding_and_noise_of_65_parameters_is_fast():
             rng = KEY.stream("speed", i)
             if accounting == "pure":
                 scale = level.integer_scale(spec, delta)
-                out = [r + erm.discrete_laplace(rng, scale) for r in rounded]
+                out = [r + discrete_laplace(rng, scale) for r in rounded]
             else:
                 s2 = level.integer_variance(spec, delta)
-                out = [r + erm.discrete_gaussian(rng, s2) for r in rounded]
-            erm._params_from_integers(out, g, (1, 65))
+                out = [r + discrete_gaussian(rng, s2) for r in rounded]
+            _params_from_integers(out, g, (1, 65))
         assert (time.process_time() - start) / 5 < 0.2
 
 
@@ -878,9 +878,11 @@ def test_erm_imports_without_scipy_and_the_edges():
                                           'prometheus_client', 'orjson', 'scipy', 'sklearn'}:
                     raise ImportError('blocked: ' + name)
         sys.meta_path.insert(0, Block())
-        import dpstream.core.erm.perturbation as erm
-        spec = erm.ErmSpec((0, 1), 2, 1.0, 0.5)
-        print(erm.solve(spec, erm.Block.empty(3), 10.0, None, precision=1e-6).certified)
+        import dpstream.core.erm.output_noise, dpstream.core.erm.sampling
+        from dpstream.core.erm.solver import solve
+        from dpstream.core.erm.spec import Block, ErmSpec
+        spec = ErmSpec((0, 1), 2, 1.0, 0.5)
+        print(solve(spec, Block.empty(3), 10.0, None, precision=1e-6).certified)
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr

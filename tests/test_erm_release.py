@@ -4,7 +4,7 @@
 Most tests use a fake trainer that records what it is asked and returns a model whose cost is
 the noise level's (the schedule checks it); the accounting and the chains are data-independent,
 so that is all they need. The last tests run the real output perturbation of
-dpstream.core.erm.perturbation.
+dpstream.core.erm.output_noise.
 """
 
 from __future__ import annotations
@@ -19,15 +19,14 @@ import numpy as np
 import pytest
 from support.recording import RecordingKey
 
-from dpstream.core.erm import perturbation as erm_module
-from dpstream.core.erm.perturbation import Block, ErmSpec, PrivateModel
-from dpstream.core.erm.schedules import (
-    Release,
-    ReleaseSchedule,
-    ScheduleSpec,
-    sampling_rate_at_most,
-)
-from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.erm.model import PrivateModel
+from dpstream.core.erm.output_noise import private_erm
+from dpstream.core.erm.sampling import amplified_epsilon
+from dpstream.core.erm.schedules.releases import Release
+from dpstream.core.erm.schedules.schedule import ReleaseSchedule
+from dpstream.core.erm.schedules.spec import ScheduleSpec, sampling_rate_at_most
+from dpstream.core.erm.spec import Block, ErmSpec
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import BudgetExhaustedError, InvalidParameterError
 
 COORDS = ("instance-1", "flow", "erm", "stream-a")
@@ -222,6 +221,14 @@ def test_window_chains_tile_the_window_with_distinct_sizes(w):
     with pytest.raises(InvalidParameterError, match="first window is complete"):
         s.window_chain(w - 1)
 
+
+
+@pytest.mark.parametrize("algorithm", ["multi-resolution", "continual", "independent"])
+def test_window_chain_is_refused_by_the_other_schedules(algorithm):
+    s = schedule(algorithm, base=2)
+    feed(s, range(8))
+    with pytest.raises(InvalidParameterError, match="window_chain is for the sliding-window"):
+        s.window_chain(8)
 
 def test_window_15_each_model_is_trained_once_and_releases_are_chain_ends():
     s = schedule("sliding-window", window=15)
@@ -419,12 +426,12 @@ def test_sampling_rate_hits_the_paper_sequence():
     for k in range(1, 12):
         target = half / (1 << k)
         rate = sampling_rate_at_most(half, target)
-        amplified = erm_module.amplified_epsilon(half, rate)
+        amplified = amplified_epsilon(half, rate)
         assert amplified <= target
         assert amplified >= target * (1 - Fraction(1, 10**6))  # the paper's rate, not 1/2^k
         # ln(1 + q(e^a - 1)) is concave in q: rate 1/2^k would cost more than a/2^k
         assert rate < Fraction(1, 1 << k)
-        assert erm_module.amplified_epsilon(half, Fraction(1, 1 << k)) > target
+        assert amplified_epsilon(half, Fraction(1, 1 << k)) > target
 
 
 def test_sampled_multi_resolution_theorem_b1():
@@ -582,7 +589,7 @@ def test_state_is_bound_to_its_specs():
                                    KEY, COORDS)
 
 
-# --- with the real trainer (dpstream.core.erm.perturbation.private_erm)
+# --- with the real trainer (dpstream.core.erm.output_noise.private_erm)
 # ------------------------------------
 
 
@@ -619,7 +626,7 @@ def test_updates_use_their_own_regularization_and_the_accounting_is_unchanged():
 
     def train(spec, block, *, normalizer, center, level, rng):
         asked.append((center is not None, float(spec.regularization)))
-        return erm_module.private_erm(spec, block, normalizer=normalizer, center=center,
+        return private_erm(spec, block, normalizer=normalizer, center=center,
                                       level=level, rng=rng)
 
     plain = ScheduleSpec(algorithm="continual", epsilon=1.0, block_size=8, base_blocks=2)

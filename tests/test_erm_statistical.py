@@ -21,21 +21,13 @@ import numpy as np
 import pytest
 from scipy.stats import chi2
 
-import dpstream.core.erm.perturbation as erm
-from dpstream.core.erm.perturbation import (
-    ErmSpec,
-    NoiseLevel,
-    poisson_sample,
-    private_erm,
-    round_to_grid,
-    sampling_rate,
-    solve,
-)
-from dpstream.core.noise.samplers import (
-    NoiseKey,
-    discrete_gaussian_variance,
-    discrete_laplace_variance,
-)
+from dpstream.core.erm.grid import round_to_grid
+from dpstream.core.erm.output_noise import NoiseLevel, private_erm
+from dpstream.core.erm.sampling import poisson_sample, sampling_rate
+from dpstream.core.erm.solver import _precision_float, solve
+from dpstream.core.erm.spec import ErmSpec
+from dpstream.core.noise.keys import NoiseKey
+from dpstream.core.noise.samplers import discrete_gaussian_variance, discrete_laplace_variance
 
 pytestmark = pytest.mark.statistical
 
@@ -70,7 +62,7 @@ def noise_draws(accounting: str) -> np.ndarray:
     block = spec.block(x, y.tolist())
     delta = spec.sensitivity(NORMALIZER)
     level = level_for(spec, delta)
-    tau = erm._precision_float(spec.precision(NORMALIZER))
+    tau = _precision_float(spec.precision(NORMALIZER))
     # warm-started at the minimiser (to keep the test fast); private_erm makes the very same
     # deterministic solve, so `rounded` is exactly what it rounds
     start = solve(spec, block, NORMALIZER, None, precision=tau).params

@@ -13,15 +13,11 @@ from support.recording import RecordingKey
 
 from dpstream.core.accounting.ledger import exact, zcdp_to_approx_dp
 from dpstream.core.erm.ermg import Ermg, ErmgSpec, ErmSynopsis, OutputPerturbation
-from dpstream.core.erm.perturbation import (
-    Block,
-    ErmSpec,
-    NoiseLevel,
-    PrivateModel,
-    private_erm,
-    solve,
-)
-from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.erm.model import PrivateModel
+from dpstream.core.erm.output_noise import NoiseLevel, private_erm
+from dpstream.core.erm.solver import solve
+from dpstream.core.erm.spec import Block, ErmSpec
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import InvalidParameterError
 
 COORDS = ("instance-1", "flow", "erm", "default")

@@ -12,7 +12,7 @@ from support.flows import run_in_memory
 from support.messages import message, raw
 
 from dpstream.config import parse_config
-from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.metrics import FlowMetrics
 from dpstream.platform import build_flow
 

@@ -15,7 +15,7 @@ from support.flows import run_in_memory
 from support.messages import raw
 
 from dpstream.config import parse_config
-from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import ConfigError
 from dpstream.kinds.pmwg.kind import PmwgShard
 from dpstream.metrics import FlowMetrics

@@ -21,7 +21,7 @@ from support.messages import message, raw
 from dpstream.client import LatestValues, Release, decode
 from dpstream.config import load_config, parse_config
 from dpstream.core.counting import key_statistics as core
-from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.kinds.counters.records import RecordEncoder
 from dpstream.kinds.erm.kind import ModelEncoder, ModelRecord
 from dpstream.kinds.pmwg.kind import AnswerEncoder, AnswerRecord

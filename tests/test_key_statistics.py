@@ -16,7 +16,7 @@ from dpstream.core.counting.key_statistics import (
 )
 from dpstream.core.counting.threshold_monitor import ThresholdMonitorSpec
 from dpstream.core.counting.tree_counter import TreeCounterSpec
-from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.noise.keys import NoiseKey
 
 KEY = NoiseKey.for_tests(11)
 

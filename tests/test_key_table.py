@@ -21,7 +21,7 @@ from dpstream.core.counting.key_statistics import (
 from dpstream.core.counting.key_table import AlertColumns, KeyTable, ReleaseColumns, StepOutputs
 from dpstream.core.counting.threshold_monitor import ThresholdMonitorSpec
 from dpstream.core.counting.tree_counter import TreeCounterSpec
-from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import InvalidParameterError
 
 KEY = NoiseKey.for_tests(9)

@@ -10,7 +10,7 @@ from support.messages import message
 
 from dpstream.config import parse_config
 from dpstream.core.counting.key_table import KeyTable
-from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import InvalidParameterError
 from dpstream.kinds.counters.events import PartitionClock
 from dpstream.kinds.counters.kind import event_rules, statistics_spec

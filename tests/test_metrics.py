@@ -267,7 +267,7 @@ def answer(kind, spent, histogram="h", mechanism="pmwg", kinds=None, reason=None
 def model(role, spent, stream="a", budget=2.0, algorithm="continual"):
     from fractions import Fraction  # noqa: PLC0415
 
-    from dpstream.core.erm.perturbation import PrivateModel  # noqa: PLC0415
+    from dpstream.core.erm.model import PrivateModel  # noqa: PLC0415
 
     private = None if role == "exhausted" else PrivateModel(
         [[0.5, -0.25]], Fraction(1, 4), 0.1, Fraction(1, 2), Fraction(1, 100), 100.0, 100)

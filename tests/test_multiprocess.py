@@ -57,7 +57,7 @@ from support.configs import Tables, counters, erm, pmwg, write
 from support.flows import TopicWatch, scrape
 
 from dpstream.config import parse_config
-from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import ConfigError, RecoveryMismatchError
 from dpstream.instance import MANIFEST_NAME, bind_instance
 from dpstream.io.broker import free_port

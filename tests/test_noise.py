@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.core.noise.samplers import (
-    NoiseKey,
     bernoulli_exp,
     discrete_gaussian,
     discrete_gaussian_variance,
@@ -215,7 +215,7 @@ def test_coordinates_have_an_explicit_version_independent_encoding():
     U+1FAE8 (shaking face) was added in Unicode 15: Python 3.11 and 3.12 print it differently
     in ``repr``, so a repr-based encoding gave such a key other noise after an upgrade.
     """
-    from dpstream.core.noise.samplers import encode_coordinates
+    from dpstream.core.noise.coordinates import encode_coordinates
 
     coords = ("i", "k\U0001FAE8", 300, -1)
     assert encode_coordinates(coords) == (

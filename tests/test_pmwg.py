@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from support.recording import RecordingKey
 
 from dpstream.core.accounting.ledger import exact, zcdp_to_approx_dp
-from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.core.pmwg.hard_query_sums import hard_query_increment
 from dpstream.core.pmwg.mechanism import (
     HARD_BUDGET_EXCEEDED,

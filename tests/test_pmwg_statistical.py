@@ -16,7 +16,7 @@ import pytest
 from test_pmwg import DenseQuery
 
 from dpstream.core.counting.threshold_monitor import difference_tail
-from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.core.pmwg.mechanism import Pmwg
 from dpstream.core.pmwg.sparse_vector import NumericSparse, dlap_variance
 from dpstream.core.pmwg.spec import PmwgSpec

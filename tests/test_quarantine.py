@@ -20,7 +20,7 @@ from bytewax.testing import TestingSink, TestingSource, run_main
 from support.messages import message
 
 from dpstream.config import parse_config
-from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import ConfigError
 from dpstream.instance import MANIFEST_NAME, bind_instance
 from dpstream.kinds.counters.events import PartitionClock

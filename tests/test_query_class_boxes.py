@@ -21,7 +21,7 @@ from support.query_class_boxes import (
 )
 from support.recording import RecordingKey
 
-from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import InvalidParameterError
 
 

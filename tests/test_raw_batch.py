@@ -12,7 +12,7 @@ from bytewax.testing import TestingSink, TestingSource, run_main
 from support.messages import message, raw
 
 from dpstream.config import parse_config
-from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.io.memory import MemorySource
 from dpstream.kinds.counters.events import PartitionClock
 from dpstream.kinds.counters.kind import event_rules

@@ -13,7 +13,7 @@ from support.query_class_boxes import SmallDB
 from support.recording import RecordingKey
 
 from dpstream.core.accounting.ledger import exact, zcdp_to_approx_dp
-from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.core.pmwg.bb_improver import BBImprover, BBImproverSpec
 from dpstream.core.pmwg.bb_scheduler import BBScheduler, BBSchedulerSpec
 from dpstream.core.pmwg.blackboxes import HistogramSynopsis, NoisyHistogram

@@ -14,7 +14,7 @@ from support.messages import message
 from dpstream import runner
 from dpstream.cli import main
 from dpstream.config import load_config, parse_config
-from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.metrics import FlowMetrics
 from dpstream.platform import build_flow
 

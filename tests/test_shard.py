@@ -13,7 +13,7 @@ from support.messages import message, raw
 from dpstream.config import parse_config
 from dpstream.core.counting.key_statistics import Release
 from dpstream.core.counting.key_table import StepOutputs
-from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import ConfigError
 from dpstream.kinds.counters.events import TICK, TIMESTAMP_CREATE_TIME, PartitionClock, ShardUpdate
 from dpstream.kinds.counters.kind import event_rules, statistics_spec

@@ -21,7 +21,7 @@ from dpstream.core.counting.threshold_monitor import (
     lazy_start_delta,
     minimal_threshold,
 )
-from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import InvalidParameterError
 
 COORDS = ("flow", "monitor", "key-1")

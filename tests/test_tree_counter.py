@@ -23,7 +23,8 @@ from dpstream.core.counting.tree_counter import (
     plain_tree_worst_std,
     worst_step_std,
 )
-from dpstream.core.noise.samplers import NoiseKey, discrete_laplace_variance
+from dpstream.core.noise.keys import NoiseKey
+from dpstream.core.noise.samplers import discrete_laplace_variance
 from dpstream.errors import InvalidParameterError
 
 COORDS = ("flow", "tree-laplace", "key-1")

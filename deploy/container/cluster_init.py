@@ -174,7 +174,7 @@ def prepare_store(store: Path, layout: Layout) -> str:
 
 def copy_noise_key(source: Path, target: Path) -> str:
     """Copy the Secret's key file to ``target`` (mode 0400) and check it with dpstream."""
-    from dpstream.core.noise.samplers import NoiseKey
+    from dpstream.core.noise.keys import NoiseKey
 
     try:
         data = source.read_bytes()
@@ -198,7 +198,7 @@ def copy_noise_key(source: Path, target: Path) -> str:
 def pin_instance(store: Path, instance_id: str) -> str:
     """Make sure the store's flow-instance manifest carries ``instance_id``."""
     from dpstream.config import load_config
-    from dpstream.core.noise.samplers import NoiseKey
+    from dpstream.core.noise.keys import NoiseKey
     from dpstream.instance import MANIFEST_NAME, bind_instance
     from dpstream.kinds import flow_kind
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from dpstream.core.noise.samplers import NOISE_SCHEME, NoiseKey
+from dpstream.core.noise.keys import NOISE_SCHEME, NoiseKey
 from dpstream.errors import InvalidParameterError, NoiseKeyError, RecoveryMismatchError
 from dpstream.kinds.counters.events import shard_of
 from dpstream.stream import stopping

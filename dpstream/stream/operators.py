@@ -28,7 +28,7 @@ from bytewax.operators import StatefulBatchLogic
 
 from dpstream.core.counting.key_statistics import StatisticsSpec
 from dpstream.core.counting.key_table import StepOutputs
-from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.kinds.counters.layout import DeclaredLayout
 from dpstream.kinds.counters.shard import ShardState
 from dpstream.messages import DeadLetter, RawBatch, RawMessage

@@ -25,7 +25,7 @@ from typing import Any
 from scipy import stats
 
 from dpstream.config import FlowConfig, parse_config
-from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.kinds.counters.events import (
     TICK,
     TIMESTAMP_CREATE_TIME,

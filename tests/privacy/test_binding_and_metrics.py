@@ -11,7 +11,7 @@ import pytest
 from harness import ORIGIN, CoreFlow, about, make_config, run_core, run_dataflow, stream
 from support.recording import RecordingKey
 
-from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import NoiseKeyError, RecoveryMismatchError
 from dpstream.kinds.counters.kind import statistics_spec
 from dpstream.kinds.counters.shard import ShardState

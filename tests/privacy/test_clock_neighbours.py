@@ -28,7 +28,7 @@ from harness import (
 )
 from test_neighbours import base_events
 
-from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.noise.keys import NoiseKey
 
 pytestmark = [pytest.mark.privacy]
 

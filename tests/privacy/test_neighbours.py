@@ -36,7 +36,7 @@ from harness import (
 )
 
 from dpstream.core.accounting.ledger import zcdp_to_approx_dp
-from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.noise.keys import NoiseKey
 
 pytestmark = [pytest.mark.privacy]
 

@@ -21,7 +21,7 @@ from harness import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import InvalidParameterError
 
 pytestmark = [pytest.mark.privacy]

@@ -394,7 +394,7 @@ def bind_store(run: GoldenRun, recovery_dir: Path) -> str:
     Raises whatever the instance binding raises for a store it refuses.
     """
     from dpstream.config import parse_config
-    from dpstream.core.noise.samplers import NoiseKey
+    from dpstream.core.noise.keys import NoiseKey
     from dpstream.instance import bind_instance
     from dpstream.kinds import flow_kind
 
@@ -431,7 +431,7 @@ def run_flow(run: GoldenRun, recovery_dir: Path | None = None, *, crash: bool = 
     from bytewax.testing import TestingSink, TestingSource, run_main
 
     from dpstream.config import parse_config
-    from dpstream.core.noise.samplers import NoiseKey
+    from dpstream.core.noise.keys import NoiseKey
     from dpstream.platform import build_flow, output_topics
 
     config = parse_config(run.config)

@@ -1,13 +1,13 @@
 """A NoiseKey stand-in for tests that checks which coordinates a mechanism draws from."""
 
-from dpstream.core.noise.samplers import (
+from dpstream.core.noise.coordinates import (
     TAG_BLT,
     TAG_INITIAL,
     TAG_MONITOR_QUERY,
     TAG_MONITOR_THRESHOLD,
     TAG_TREE,
-    NoiseKey,
 )
+from dpstream.core.noise.keys import NoiseKey
 
 _MARKERS = ("dpstream-noise/2 resolve", "dpstream-noise/2 gaussian")
 

@@ -11,8 +11,8 @@ and lanes it returns exactly what those counters return, bit for bit:
 
 * they share the epoch and the step in it (public: the group's start step and the clock), so
   one bulk call draws the step's discrete Gaussian noise of every key at its lane's
-  ``(TAG_BLT, epoch, 0, step_in_epoch)`` (:func:`dpstream.core.noise.bulk.gaussian`, the same
-  values as the counter's ``gaussian_one``) and the standard deviation is one Python float;
+  ``(TAG_BLT, epoch, 0, step_in_epoch)`` (:func:`dpstream.core.noise.bulk_gaussian.gaussian`, the
+  same values as the counter's ``gaussian_one``) and the standard deviation is one Python float;
 * the integer buffers ``B_j`` are exact multi-limb integers
 (:mod:`dpstream.core.counting.wide_int`),
   one ``(L_j, n)`` uint32 limb array per buffer, updated by the counter's exact rule
@@ -48,8 +48,9 @@ import numpy.typing as npt
 
 from dpstream.core.counting import wide_int
 from dpstream.core.counting.blt_counter import GRID_BITS, BltCounterSpec, _parameters, _variance
-from dpstream.core.noise import bulk as bulk_noise
-from dpstream.core.noise.samplers import TAG_BLT, NoiseKey
+from dpstream.core.noise import bulk_gaussian
+from dpstream.core.noise.coordinates import TAG_BLT
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import InvalidParameterError
 
 __all__ = ["BltColumns", "BltGroup", "CounterGroup"]
@@ -121,8 +122,8 @@ class BltColumns:
             updated = wide_int.add(wide_int.mul_round_shift(b, p.theta_num[j], bits), xg)
             self.grid[j] = wide_int.trim(updated).astype(np.uint32)
         y = wide_int.add(*terms)
-        z = bulk_noise.gaussian(noise, lanes, self._sigma2, TAG_BLT, self.epoch, 0,
-                                self.step_in_epoch)
+        z = bulk_gaussian.gaussian(noise, lanes, self._sigma2, TAG_BLT, self.epoch, 0,
+                                   self.step_in_epoch)
         w = wide_int.signed_to_float(y, z)
         w /= _GRID_FLOAT  # float(released) / G
         # _inverse_step: u = w - sum_j omega_j b_j; b_j <- theta_j b_j + u (in this order)

@@ -98,13 +98,10 @@ from dpstream.core._checks import increment as checked_increment
 from dpstream.core._checks import integer_at_least, positive_finite
 from dpstream.core.accounting.ledger import PrivacyCharge, exact
 from dpstream.core.counting.estimate import CounterEstimate
-from dpstream.core.noise.bulk import gaussian_one
-from dpstream.core.noise.samplers import (
-    TAG_BLT,
-    Coordinate,
-    NoiseKey,
-    discrete_gaussian_variance,
-)
+from dpstream.core.noise.bulk_gaussian import gaussian_one
+from dpstream.core.noise.coordinates import TAG_BLT, Coordinate
+from dpstream.core.noise.keys import NoiseKey
+from dpstream.core.noise.samplers import discrete_gaussian_variance
 from dpstream.errors import InvalidParameterError
 
 __all__ = [

@@ -63,14 +63,11 @@ from dpstream.core.accounting.ledger import PrivacyCharge, PrivacyLedger, exact
 from dpstream.core.counting.blt_counter import BltCounter, BltCounterSpec
 from dpstream.core.counting.threshold_monitor import ThresholdMonitor, ThresholdMonitorSpec
 from dpstream.core.counting.tree_counter import TreeCounter, TreeCounterSpec
-from dpstream.core.noise.bulk import gaussian_one, laplace_one
-from dpstream.core.noise.samplers import (
-    TAG_INITIAL,
-    NoiseKey,
-    discrete_gaussian_variance,
-    discrete_laplace_variance,
-    encode_coordinates,
-)
+from dpstream.core.noise.bulk import laplace_one
+from dpstream.core.noise.bulk_gaussian import gaussian_one
+from dpstream.core.noise.coordinates import TAG_INITIAL, encode_coordinates
+from dpstream.core.noise.keys import NoiseKey
+from dpstream.core.noise.samplers import discrete_gaussian_variance, discrete_laplace_variance
 from dpstream.errors import BudgetExhaustedError, InvalidParameterError
 
 __all__ = ["Alert", "BudgetExhausted", "KeyStatistics", "Release", "StatisticsSpec"]

@@ -95,15 +95,15 @@ from dpstream.core.counting.key_statistics import (
 from dpstream.core.counting.threshold_monitor import ThresholdMonitorSpec
 from dpstream.core.counting.tree_counter import TreeCounterSpec
 from dpstream.core.noise import bulk as bulk_noise
-from dpstream.core.noise.samplers import (
+from dpstream.core.noise import bulk_gaussian
+from dpstream.core.noise.coordinates import (
     TAG_INITIAL,
     TAG_MONITOR_QUERY,
     TAG_MONITOR_THRESHOLD,
     TAG_TREE,
-    NoiseKey,
-    discrete_gaussian_variance,
-    discrete_laplace_variance,
 )
+from dpstream.core.noise.keys import NoiseKey
+from dpstream.core.noise.samplers import discrete_gaussian_variance, discrete_laplace_variance
 from dpstream.core.sequences import IndexedSequence
 from dpstream.errors import BudgetExhaustedError, InvalidParameterError
 
@@ -638,8 +638,8 @@ class KeyTable:
                     initial_var = discrete_laplace_variance(scale)
                 else:  # a rho charge: N_Z(0, 1 / (2 rho)), CKS 2020
                     sigma2 = Fraction(1) / (2 * exact(initial.rho))
-                    noise = bulk_noise.gaussian(self._noise, lanes, sigma2, TAG_INITIAL, 0, 0,
-                                                0)
+                    noise = bulk_gaussian.gaussian(self._noise, lanes, sigma2, TAG_INITIAL, 0, 0,
+                                                   0)
                     initial_var = discrete_gaussian_variance(sigma2)
                 initial_values = (self._prefix[rows] + noise).astype(np.float64)
             else:

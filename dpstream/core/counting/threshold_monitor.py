@@ -48,12 +48,12 @@ from dpstream.core._checks import increment as checked_increment
 from dpstream.core._checks import integer_at_least, is_integer, positive_finite
 from dpstream.core.accounting.ledger import PrivacyCharge, exact
 from dpstream.core.noise.bulk import laplace_one
-from dpstream.core.noise.samplers import (
+from dpstream.core.noise.coordinates import (
     TAG_MONITOR_QUERY,
     TAG_MONITOR_THRESHOLD,
-    NoiseKey,
     check_coordinates,
 )
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import InvalidParameterError
 
 __all__ = [

@@ -55,12 +55,9 @@ from dpstream.core._checks import is_integer, positive_finite
 from dpstream.core.accounting.ledger import PrivacyCharge, exact
 from dpstream.core.counting.estimate import CounterEstimate
 from dpstream.core.noise.bulk import laplace_one
-from dpstream.core.noise.samplers import (
-    TAG_TREE,
-    NoiseKey,
-    check_coordinates,
-    discrete_laplace_variance,
-)
+from dpstream.core.noise.coordinates import TAG_TREE, check_coordinates
+from dpstream.core.noise.keys import NoiseKey
+from dpstream.core.noise.samplers import discrete_laplace_variance
 from dpstream.errors import InvalidParameterError
 
 __all__ = [

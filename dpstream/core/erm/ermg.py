@@ -19,7 +19,7 @@ of all blocks so far. Skipping the ``t`` between multiples of ``b0`` only drops 
 Theorem 29's series (a sub-sum of positive terms).
 
 **The black box** (:class:`OutputPerturbation`): Algorithm 1 of
-:mod:`dpstream.core.erm.perturbation`
+:mod:`dpstream.core.erm.output_noise`
 (output perturbation of the λ-strongly convex objective centred at 0, normaliser ``t``),
 with the noise level whose cost at ``Δ(t) = L/(λt)`` is exactly ``ε_t``: an ``ε_t``-DP run
 under add/remove neighbours, exact discrete Laplace noise on a grid. Its synopsis is the
@@ -86,9 +86,12 @@ from dpstream.core._checks import (
     positive_finite,
 )
 from dpstream.core.accounting.ledger import PrivacyLedger, exact, zcdp_to_approx_dp
-from dpstream.core.erm.perturbation import Block, ErmSpec, NoiseLevel, PrivateModel
-from dpstream.core.erm.schedules import Release, TrainFn, _default_train
-from dpstream.core.noise.samplers import NoiseKey, check_coordinates
+from dpstream.core.erm.model import PrivateModel
+from dpstream.core.erm.output_noise import NoiseLevel
+from dpstream.core.erm.schedules.releases import Release, TrainFn, _default_train
+from dpstream.core.erm.spec import Block, ErmSpec
+from dpstream.core.noise.coordinates import check_coordinates
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.core.pmwg.bb_improver import BBImprover, BBImproverSpec
 from dpstream.core.pmwg.blackboxes import RngFor
 from dpstream.errors import InvalidParameterError
@@ -146,7 +149,7 @@ class OutputPerturbation:
 
     Args:
         erm: the model (pure accounting).
-        train: the trainer (default :func:`dpstream.core.erm.perturbation.private_erm`).
+        train: the trainer (default :func:`dpstream.core.erm.output_noise.private_erm`).
 
     """
 
@@ -311,7 +314,7 @@ class Ermg:
         erm: the model; its accounting must be ``"pure"`` (the black box is ε-DP).
         noise: the secret key.
         coordinates: the schedule's coordinates.
-        train: the trainer (default :func:`dpstream.core.erm.perturbation.private_erm`).
+        train: the trainer (default :func:`dpstream.core.erm.output_noise.private_erm`).
 
     Raises:
         InvalidParameterError: zCDP accounting, or bad coordinates.

@@ -98,7 +98,8 @@ import numpy as np
 import numpy.typing as npt
 
 from dpstream.core.accounting.ledger import PrivacyLedger
-from dpstream.core.noise.samplers import NoiseKey, check_coordinates
+from dpstream.core.noise.coordinates import check_coordinates
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.core.pmwg.hard_query_sums import _fsum2, hard_query_increment
 from dpstream.core.pmwg.sparse_vector import NumericSparse, _pow2, dlap_variance
 from dpstream.core.pmwg.spec import PmwgSpec

@@ -42,7 +42,9 @@ from typing import Any, ClassVar, Final, Generic, Protocol, Self, TypeVar
 
 from dpstream.core._checks import integer_at_least
 from dpstream.core.accounting.ledger import PrivacyCharge, PrivacyLedger
-from dpstream.core.noise.samplers import NoiseKey, RandomIntegers, check_coordinates
+from dpstream.core.noise.coordinates import check_coordinates
+from dpstream.core.noise.keys import NoiseKey
+from dpstream.core.noise.samplers import RandomIntegers
 from dpstream.core.pmwg.blackboxes import (
     BlackBox,
     PrecheckedBlackBox,

@@ -73,12 +73,9 @@ import math
 from fractions import Fraction
 from typing import Any, Final
 
-from dpstream.core.noise.samplers import (
-    NoiseKey,
-    RandomIntegers,
-    check_coordinates,
-    discrete_laplace,
-)
+from dpstream.core.noise.coordinates import check_coordinates
+from dpstream.core.noise.keys import NoiseKey
+from dpstream.core.noise.samplers import RandomIntegers, discrete_laplace
 from dpstream.errors import InvalidParameterError
 
 __all__ = ["GRID_BITS", "NumericSparse", "dlap_variance"]

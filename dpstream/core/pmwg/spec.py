@@ -62,7 +62,7 @@ import numpy as np
 
 from dpstream.core._checks import is_integer
 from dpstream.core.accounting.ledger import PrivacyCharge, PrivacyLedger, exact, zcdp_to_approx_dp
-from dpstream.core.noise.samplers import encode_coordinates
+from dpstream.core.noise.coordinates import encode_coordinates
 from dpstream.core.pmwg.guarantee import Guarantee, accuracy_guarantee
 from dpstream.core.pmwg.hard_query_sums import hard_query_increment
 from dpstream.core.pmwg.sparse_vector import GRID_BITS, _floor_log2, _pow2

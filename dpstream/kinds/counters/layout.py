@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dpstream.core.counting.key_index import KeyIndex
-from dpstream.core.noise.samplers import JoinedNames
+from dpstream.core.noise.coordinates import JoinedNames
 
 __all__ = ["DeclaredLayout", "RowCounts", "shard_of", "shards_of"]
 
@@ -71,8 +71,8 @@ class RowCounts:
 class DeclaredLayout(Mapping[int, tuple[str, ...]]):
     """The declared keys by shard, each shard's sorted: a mapping ``shard -> keys``.
 
-    A shard's keys are a :class:`~dpstream.core.noise.samplers.JoinedNames` tuple, which also holds
-    their UTF-8 bytes joined (about 14 bytes a key of 12 characters), so the lanes of the
+    A shard's keys are a :class:`~dpstream.core.noise.coordinates.JoinedNames` tuple, which holds
+    also their UTF-8 bytes joined (about 14 bytes a key of 12 characters), so the lanes of the
     shard's counters are derived without reading a million string objects again. Being a
     tuple subclass with an attribute, the garbage collector tracks it: a full collection
     traverses it, about 17 ms more at a million keys (measured), and full collections are

@@ -42,7 +42,7 @@ import orjson
 from dpstream.core.accounting.ledger import approx_dp
 from dpstream.core.counting.key_statistics import Alert, BudgetExhausted, Release
 from dpstream.core.counting.key_table import AlertColumns
-from dpstream.core.noise.samplers import JoinedNames
+from dpstream.core.noise.coordinates import JoinedNames
 from dpstream.core.sequences import IndexedSequence
 from dpstream.messages import DeadLetter, Encoded, step_window
 
@@ -242,8 +242,8 @@ class RecordEncoder:
 
         A counter group releases the same tuple of keys at every step; a tuple never changes,
         and the cache holds a reference to it, so its identity cannot be reused by another.
-        Only the JSON text is kept (a :class:`~dpstream.core.noise.samplers.JoinedNames` tuple holds
-        it already); where each key lies in it is found again at each use, in bulk. Lists
+        Only the JSON text is kept (a :class:`~dpstream.core.noise.coordinates.JoinedNames` tuple
+        holds it already); where each key lies in it is found again at each use, in bulk. Lists
         (and any other sequence) are encoded afresh every time.
         """
         if not isinstance(keys, tuple):
@@ -451,7 +451,7 @@ def _key_texts(keys: Sequence[str]) -> Texts | None:
 def _keys_json(keys: Sequence[str]) -> bytes | None:
     """The keys' JSON strings, ``"a","b",...``, if each is the key's bytes in quotes.
 
-    :class:`~dpstream.core.noise.samplers.JoinedNames` made that text when the keys were declared
+    :class:`~dpstream.core.noise.coordinates.JoinedNames` made that text when the keys were declared
     (or
     found that it does not exist); otherwise one ``orjson`` call makes it. None if a key
     needs escaping or is refused.

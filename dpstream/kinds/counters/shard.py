@@ -49,7 +49,7 @@ from dpstream.core.counting.key_statistics import (
     StatisticsSpec,
 )
 from dpstream.core.counting.key_table import KeyTable, ReleaseColumns, StepOutputs
-from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import InvalidParameterError
 from dpstream.kinds.counters.layout import DeclaredLayout, RowCounts
 from dpstream.stream.barrier import StepBarrier, binding, check_binding

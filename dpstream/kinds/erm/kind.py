@@ -6,7 +6,7 @@ the shared step clock. **One step is one block** of the paper's algorithms (Wats
 objective is normalised by the *public, nominal* block size ``b0`` (``release.block_size``)
 times the number of blocks it spans — never by the private number of events, so one event
 more or less changes exactly one block and moves each minimiser by at most ``L/(λ n̄)``
-(:mod:`dpstream.core.erm.perturbation`). Cutting blocks by counts (the paper's "dynamic time
+(:mod:`dpstream.core.erm.spec`). Cutting blocks by counts (the paper's "dynamic time
 steps") would let one event shift every later block, so it is not offered.
 
 Each configured **model stream** (``model.streams``; events name theirs in
@@ -43,9 +43,11 @@ from bytewax.dataflow import Stream
 from dpstream.config import FlowConfig, Section, build_spec, parse_common, positive
 from dpstream.core._checks import fraction_text
 from dpstream.core.counting.key_statistics import parameter_digest
-from dpstream.core.erm.perturbation import Block, ErmSpec, PrivateModel, predict
-from dpstream.core.erm.schedules import ReleaseSchedule, ScheduleSpec
-from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.erm.model import PrivateModel, predict
+from dpstream.core.erm.schedules.schedule import ReleaseSchedule
+from dpstream.core.erm.schedules.spec import ScheduleSpec
+from dpstream.core.erm.spec import Block, ErmSpec
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import BudgetExhaustedError, ConfigError
 from dpstream.estimator import MODEL_SCHEMA
 from dpstream.kinds.counters.events import event_seconds, shard_of

@@ -44,7 +44,7 @@ from dpstream.core.accounting.ledger import PrivacyCharge, PrivacyLedger, approx
 from dpstream.core.counting.blt_counter import BltCounter, BltCounterSpec
 from dpstream.core.counting.key_statistics import parameter_digest
 from dpstream.core.counting.tree_counter import TreeCounter, TreeCounterSpec
-from dpstream.core.noise.samplers import NoiseKey
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.core.pmwg.attributes import UniverseError
 from dpstream.core.pmwg.bb_scheduler import BBScheduler, BBSchedulerSpec
 from dpstream.core.pmwg.blackboxes import HistogramSynopsis, NoisyHistogram
