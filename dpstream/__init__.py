@@ -3,7 +3,7 @@
 The public API is small; everything else is in private-by-convention modules.
 """
 
-from dpstream.config import FlowConfig, load_config
+from dpstream.config import FlowConfig
 from dpstream.core.accounting.ledger import PrivacyCharge, PrivacyLedger
 from dpstream.core.noise.samplers import NoiseKey
 from dpstream.errors import (
@@ -13,6 +13,7 @@ from dpstream.errors import (
     InvalidParameterError,
     NoiseKeyError,
 )
+from dpstream.platform import load_config
 
 __all__ = [
     "BudgetExhaustedError",

@@ -16,6 +16,7 @@ import math
 import os
 import re
 import tomllib
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,8 +29,8 @@ __all__ = [
     "FlowConfig",
     "KafkaConfig",
     "Section",
-    "load_config",
-    "parse_config",
+    "kind_name",
+    "read_config",
     "parse_duration",
 ]
 
@@ -392,17 +393,15 @@ def _kafka_section(kafka: Section, name: str, topic_defaults: dict[str, str]) ->
         start_offset=start_offset, group_id=group_id, startup_timeout_seconds=startup_timeout)
 
 
-def parse_config(raw: dict[str, Any], source: str = "<dict>") -> Any:
-    """Validate a configuration mapping (as read from TOML) into its kind's configuration.
+def kind_name(raw: dict[str, Any]) -> object:
+    """The flow kind a configuration mapping names (``flow.kind``; ``counters`` by default).
 
-    Returns:
-        The flow kind's :class:`FlowConfig` subclass (e.g. ``CountersConfig``).
+    The platform's registry (:data:`dpstream.platform.KINDS`) turns it into the kind, which
+    parses the whole mapping (:func:`dpstream.platform.parse_config`). It is the value as
+    read (any TOML value): the registry refuses one that names no kind.
     """
-    from dpstream.kinds import flow_kind
-
     flow = raw.get("flow", {})
-    kind_name = flow.get("kind", "counters") if isinstance(flow, dict) else "counters"
-    return flow_kind(kind_name).parse_config(raw, source)
+    return flow.get("kind", "counters") if isinstance(flow, dict) else "counters"
 
 
 _ENV_OVERRIDES: Final = {
@@ -412,13 +411,15 @@ _ENV_OVERRIDES: Final = {
     "DPSTREAM_FLOW_NAME": ("flow", "name"),
     "DPSTREAM_FLOW_CLOCK": ("flow", "clock"),
 }
-_TOPIC_ENV: Final = ("input_topic", "dead_letter_topic", "releases_topic", "alerts_topic",
-                     "queries_topic", "answers_topic")
 
 
-def load_config(path: str | os.PathLike[str] | None = None,
-                environ: dict[str, str] | None = None) -> Any:
-    """Load the TOML file at ``path`` (or ``$DPSTREAM_CONFIG``) and apply environment overrides.
+def read_config(path: str | os.PathLike[str] | None, environ: Mapping[str, str] | None,
+                topic_settings: Callable[[object], Iterable[str]]) -> tuple[dict[str, Any], str]:
+    """Read the TOML file at ``path`` (or ``$DPSTREAM_CONFIG``) and apply environment overrides.
+
+    Returns the raw mapping and its source, for the flow kind to parse
+    (:func:`dpstream.platform.load_config`); ``topic_settings`` gives the topic settings of
+    the kind the mapping names (:func:`kind_name`).
 
     Environment overrides: ``DPSTREAM_BROKERS`` (comma-separated), ``DPSTREAM_METRICS_PORT``,
     ``DPSTREAM_METRICS_HOST``, ``DPSTREAM_FLOW_NAME``, ``DPSTREAM_FLOW_CLOCK`` (``producer`` for
@@ -438,11 +439,7 @@ def load_config(path: str | os.PathLike[str] | None = None,
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"configuration {path} is not valid TOML: {exc}") from None
     overrides = dict(_ENV_OVERRIDES)
-    flow = raw.get("flow", {})
-    kind = flow.get("kind", "counters") if isinstance(flow, dict) else "counters"
-    from dpstream.kinds import KINDS, flow_kind
-
-    settings = flow_kind(kind).topics if kind in KINDS else _TOPIC_ENV
+    settings = topic_settings(kind_name(raw))
     overrides.update({f"DPSTREAM_{s.upper()}": ("kafka", s) for s in settings})
     for var, (table, key) in overrides.items():
         if var in env:
@@ -453,4 +450,4 @@ def load_config(path: str | os.PathLike[str] | None = None,
                 except ValueError:
                     raise ConfigError(f"${var} must be an integer, got {value!r}") from None
             raw.setdefault(table, {})[key] = value
-    return parse_config(raw, source=str(path))
+    return raw, str(path)

@@ -17,17 +17,17 @@ Tests and benchmarks pass an in-memory ``source``/``sink``; everything between i
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, Final
 
 import bytewax.operators as op
 from bytewax.dataflow import Dataflow, Stream
 from bytewax.inputs import FixedPartitionedSource, Source, StatefulSourcePartition
 from bytewax.outputs import Sink
 
-from dpstream.config import FlowConfig
+from dpstream.config import FlowConfig, kind_name, read_config
 from dpstream.core.noise.samplers import NoiseKey
 from dpstream.errors import ConfigError, DpstreamError
 from dpstream.io.kafka import (
@@ -38,31 +38,62 @@ from dpstream.io.kafka import (
     probe_timestamp_type,
     wait_for_topics,
 )
-from dpstream.kinds import flow_kind
+from dpstream.kind import FlowKind, FlowParts
+from dpstream.kinds.counters.kind import KIND as COUNTERS
 from dpstream.kinds.counters.records import encode_dead_letter, flatten
+from dpstream.kinds.erm.kind import KIND as ERM
+from dpstream.kinds.pmwg.kind import KIND as PMWG
 from dpstream.messages import RawBatch, RawMessage
 from dpstream.metrics import FlowMetrics
 from dpstream.stream.clock import ShardUpdate
 from dpstream.stream.operators import assign_steps
 from dpstream.stream.quarantine import Quarantine, SkippedRecord
 
-__all__ = ["FlowParts", "build_flow", "check_broker_time", "input_partitions", "kafka_clients",
-           "output_topics", "partition_names", "check_input_topology"]
+__all__ = ["KINDS", "build_flow", "check_broker_time", "flow_kind", "input_partitions",
+           "kafka_clients", "load_config", "parse_config", "output_topics", "partition_names",
+           "check_input_topology"]
 
 log = logging.getLogger("dpstream")
 
 
-@dataclass(frozen=True)
-class FlowParts:
-    """What a flow kind's wiring gets from the platform."""
+KINDS: Final[Mapping[str, FlowKind[Any, Any, Any]]] = {
+    COUNTERS.name: COUNTERS, PMWG.name: PMWG, ERM.name: ERM}
+"""The flow kinds, by the name ``flow.kind`` picks them with."""
 
-    config: Any
-    noise: NoiseKey
-    instance: str
-    partitions: int
-    """Input partitions over every input topic (the step barrier waits for all)."""
-    metrics: FlowMetrics | None
-    options: Mapping[str, Any] = field(default_factory=dict)
+
+def flow_kind(name: object) -> FlowKind[Any, Any, Any]:
+    """The flow kind called ``name`` (any value read from ``flow.kind``).
+
+    Raises:
+        ConfigError: no kind has that name (the message lists them).
+    """
+    if name not in KINDS:
+        raise ConfigError(f"flow.kind must be one of {', '.join(sorted(KINDS))}, got {name!r}")
+    assert isinstance(name, str)  # every key of KINDS is
+    return KINDS[name]
+
+
+def parse_config(raw: dict[str, Any], source: str = "<dict>") -> Any:
+    """Validate a configuration mapping (as read from TOML) into its kind's configuration.
+
+    Returns:
+        The flow kind's :class:`~dpstream.config.FlowConfig` subclass (e.g.
+        ``CountersConfig``), typed ``Any`` as the kind is only known at run time.
+    """
+    return flow_kind(kind_name(raw)).parse_config(raw, source)
+
+
+def load_config(path: str | os.PathLike[str] | None = None,
+                environ: Mapping[str, str] | None = None) -> Any:
+    """Load the TOML file at ``path`` (or ``$DPSTREAM_CONFIG``) into its kind's configuration.
+
+    Environment overrides (:func:`dpstream.config.read_config`) include the kind's topic
+    settings as ``DPSTREAM_<SETTING>`` (e.g. ``DPSTREAM_INPUT_TOPIC``,
+    ``DPSTREAM_RELEASES_TOPIC``, ``DPSTREAM_ANSWERS_TOPIC``).
+    """
+    raw, source = read_config(path, environ,
+                              lambda name: KINDS[name].topics if name in KINDS else ())
+    return parse_config(raw, source)
 
 
 class _EveryShardPartition(StatefulSourcePartition[tuple[str, ShardUpdate], bool]):

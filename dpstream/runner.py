@@ -354,18 +354,18 @@ def flow_from_environment(config_path: str | None = None, recovery_dir: str | No
     (:mod:`dpstream.stream.quarantine`): they are recorded in the instance manifest, and every
     record ever skipped in the instance becomes a dead letter; the list is logged at start.
     """
-    from dpstream.config import load_config
     from dpstream.core.noise.samplers import NoiseKey
     from dpstream.instance import bind_instance, private_directory
     from dpstream.io.kafka import Heartbeat, is_secret
-    from dpstream.kinds import flow_kind
     from dpstream.metrics import FlowMetrics
     from dpstream.platform import (
         build_flow,
         check_broker_time,
         check_input_topology,
+        flow_kind,
         input_partitions,
         kafka_clients,
+        load_config,
         output_topics,
     )
     from dpstream.store_lock import lock_recovery_store

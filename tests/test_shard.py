@@ -10,7 +10,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.messages import message, raw
 
-from dpstream.config import parse_config
 from dpstream.core.counting.key_statistics import Release
 from dpstream.core.counting.key_table import StepOutputs
 from dpstream.core.noise.samplers import NoiseKey
@@ -19,7 +18,7 @@ from dpstream.kinds.counters.events import TICK, TIMESTAMP_CREATE_TIME, Partitio
 from dpstream.kinds.counters.kind import event_rules, statistics_spec
 from dpstream.kinds.counters.records import RecordEncoder
 from dpstream.kinds.counters.shard import ReferenceShardState, ShardState
-from dpstream.platform import build_flow
+from dpstream.platform import build_flow, parse_config
 
 KEY = NoiseKey.for_tests(5)
 ORIGIN = 1_790_000_000

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -48,9 +48,9 @@ from dpstream.core.erm.schedules import ReleaseSchedule, ScheduleSpec
 from dpstream.core.noise.samplers import NoiseKey
 from dpstream.errors import BudgetExhaustedError, ConfigError
 from dpstream.estimator import MODEL_SCHEMA
+from dpstream.kind import ClockFactory, FlowKind, FlowParts
 from dpstream.kinds.counters.events import event_seconds, shard_of
 from dpstream.messages import DeadLetter, Encoded, RawBatch, step_window
-from dpstream.platform import FlowParts
 from dpstream.stream.barrier import MechanismShard
 from dpstream.stream.clock import ShardUpdate, StepClock, bad_time
 from dpstream.stream.operators import stepped_shards
@@ -620,10 +620,11 @@ class ModelEncoder:
 class ErmKind:
     """The ERM flow kind (see the module docstring)."""
 
-    name: Final = "erm"
-    inputs: Final = ("input_topic",)
-    outputs: Final = {"models": "models_topic", "dead_letters": "dead_letter_topic"}
-    topics: Final = TOPICS
+    name: Final[str] = "erm"
+    inputs: Final[tuple[str, ...]] = ("input_topic",)
+    outputs: Final[Mapping[str, str]] = {"models": "models_topic",
+                                         "dead_letters": "dead_letter_topic"}
+    topics: Final[Mapping[str, str]] = TOPICS
 
     def parse_config(self, raw: dict[str, Any], source: str) -> ErmConfig:
         """Validate an ERM configuration."""
@@ -633,19 +634,18 @@ class ErmKind:
         """What a flow instance binds (the model, schedule and streams digest)."""
         return config
 
-    def clock(self, config: ErmConfig, bases: dict[str, int]
-              ) -> Callable[[dict[str, Any] | None], ErmClock]:
+    def clock(self, config: ErmConfig, bases: Mapping[str, int]) -> ClockFactory:
         """The clock factory."""
         return lambda state: ErmClock(config, state)
 
-    def wire(self, parts: FlowParts, updates: Stream[tuple[str, ShardUpdate]]
+    def wire(self, parts: FlowParts[ErmConfig], updates: Stream[tuple[str, ShardUpdate]]
              ) -> Stream[Encoded]:
         """Model-stream shards releasing models step by step, encoded as model records.
 
         ``parts.options["train"]`` replaces the private trainer: only ``bench/``'s
         non-private baseline uses it.
         """
-        config: ErmConfig = parts.config
+        config = parts.config
         metrics = parts.metrics
         if metrics is not None:
             metrics.set_kind("erm")
@@ -661,4 +661,4 @@ class ErmKind:
         return op.map("encode", models, ModelEncoder(config, parts.instance).encode)
 
 
-KIND: Final = ErmKind()
+KIND: Final[FlowKind[ErmConfig, ErmConfig, Encoded]] = ErmKind()

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -51,10 +52,10 @@ from dpstream.core.pmwg.queries import LinearQuery, QueryCompiler, QueryError
 from dpstream.core.pmwg.schedulers import BBScheduler, BBSchedulerSpec
 from dpstream.core.pmwg.universe import Universe, UniverseError
 from dpstream.errors import ConfigError, InvalidParameterError
+from dpstream.kind import ClockFactory, FlowKind, FlowParts
 from dpstream.kinds.counters.events import event_seconds, shard_of
 from dpstream.messages import DeadLetter, Encoded, RawBatch, RawMessage, step_window
 from dpstream.metrics import FlowMetrics
-from dpstream.platform import FlowParts
 from dpstream.stream.barrier import MechanismShard
 from dpstream.stream.clock import ShardUpdate, StepClock, bad_time
 from dpstream.stream.operators import stepped_shards
@@ -650,10 +651,11 @@ def _declare_budgets(metrics: FlowMetrics, config: PmwgConfig) -> None:
 class PmwgKind:
     """The PMWG flow kind (see the module docstring)."""
 
-    name: Final = "pmwg"
-    inputs: Final = ("input_topic", "queries_topic")
-    outputs: Final = {"answers": "answers_topic", "dead_letters": "dead_letter_topic"}
-    topics: Final = TOPICS
+    name: Final[str] = "pmwg"
+    inputs: Final[tuple[str, ...]] = ("input_topic", "queries_topic")
+    outputs: Final[Mapping[str, str]] = {"answers": "answers_topic",
+                                         "dead_letters": "dead_letter_topic"}
+    topics: Final[Mapping[str, str]] = TOPICS
 
     def parse_config(self, raw: dict[str, Any], source: str) -> PmwgConfig:
         """Validate a PMWG configuration."""
@@ -663,14 +665,14 @@ class PmwgKind:
         """What a flow instance binds (the histograms' digest)."""
         return config
 
-    def clock(self, config: PmwgConfig, bases: dict[str, int]) -> Any:
+    def clock(self, config: PmwgConfig, bases: Mapping[str, int]) -> ClockFactory:
         """The clock factory: events and queries partitions, numbered by ``bases``."""
         return lambda state: PmwgClock(config, bases, state)
 
-    def wire(self, parts: FlowParts, updates: Stream[tuple[str, ShardUpdate]]
+    def wire(self, parts: FlowParts[PmwgConfig], updates: Stream[tuple[str, ShardUpdate]]
              ) -> Stream[Encoded]:
         """Histogram shards answering questions step by step, encoded as answer records."""
-        config: PmwgConfig = parts.config
+        config = parts.config
         metrics = parts.metrics
         if metrics is not None:
             _declare_budgets(metrics, config)
@@ -682,4 +684,4 @@ class PmwgKind:
         return op.map("encode", answers, AnswerEncoder(config, parts.instance).encode)
 
 
-KIND: Final = PmwgKind()
+KIND: Final[FlowKind[PmwgConfig, PmwgConfig, Encoded]] = PmwgKind()
