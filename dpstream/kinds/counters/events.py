@@ -23,7 +23,7 @@ import msgspec
 import numpy as np
 import orjson
 
-from dpstream.kinds.counters.layout import DeclaredLayout, RowCounts, shard_of, shards_of
+from dpstream.kinds.counters.layout import DeclaredLayout, RowCounts, shards_of
 from dpstream.messages import (
     TICK,
     TIMESTAMP_CREATE_TIME,
@@ -46,7 +46,6 @@ __all__ = [
     "TIMESTAMP_LOG_APPEND_TIME",
     "TIMESTAMP_NONE",
     "TICK",
-    "shard_of",
 ]
 
 MAX_KEY_LENGTH = 256
