@@ -188,6 +188,24 @@ def test_imports_point_down_the_layers() -> None:
     assert not stale, f"no longer imported, remove from PENDING: {sorted(stale)}"
 
 
+def test_no_dynamic_import() -> None:
+    """No ``importlib.import_module`` or ``__import__``: an import the graph cannot see.
+
+    (The registry of flow kinds once named its modules as strings, hiding a six-module loop
+    ``config -> kinds -> kinds.* -> platform``.)
+    """
+    found = []
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call):
+                func = node.func
+                called = (func.attr if isinstance(func, ast.Attribute)
+                          else func.id if isinstance(func, ast.Name) else "")
+                if called in ("import_module", "__import__"):
+                    found.append(f"{name}, line {node.lineno}")
+    assert not found, "dynamic imports: " + "; ".join(found)
+
+
 def test_the_graph_sees_lazy_relative_and_type_checking_imports(tmp_path: Path) -> None:
     """The parser finds every kind of import statement (on a small package of its own)."""
     package = tmp_path / "dpstream"
