@@ -91,9 +91,13 @@ def load_config(path: str | os.PathLike[str] | None = None,
     settings as ``DPSTREAM_<SETTING>`` (e.g. ``DPSTREAM_INPUT_TOPIC``,
     ``DPSTREAM_RELEASES_TOPIC``, ``DPSTREAM_ANSWERS_TOPIC``).
     """
-    raw, source = read_config(path, environ,
-                              lambda name: KINDS[name].topics if name in KINDS else ())
+    raw, source = read_config(path, environ, _topic_settings)
     return parse_config(raw, source)
+
+
+def _topic_settings(name: object) -> Iterable[str]:
+    """The topic settings of the kind called ``name`` (none if no kind is)."""
+    return KINDS[name].topics if isinstance(name, str) and name in KINDS else ()
 
 
 class _EveryShardPartition(StatefulSourcePartition[tuple[str, ShardUpdate], bool]):

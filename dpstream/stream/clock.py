@@ -221,7 +221,7 @@ class StepClock:
 
     # -- what a flow kind provides --
     def decode(self, partition: int, messages: RawBatch, dead: list[DeadLetter]
-               ) -> tuple[list[Any], np.ndarray | list[float], range | list[int]]:
+               ) -> tuple[list[Any] | np.ndarray, np.ndarray | list[float], range | list[int]]:
         """Decode records: their payloads (a list, or an array), event times and indexes.
 
         ``messages`` is read as columns (``messages.values``) or as :data:`RawMessage`
@@ -231,7 +231,8 @@ class StepClock:
         """
         raise NotImplementedError
 
-    def route(self, payloads: list[Any], steps: int | list[int]) -> list[dict[int, Any]]:
+    def route(self, payloads: list[Any] | np.ndarray, steps: int | list[int]
+              ) -> list[dict[int, Any]]:
         """Group accepted payloads by shard and step: one ``{step: bucket}`` per shard.
 
         ``steps`` is one step for every payload (the usual case) or one step per payload.
@@ -244,7 +245,7 @@ class StepClock:
         return DeadLetter(reason, raw or b"", topic, partition, offset)
 
     def _decode_guarded(self, partition: int, messages: RawBatch, dead: list[DeadLetter]
-                        ) -> tuple[list[Any], np.ndarray | list[float], range | list[int]]:
+                        ) -> tuple[list[Any] | np.ndarray, np.ndarray | list[float], range | list[int]]:
         """:meth:`decode`, turning any exception into dead letters of the records that raise.
 
         The usual case costs one ``try``. If the batch raises, its dead letters so far are

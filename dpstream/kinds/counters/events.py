@@ -117,7 +117,8 @@ class PartitionClock(StepClock):
         event_type = msgspec.defstruct(
             "Event", [("key", str), ("ts", float | str)],
             rename={"key": rules.key_field, "ts": rules.time_field}, gc=False)
-        self._decoder = msgspec.json.Decoder(event_type)
+        # a Struct made at run time: its fields are not known statically, so events are Any
+        self._decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(event_type)
         strict_type = msgspec.defstruct(  # the fast path: key length and float time checked in C
             "StrictEvent",
             [("key", Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_KEY_LENGTH)]),
@@ -126,15 +127,16 @@ class PartitionClock(StepClock):
         self._strict_decoder = msgspec.json.Decoder(strict_type)
 
     def decode(self, partition: int, messages: RawBatch, dead: list[DeadLetter]
-               ) -> tuple[list[Any], np.ndarray | list[float], range | list[int]]:
+               ) -> tuple[list[Any] | np.ndarray, np.ndarray | list[float], range | list[int]]:
         """Decode the whole batch in one C call, else record by record (explaining failures)."""
         fast = self._decode_batch(messages)
         if fast is not None:
             keys, times = fast
             return keys, times, range(len(messages))
-        return self._decode_each(partition, messages, dead)
+        return self._decode_records(partition, messages, dead)
 
-    def route(self, payloads: list[Any], steps: int | list[int]) -> list[dict[int, Any]]:
+    def route(self, payloads: list[Any] | np.ndarray, steps: int | list[int]
+              ) -> list[dict[int, Any]]:
         """Count events per key and step, grouped by the key's shard.
 
         Vectorised over the batch: one ``Counter`` per step, the shards of the distinct keys
@@ -213,7 +215,7 @@ class PartitionClock(StepClock):
         The records are joined as JSON lines. The join is only trusted when no record
         holds a newline and every line decoded into exactly one event, so each event
         is exactly one record; any invalid, blank or odd record sends the whole batch
-        to :meth:`_decode_each`, which explains each failure.
+        to :meth:`_decode_records`, which explains each failure.
         """
         values = messages.values
         if not values or None in values:
@@ -237,7 +239,7 @@ class PartitionClock(StepClock):
             return None
         return positions, times
 
-    def _decode_each(self, partition: int,
+    def _decode_records(self, partition: int,
                      messages: RawBatch,
                      dead: list[DeadLetter]
                      ) -> tuple[list[str] | np.ndarray, list[float], list[int]]:
@@ -274,7 +276,7 @@ class PartitionClock(StepClock):
                 dead.append(DeadLetter(reason, raw or b"", topic, partition, offset))
                 continue
             keys.append(key)
-            times.append(ts)  # type: ignore[arg-type]
+            times.append(ts)
             refs.append(i)
         if layout is None:
             return keys, times, refs

@@ -281,6 +281,7 @@ def _admission(mode: str, keys: list[str], initial_value: float | None,
     except InvalidParameterError as exc:
         raise ConfigError(f"[monitor]: {exc}") from None
     if adm_delta > delta:
+        assert monitor.horizon is not None  # lazy_start_delta needs it
         need = minimal_threshold(monitor.epsilon, monitor.horizon, delta)
         raise ConfigError(
             f"monitor.threshold = {monitor.threshold} with monitor windows of "

@@ -352,7 +352,7 @@ class ErmClock(StepClock):
     """Decodes events into feature rows (clipped, mapped), label indices and their stream."""
 
     def __init__(self, config: ErmConfig, state: dict[str, Any] | None = None) -> None:
-        super().__init__(config, state)  # type: ignore[arg-type]
+        super().__init__(config, state)
         self.config = config
         self.stream_index = {s: i for i, s in enumerate(config.streams)}
         self.shard_of = [shard_of(s, config.shards) for s in config.streams]
@@ -372,7 +372,7 @@ class ErmClock(StepClock):
         rows: list[list[float]] = []
         labels: list[int] = []
         streams: list[int] = []
-        order: list[tuple[int, int]] = []
+        order: list[tuple[int, int | None]] = []  # (partition, offset) of each row
         times: list[float] = []
         refs: list[int] = []
         for i, message in enumerate(messages):  # the hot loop: checks inlined, cheapest first
@@ -430,7 +430,8 @@ class ErmClock(StepClock):
         kept = np.flatnonzero(keep).tolist()
         return list(range(count)), [times[j] for j in kept], [refs[j] for j in kept]
 
-    def route(self, payloads: list[Any], steps: int | list[int]) -> list[dict[int, Any]]:
+    def route(self, payloads: list[Any] | np.ndarray, steps: int | list[int]
+              ) -> list[dict[int, Any]]:
         """Per shard and step: each stream's rows (features, labels, partition and offset)."""
         per_shard: list[dict[int, Any]] = [{} for _ in range(self.config.shards)]
         if not payloads:

@@ -154,7 +154,7 @@ class PmwgConfig(FlowConfig):
             lines.append(f"histogram {h.name!r}: {h.mechanism}, N = {h.universe.size} cells "
                          f"({' x '.join(str(d) for d in h.universe.shape)}), size counter "
                          f"{h.size_cost:g}"
-                         f" {ledger.unit}")  # type: ignore[arg-type]
+                         f" {ledger.unit}")
             lines.append("  " + which_mechanism(h.universe.size, h.n,
                                                 h.pmwg.epsilon if h.pmwg is not None
                                                 else h.scheduler.epsilon,  # type: ignore
@@ -289,9 +289,9 @@ def parse_config(raw: dict[str, Any], source: str = "<dict>") -> PmwgConfig:
 class PmwgClock(StepClock):
     """Decodes events into one cell per histogram, and queries into pending questions."""
 
-    def __init__(self, config: PmwgConfig, bases: dict[str, int],
+    def __init__(self, config: PmwgConfig, bases: Mapping[str, int],
                  state: dict[str, Any] | None = None) -> None:
-        super().__init__(config, state)  # type: ignore[arg-type]
+        super().__init__(config, state)
         self.config = config
         self.queries_topic = config.kafka.topic("queries_topic")
         self.bases = bases
@@ -307,7 +307,7 @@ class PmwgClock(StepClock):
                           offset)
 
     def decode(self, partition: int, messages: RawBatch, dead: list[DeadLetter]
-               ) -> tuple[list[Any], np.ndarray | list[float], range | list[int]]:
+               ) -> tuple[list[Any] | np.ndarray, np.ndarray | list[float], range | list[int]]:
         """Events: their cells in every histogram; queries: id, histogram and body."""
         if partition >= self.first_query_partition:
             return self._decode_queries(messages, dead)
@@ -365,7 +365,7 @@ class PmwgClock(StepClock):
         for i, message in enumerate(messages):
             partition, raw, offset, _, broker_ms, _ = message
             try:
-                body = orjson.loads(raw) if raw is not None else None
+                body: Any = orjson.loads(raw) if raw is not None else None
             except orjson.JSONDecodeError:
                 dead.append(self.dead_letter("invalid JSON", message))
                 continue
@@ -379,7 +379,8 @@ class PmwgClock(StepClock):
             refs.append(i)
         return payloads, times, refs
 
-    def route(self, payloads: list[Any], steps: int | list[int]) -> list[dict[int, Any]]:
+    def route(self, payloads: list[Any] | np.ndarray, steps: int | list[int]
+              ) -> list[dict[int, Any]]:
         """Per shard and step: cell counts per histogram, and the questions asked."""
         per_shard: list[dict[int, Any]] = [{} for _ in range(self.config.shards)]
         if not payloads:
@@ -481,6 +482,7 @@ def _mechanism(config: HistogramConfig, noise: NoiseKey, coords: tuple[Any, ...]
                state: dict[str, Any] | None) -> Any:
     if config.scheduler is not None:
         return _ScheduledHistogram(config, noise, coords, state)
+    assert config.pmwg is not None  # a histogram without a scheduler runs PMWG
     return Pmwg(config.pmwg, noise, (*coords, "pmwg"), state)
 
 
