@@ -642,8 +642,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True,
                                 help="what to do (dpstream COMMAND --help tells more)")
 
-    def add_parser(name: str, **kwargs: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, parents=[logging_options], **kwargs)
+    def add_parser(name: str, help: str) -> argparse.ArgumentParser:  # noqa: A002 (argparse's)
+        return sub.add_parser(name, parents=[logging_options], help=help)
 
     run = add_parser("run", help="run the counters flow")
     run.add_argument("--config", help="TOML configuration (default: $DPSTREAM_CONFIG)")

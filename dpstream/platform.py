@@ -304,7 +304,8 @@ def build_flow(
                                 rewind=rewind.get(topic), observe_anomaly=observe_anomaly)
             streams.append(op.input("kafka_in" if i == 0 else f"kafka_in_{i}", flow, reader))
             first += count
-        raw = streams[0] if len(streams) == 1 else op.merge("inputs", *streams)
+        raw: Stream[RawBatch | RawMessage] = (streams[0] if len(streams) == 1
+                                              else op.merge("inputs", *streams))
     else:
         if partitions is None:
             raise ValueError("partitions must be given with an in-memory source")

@@ -489,12 +489,12 @@ def run(config_path: str | None, *, workers: int = 1, recovery_dir: str | None =
         directory = Path(recovery_dir)
         if not private_recovery_files(directory):  # also narrows the umask: files made 0600
             directory.mkdir(parents=True, exist_ok=True)
-            init_db_dir(directory, recovery_partitions)
+            init_db_dir(directory, recovery_partitions)  # type: ignore[no-untyped-call]  # bytewax: unannotated
             private_recovery_files(directory)
             log.info("initialised %d recovery partitions in %s", recovery_partitions, directory)
-        recovery = RecoveryConfig(directory)
+        recovery = RecoveryConfig(directory)  # type: ignore[no-untyped-call]  # bytewax: unannotated
     try:
-        cli_main(flow, workers_per_process=workers,
+        cli_main(flow, workers_per_process=workers,  # type: ignore[no-untyped-call]  # bytewax: unannotated  # bytewax: unannotated
                  epoch_interval=timedelta(seconds=snapshot_interval),
                  recovery_config=recovery)
     except DpstreamError:

@@ -244,8 +244,9 @@ class StepClock:
         partition, raw, offset, topic, _, _ = message
         return DeadLetter(reason, raw or b"", topic, partition, offset)
 
-    def _decode_guarded(self, partition: int, messages: RawBatch, dead: list[DeadLetter]
-                        ) -> tuple[list[Any] | np.ndarray, np.ndarray | list[float], range | list[int]]:
+    def _decode_guarded(
+            self, partition: int, messages: RawBatch, dead: list[DeadLetter]
+    ) -> tuple[list[Any] | np.ndarray, np.ndarray | list[float], range | list[int]]:
         """:meth:`decode`, turning any exception into dead letters of the records that raise.
 
         The usual case costs one ``try``. If the batch raises, its dead letters so far are
