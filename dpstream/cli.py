@@ -217,6 +217,7 @@ def _query(args: argparse.Namespace) -> int:
     from kafka import KafkaConsumer
 
     from dpstream.io.kafka import KafkaClients
+    from dpstream.kinds.pmwg.kind import PmwgConfig
     from dpstream.platform import load_config
     from dpstream.query_client import (
         QUERY_SCHEMA,
@@ -233,7 +234,7 @@ def _query(args: argparse.Namespace) -> int:
         config = load_config(args.config)
     except DpstreamError as exc:
         return fail(str(exc))
-    if config.kind != "pmwg":
+    if not isinstance(config, PmwgConfig):  # flow.kind = "pmwg"
         return fail(f"{config.source} configures a {config.kind!r} flow: `dpstream query` asks "
                     "a PMWG flow (flow.kind = \"pmwg\") through its queries and answers topics")
     names = [h.name for h in config.histograms]

@@ -73,18 +73,19 @@ def flow_kind(name: object) -> FlowKind[Any, Any, Any]:
     return KINDS[name]
 
 
-def parse_config(raw: dict[str, Any], source: str = "<dict>") -> Any:
+def parse_config(raw: dict[str, Any], source: str = "<dict>") -> FlowConfig:
     """Validate a configuration mapping (as read from TOML) into its kind's configuration.
 
     Returns:
         The flow kind's :class:`~dpstream.config.FlowConfig` subclass (e.g.
-        ``CountersConfig``), typed ``Any`` as the kind is only known at run time.
+        ``CountersConfig``; ``isinstance`` tells which).
     """
-    return flow_kind(kind_name(raw)).parse_config(raw, source)
+    config: FlowConfig = flow_kind(kind_name(raw)).parse_config(raw, source)
+    return config
 
 
 def load_config(path: str | os.PathLike[str] | None = None,
-                environ: Mapping[str, str] | None = None) -> Any:
+                environ: Mapping[str, str] | None = None) -> FlowConfig:
     """Load the TOML file at ``path`` (or ``$DPSTREAM_CONFIG``) into its kind's configuration.
 
     Environment overrides (:func:`dpstream.config.read_config`) include the kind's topic
