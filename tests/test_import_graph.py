@@ -12,7 +12,8 @@ The layers, lowest first (a module may import its own layer and the ones below):
 ``base``: errors and message shapes; ``core``: the mechanisms (numpy only); ``glue``: what
 every kind shares: the Bytewax operators (``stream``), Kafka (``io``), metrics, the client,
 and the modules they need; ``config``: the shared tables and the flow instance;
-``interface``: the :class:`~dpstream.kind.FlowKind` protocol; ``kinds``: the flow kinds;
+``interface``: the :class:`~dpstream.kind.FlowKind` protocol; ``kinds``: the flow kinds,
+each in its own room (``dpstream.kinds.<name>``, importing no other kind);
 ``platform``: the registry and the dataflow any kind runs on; ``apps``: the runner, the
 command line, the demo, the live page and the package facade.
 """
@@ -186,6 +187,17 @@ def test_imports_point_down_the_layers() -> None:
         for a, b, line in wrong)
     stale = PENDING - {(a, b) for a, b, _line in found}
     assert not stale, f"no longer imported, remove from PENDING: {sorted(stale)}"
+
+
+def test_each_kind_keeps_to_its_own_room() -> None:
+    """A kind imports no other kind: what two kinds share lives in a lower layer."""
+    def room(module: str) -> str | None:
+        parts = module.split(".")
+        return parts[2] if len(parts) > 2 and parts[1] == "kinds" else None
+
+    wrong = [f"{a} imports {b}, line {line}" for a, targets in graph().items()
+             for b, line in targets.items() if room(a) and room(b) and room(a) != room(b)]
+    assert not wrong, "a kind imports another kind:\n" + "\n".join(wrong)
 
 
 def test_no_dynamic_import() -> None:

@@ -76,6 +76,7 @@ from __future__ import annotations
 import math
 import zlib
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from operator import countOf
 from typing import Any, Final, Protocol
 
@@ -91,7 +92,7 @@ from dpstream.messages import (
 )
 
 __all__ = ["ClockRules", "MAX_SECONDS", "UNDECODABLE", "ShardUpdate", "StepClock", "bad_time",
-           "shard_of",
+           "event_seconds", "iso_seconds", "shard_of",
            "undecodable"]
 
 MAX_SECONDS: Final = 253_402_300_799.0  # 9999-12-31T23:59:59Z: keeps every step index in int64
@@ -105,6 +106,26 @@ def shard_of(name: str, shards: int) -> int:
     Stable across processes and workers, unlike ``hash``: CRC-32 of its UTF-8 bytes.
     """
     return zlib.crc32(name.encode()) % shards
+
+
+def event_seconds(value: Any) -> float | None:
+    """An event time read from JSON: finite Unix seconds, or an ISO-8601 string; else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value) if math.isfinite(value) else None
+    return iso_seconds(value) if isinstance(value, str) else None
+
+
+def iso_seconds(text: str) -> float | None:
+    """Unix seconds of an ISO-8601 time (naive times are UTC), or None."""
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
 
 
 def bad_time(field: str) -> str:

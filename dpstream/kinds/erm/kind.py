@@ -49,10 +49,9 @@ from dpstream.core.noise.samplers import NoiseKey
 from dpstream.errors import BudgetExhaustedError, ConfigError
 from dpstream.estimator import MODEL_SCHEMA
 from dpstream.kind import ClockFactory, FlowKind, FlowParts
-from dpstream.kinds.counters.events import event_seconds
 from dpstream.messages import DeadLetter, Encoded, RawBatch, step_window
 from dpstream.stream.barrier import MechanismShard
-from dpstream.stream.clock import ShardUpdate, StepClock, bad_time, shard_of
+from dpstream.stream.clock import ShardUpdate, StepClock, bad_time, event_seconds, shard_of
 from dpstream.stream.operators import stepped_shards
 
 __all__ = ["KIND", "MODEL_SCHEMA", "ErmConfig", "ModelRecord"]

@@ -53,11 +53,10 @@ from dpstream.core.pmwg.schedulers import BBScheduler, BBSchedulerSpec
 from dpstream.core.pmwg.universe import Universe, UniverseError
 from dpstream.errors import ConfigError, InvalidParameterError
 from dpstream.kind import ClockFactory, FlowKind, FlowParts
-from dpstream.kinds.counters.events import event_seconds
 from dpstream.messages import DeadLetter, Encoded, RawBatch, RawMessage, step_window
 from dpstream.metrics import FlowMetrics
 from dpstream.stream.barrier import MechanismShard
-from dpstream.stream.clock import ShardUpdate, StepClock, bad_time, shard_of
+from dpstream.stream.clock import ShardUpdate, StepClock, bad_time, event_seconds, shard_of
 from dpstream.stream.operators import stepped_shards
 
 __all__ = ["ANSWER_SCHEMA", "HistogramConfig", "KIND", "PmwgConfig"]
