@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypeVar
 
 from dpstream.errors import ConfigError, InvalidParameterError
 
@@ -35,6 +35,7 @@ __all__ = [
 ]
 
 CONFIG_ENV: Final = "DPSTREAM_CONFIG"
+SpecT = TypeVar("SpecT")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
 _UNITS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
@@ -231,7 +232,7 @@ def positive(value: float, where: str) -> float:
     return value
 
 
-def build_spec(builder: Any, where: str, **kwargs: Any) -> Any:
+def build_spec(builder: Callable[..., SpecT], where: str, **kwargs: Any) -> SpecT:
     """Build a mechanism spec, turning its parameter error into a configuration error."""
     try:
         return builder(**kwargs)

@@ -190,6 +190,7 @@ def _privacy_section(privacy: Section) -> tuple[str, float, float]:
 def _counter_section(counter: Section, accounting: str,
                      budget: float) -> TreeCounterSpec | BltCounterSpec:
     horizon = counter.get("horizon", 2**20, int)
+    spec: TreeCounterSpec | BltCounterSpec
     if accounting == "pure":
         eps = positive(counter.get("epsilon", budget * 0.7, float), "counter.epsilon")
         spec = build_spec(TreeCounterSpec, "[counter]", epsilon=eps, horizon=horizon)
@@ -197,7 +198,7 @@ def _counter_section(counter: Section, accounting: str,
         rho = positive(counter.get("rho", budget * 0.7, float), "counter.rho")
         spec = build_spec(BltCounterSpec, "[counter]", rho=rho, horizon=horizon)
     counter.finish()
-    return spec  # type: ignore[no-any-return]
+    return spec
 
 
 def _admission_section(admission: Section, accounting: str

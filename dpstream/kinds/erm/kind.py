@@ -179,11 +179,10 @@ def _schedule_section(section: Section, privacy: dict[str, Any]) -> tuple[str, A
     if algorithm == "ermg":
         from dpstream.core.erm.ermg import ErmgSpec  # noqa: PLC0415 (only this algorithm)
 
-        spec = build_spec(ErmgSpec, "[release]", epsilon=privacy["epsilon"],
-                          delta=privacy["delta"], block_size=block_size,
-                          beta=section.get("beta", 0.05, float),
-                          first_blocks=section.get("first_blocks", 8, int),
-                          c=section.get("c", 0.1, float))
+        spec: ErmgSpec | ScheduleSpec = build_spec(
+            ErmgSpec, "[release]", epsilon=privacy["epsilon"], delta=privacy["delta"],
+            block_size=block_size, beta=section.get("beta", 0.05, float),
+            first_blocks=section.get("first_blocks", 8, int), c=section.get("c", 0.1, float))
         section.finish()
         return algorithm, spec
     spec = build_spec(
