@@ -1,6 +1,8 @@
 """The platform every flow kind runs on: Kafka in and out, the step clock, dead letters.
 
-:func:`build_flow` wires any flow kind (:mod:`dpstream.kinds`)::
+It owns the registry of the flow kinds (:data:`KINDS`, each a
+:class:`~dpstream.kind.FlowKind`) and turns a configuration into its kind's
+(:func:`parse_config`, :func:`load_config`). :func:`build_flow` wires any flow kind::
 
     input topics (KafkaInput per topic, or an in-memory source)
       -> assign_steps      the kind's StepClock: records -> steps, dead letters
