@@ -175,6 +175,21 @@ class FlowKind(Protocol[ConfigT, BindingT_co, RecordT_co]):
         ``updates`` are keyed by shard (``str(shard)``); every shard is a
         :class:`~dpstream.stream.barrier.StepBarrier` that closes a step once every input
         partition has passed it. The records are ``(role, key, value)`` triples (or a kind's
-        batch of them), ``role`` one of :attr:`outputs`. See :func:`dpstream.platform.
-        build_flow`, which calls it once per dataflow.
+        batch of them), ``role`` one of :attr:`outputs`. :func:`dpstream.platform.build_flow`
+        calls it once per dataflow; here a bounded counters flow over an empty input closes
+        the two steps before ``flow.end`` and releases its one declared key at each:
+
+        >>> from bytewax.testing import TestingSink, TestingSource, run_main
+        >>> from dpstream.core.noise.samplers import NoiseKey
+        >>> from dpstream.platform import build_flow, parse_config
+        >>> config = parse_config({
+        ...     "flow": {"origin": "2026-01-01T00:00:00Z", "end": "2026-01-01T00:02:00Z",
+        ...              "step": "1m"},
+        ...     "kafka": {"tail": False}, "metrics": {"port": 0},
+        ...     "admission": {"mode": "declared", "keys": ["a"]}})
+        >>> out = []
+        >>> run_main(build_flow(config, NoiseKey.for_tests(1), instance="example",
+        ...                     partitions=1, source=TestingSource([]), sink=TestingSink(out)))
+        >>> [(role, key) for role, key, _value in out]
+        [('releases', b'a'), ('releases', b'a')]
         """
