@@ -63,7 +63,7 @@ def workload(events: int, steps: int, partitions: int = 3, seed: int = 0
 
 
 def config(block_size: int) -> Any:
-    from dpstream.config import parse_config
+    from dpstream.platform import parse_config
 
     return parse_config({
         "flow": {"kind": "erm", "name": "bench", "origin": "2026-09-21T14:13:20Z",

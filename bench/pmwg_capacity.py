@@ -128,6 +128,7 @@ if str(_ROOT) not in sys.path:
 from dpstream.core.counting import blt_counter as blt  # noqa: E402
 from dpstream.core.counting import tree_counter as tree  # noqa: E402
 from dpstream.core.noise.keys import NoiseKey  # noqa: E402
+from dpstream.core.pmwg.guarantee import accuracy_guarantee  # noqa: E402
 from dpstream.core.pmwg.mechanism import Pmwg  # noqa: E402
 from dpstream.core.pmwg.queries import WEIGHT_UNIT  # noqa: E402
 from dpstream.core.pmwg.query_compiler import QueryCompiler  # noqa: E402
@@ -679,7 +680,7 @@ def task_pmwg(args: dict[str, Any]) -> dict[str, Any]:
     except InvalidParameterError as exc:
         print(f"  pmwg {args['accounting']} {args['mode']}: refused: {exc}", file=sys.stderr)
         return {**args, "error": str(exc), "capacity": 0, "lower_bound": False}
-    guarantee = spec.guarantee()
+    guarantee = accuracy_guarantee(spec)
 
     def evaluate(m: int) -> SimResult:
         method = PmwgMethod(db, spec, seed=1000 + m)

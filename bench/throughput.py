@@ -107,7 +107,7 @@ def config(universe: str, keys: int, bootstrap: str | None = None,
     ``universe`` is ``declared`` or ``open`` (pure accounting, the binary tree counter), or
     ``declared-zcdp`` / ``open-zcdp`` (zCDP accounting, the BLT counter).
     """
-    from dpstream.config import parse_config
+    from dpstream.platform import parse_config
 
     mode, _, accounting = universe.partition("-")
     zcdp = accounting == "zcdp"

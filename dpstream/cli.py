@@ -51,7 +51,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _check_config(args: argparse.Namespace) -> int:
     from dpstream.backlog import estimate
-    from dpstream.config import load_config
+    from dpstream.platform import load_config
 
     config = load_config(args.config)
     print(config.describe())
@@ -119,10 +119,8 @@ def _topics(args: argparse.Namespace) -> int:
     setting but ignores it (the embedded ``dpstream broker``) shows as CreateTime. Under the
     producer clock nothing is written: a tick stamped now would make backfilled events late.
     """
-    from dpstream.config import load_config
     from dpstream.io.kafka import TIMESTAMP_NAMES, create_missing_topics, probe_timestamp_type
-    from dpstream.kinds import flow_kind
-    from dpstream.platform import kafka_clients
+    from dpstream.platform import flow_kind, kafka_clients, load_config
 
     config = load_config(args.config)
     kind = flow_kind(config.kind)
@@ -218,8 +216,9 @@ def _query(args: argparse.Namespace) -> int:
 
     from kafka import KafkaConsumer
 
-    from dpstream.config import load_config
     from dpstream.io.kafka import KafkaClients
+    from dpstream.kinds.pmwg.kind import PmwgConfig
+    from dpstream.platform import load_config
     from dpstream.query_client import (
         QUERY_SCHEMA,
         QueryClient,
@@ -235,7 +234,7 @@ def _query(args: argparse.Namespace) -> int:
         config = load_config(args.config)
     except DpstreamError as exc:
         return fail(str(exc))
-    if config.kind != "pmwg":
+    if not isinstance(config, PmwgConfig):  # flow.kind = "pmwg"
         return fail(f"{config.source} configures a {config.kind!r} flow: `dpstream query` asks "
                     "a PMWG flow (flow.kind = \"pmwg\") through its queries and answers topics")
     names = [h.name for h in config.histograms]
@@ -289,9 +288,8 @@ def _kafka_source(args: argparse.Namespace) -> tuple[list[str], list[str], str |
     topics: list[str] = []
     flow, settings = args.flow, {}
     if args.config is not None:
-        from dpstream.config import load_config
         from dpstream.io.kafka import KafkaClients
-        from dpstream.kinds import flow_kind
+        from dpstream.platform import flow_kind, load_config
         from dpstream.query_client import kafka_python_settings
 
         config = load_config(args.config)
@@ -645,8 +643,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True,
                                 help="what to do (dpstream COMMAND --help tells more)")
 
-    def add_parser(name: str, **kwargs: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, parents=[logging_options], **kwargs)
+    def add_parser(name: str, help: str) -> argparse.ArgumentParser:  # noqa: A002 (argparse's)
+        return sub.add_parser(name, parents=[logging_options], help=help)
 
     run = add_parser("run", help="run the counters flow")
     run.add_argument("--config", help="TOML configuration (default: $DPSTREAM_CONFIG)")

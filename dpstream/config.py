@@ -16,10 +16,11 @@ import math
 import os
 import re
 import tomllib
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypeVar
 
 from dpstream.errors import ConfigError, InvalidParameterError
 
@@ -28,12 +29,13 @@ __all__ = [
     "FlowConfig",
     "KafkaConfig",
     "Section",
-    "load_config",
-    "parse_config",
+    "kind_name",
+    "read_config",
     "parse_duration",
 ]
 
 CONFIG_ENV: Final = "DPSTREAM_CONFIG"
+SpecT = TypeVar("SpecT")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
 _UNITS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
@@ -230,7 +232,7 @@ def positive(value: float, where: str) -> float:
     return value
 
 
-def build_spec(builder: Any, where: str, **kwargs: Any) -> Any:
+def build_spec(builder: Callable[..., SpecT], where: str, **kwargs: Any) -> SpecT:
     """Build a mechanism spec, turning its parameter error into a configuration error."""
     try:
         return builder(**kwargs)
@@ -392,17 +394,15 @@ def _kafka_section(kafka: Section, name: str, topic_defaults: dict[str, str]) ->
         start_offset=start_offset, group_id=group_id, startup_timeout_seconds=startup_timeout)
 
 
-def parse_config(raw: dict[str, Any], source: str = "<dict>") -> Any:
-    """Validate a configuration mapping (as read from TOML) into its kind's configuration.
+def kind_name(raw: dict[str, Any]) -> object:
+    """The flow kind a configuration mapping names (``flow.kind``; ``counters`` by default).
 
-    Returns:
-        The flow kind's :class:`FlowConfig` subclass (e.g. ``CountersConfig``).
+    The platform's registry (:data:`dpstream.platform.KINDS`) turns it into the kind, which
+    parses the whole mapping (:func:`dpstream.platform.parse_config`). It is the value as
+    read (any TOML value): the registry refuses one that names no kind.
     """
-    from dpstream.kinds import flow_kind
-
     flow = raw.get("flow", {})
-    kind_name = flow.get("kind", "counters") if isinstance(flow, dict) else "counters"
-    return flow_kind(kind_name).parse_config(raw, source)
+    return flow.get("kind", "counters") if isinstance(flow, dict) else "counters"
 
 
 _ENV_OVERRIDES: Final = {
@@ -412,13 +412,15 @@ _ENV_OVERRIDES: Final = {
     "DPSTREAM_FLOW_NAME": ("flow", "name"),
     "DPSTREAM_FLOW_CLOCK": ("flow", "clock"),
 }
-_TOPIC_ENV: Final = ("input_topic", "dead_letter_topic", "releases_topic", "alerts_topic",
-                     "queries_topic", "answers_topic")
 
 
-def load_config(path: str | os.PathLike[str] | None = None,
-                environ: dict[str, str] | None = None) -> Any:
-    """Load the TOML file at ``path`` (or ``$DPSTREAM_CONFIG``) and apply environment overrides.
+def read_config(path: str | os.PathLike[str] | None, environ: Mapping[str, str] | None,
+                topic_settings: Callable[[object], Iterable[str]]) -> tuple[dict[str, Any], str]:
+    """Read the TOML file at ``path`` (or ``$DPSTREAM_CONFIG``) and apply environment overrides.
+
+    Returns the raw mapping and its source, for the flow kind to parse
+    (:func:`dpstream.platform.load_config`); ``topic_settings`` gives the topic settings of
+    the kind the mapping names (:func:`kind_name`).
 
     Environment overrides: ``DPSTREAM_BROKERS`` (comma-separated), ``DPSTREAM_METRICS_PORT``,
     ``DPSTREAM_METRICS_HOST``, ``DPSTREAM_FLOW_NAME``, ``DPSTREAM_FLOW_CLOCK`` (``producer`` for
@@ -438,11 +440,7 @@ def load_config(path: str | os.PathLike[str] | None = None,
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"configuration {path} is not valid TOML: {exc}") from None
     overrides = dict(_ENV_OVERRIDES)
-    flow = raw.get("flow", {})
-    kind = flow.get("kind", "counters") if isinstance(flow, dict) else "counters"
-    from dpstream.kinds import KINDS, flow_kind
-
-    settings = flow_kind(kind).topics if kind in KINDS else _TOPIC_ENV
+    settings = topic_settings(kind_name(raw))
     overrides.update({f"DPSTREAM_{s.upper()}": ("kafka", s) for s in settings})
     for var, (table, key) in overrides.items():
         if var in env:
@@ -453,4 +451,4 @@ def load_config(path: str | os.PathLike[str] | None = None,
                 except ValueError:
                     raise ConfigError(f"${var} must be an integer, got {value!r}") from None
             raw.setdefault(table, {})[key] = value
-    return parse_config(raw, source=str(path))
+    return raw, str(path)

@@ -122,12 +122,14 @@ class ReleasedClassifier(*_BASES):  # type: ignore[misc]
             raise ValueError(f"X must have shape (n, {self.n_features_in_}), got {x.shape}")
         norms = np.linalg.norm(x, axis=1)
         scale = np.minimum(1.0, self.clip_norm / np.maximum(norms, np.finfo(float).tiny))
-        return x * scale[:, None]
+        rows: np.ndarray = x * scale[:, None]
+        return rows
 
     def decision_function(self, X: Any) -> np.ndarray:  # noqa: N803
         """Scores: shape ``(n,)`` for two classes (> 0 means ``classes_[1]``), else ``(n, K)``."""
-        scores = self._rows(X) @ self.coef_.T + self.intercept_
-        return scores[:, 0] if len(self.classes_) == 2 else scores
+        scores: np.ndarray = self._rows(X) @ self.coef_.T + self.intercept_
+        result: np.ndarray = scores[:, 0] if len(self.classes_) == 2 else scores
+        return result
 
     def predict_proba(self, X: Any) -> np.ndarray:  # noqa: N803
         """Class probabilities, shape ``(n, K)`` in the order of ``classes_``."""
@@ -137,13 +139,15 @@ class ReleasedClassifier(*_BASES):  # type: ignore[misc]
             return np.column_stack([1.0 - p1, p1])
         shifted = scores - scores.max(axis=1, keepdims=True)
         e = np.exp(shifted)
-        return e / e.sum(axis=1, keepdims=True)
+        probabilities: np.ndarray = e / e.sum(axis=1, keepdims=True)
+        return probabilities
 
     def predict(self, X: Any) -> np.ndarray:  # noqa: N803
         """The most probable class of each row."""
         scores = self.decision_function(X)
         index = (scores > 0).astype(int) if len(self.classes_) == 2 else scores.argmax(axis=1)
-        return self.classes_[index]
+        classes: np.ndarray = self.classes_[index]
+        return classes
 
     def score(self, X: Any, y: Any) -> float:  # noqa: N803
         """Mean accuracy on ``(X, y)`` (scikit-learn's ``ClassifierMixin.score``)."""

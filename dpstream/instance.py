@@ -56,7 +56,7 @@ import secrets
 import sqlite3
 import stat
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -270,7 +270,7 @@ def _now() -> str:
     return datetime.now(UTC).isoformat().replace("+00:00", "Z")
 
 
-def _skip_entries(skipped: list[SkippedRecord]) -> list[dict[str, Any]]:
+def _skip_entries(skipped: Sequence[SkippedRecord]) -> list[dict[str, Any]]:
     since = _now()
     return [{"topic": r.topic, "partition": r.partition, "offset": r.offset, "since": since}
             for r in skipped]
@@ -395,7 +395,7 @@ def bind_instance(config: FlowConfig, spec: Mechanisms, noise: NoiseKey,
             f"the recovery directory {directory} holds state but no {MANIFEST_NAME}: it was not "
             "made by this version of dpstream; use an empty directory (a new flow instance)")
     instance = instance_id or secrets.token_hex(16)
-    skipped = sorted(set(requested))
+    skipped = tuple(sorted(set(requested)))
     made = _create_durably(manifest, {
         "schema": MANIFEST_SCHEMA, "instance": instance, "flow": config.name,
         "input_topic": config.kafka.input_topic, "created": _now(), "fixed": fixed,

@@ -1,6 +1,8 @@
 """The platform every flow kind runs on: Kafka in and out, the step clock, dead letters.
 
-:func:`build_flow` wires any flow kind (:mod:`dpstream.kinds`)::
+It owns the registry of the flow kinds (:data:`KINDS`, each a
+:class:`~dpstream.kind.FlowKind`) and turns a configuration into its kind's
+(:func:`parse_config`, :func:`load_config`). :func:`build_flow` wires any flow kind::
 
     input topics (KafkaInput per topic, or an in-memory source)
       -> assign_steps      the kind's StepClock: records -> steps, dead letters
@@ -17,17 +19,17 @@ Tests and benchmarks pass an in-memory ``source``/``sink``; everything between i
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, Final
 
 import bytewax.operators as op
 from bytewax.dataflow import Dataflow, Stream
 from bytewax.inputs import FixedPartitionedSource, Source, StatefulSourcePartition
 from bytewax.outputs import Sink
 
-from dpstream.config import FlowConfig
+from dpstream.config import FlowConfig, kind_name, read_config
 from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import ConfigError, DpstreamError
 from dpstream.io.kafka import (
@@ -38,31 +40,67 @@ from dpstream.io.kafka import (
     probe_timestamp_type,
     wait_for_topics,
 )
-from dpstream.kinds import flow_kind
+from dpstream.kind import FlowKind, FlowParts
+from dpstream.kinds.counters.kind import KIND as COUNTERS
 from dpstream.kinds.counters.records import encode_dead_letter, flatten
+from dpstream.kinds.erm.kind import KIND as ERM
+from dpstream.kinds.pmwg.kind import KIND as PMWG
 from dpstream.messages import RawBatch, RawMessage
 from dpstream.metrics import FlowMetrics
 from dpstream.stream.clock import ShardUpdate
 from dpstream.stream.operators import assign_steps
 from dpstream.stream.quarantine import Quarantine, SkippedRecord
 
-__all__ = ["FlowParts", "build_flow", "check_broker_time", "input_partitions", "kafka_clients",
-           "output_topics", "partition_names", "check_input_topology"]
+__all__ = ["KINDS", "build_flow", "check_broker_time", "flow_kind", "input_partitions",
+           "kafka_clients", "load_config", "parse_config", "output_topics", "partition_names",
+           "check_input_topology"]
 
 log = logging.getLogger("dpstream")
 
 
-@dataclass(frozen=True)
-class FlowParts:
-    """What a flow kind's wiring gets from the platform."""
+KINDS: Final[Mapping[str, FlowKind[Any, Any, Any]]] = {
+    COUNTERS.name: COUNTERS, PMWG.name: PMWG, ERM.name: ERM}
+"""The flow kinds, by the name ``flow.kind`` picks them with."""
 
-    config: Any
-    noise: NoiseKey
-    instance: str
-    partitions: int
-    """Input partitions over every input topic (the step barrier waits for all)."""
-    metrics: FlowMetrics | None
-    options: Mapping[str, Any] = field(default_factory=dict)
+
+def flow_kind(name: object) -> FlowKind[Any, Any, Any]:
+    """The flow kind called ``name`` (any value read from ``flow.kind``).
+
+    Raises:
+        ConfigError: no kind has that name (the message lists them).
+    """
+    if name not in KINDS:
+        raise ConfigError(f"flow.kind must be one of {', '.join(sorted(KINDS))}, got {name!r}")
+    assert isinstance(name, str)  # every key of KINDS is
+    return KINDS[name]
+
+
+def parse_config(raw: dict[str, Any], source: str = "<dict>") -> FlowConfig:
+    """Validate a configuration mapping (as read from TOML) into its kind's configuration.
+
+    Returns:
+        The flow kind's :class:`~dpstream.config.FlowConfig` subclass (e.g.
+        ``CountersConfig``; ``isinstance`` tells which).
+    """
+    config: FlowConfig = flow_kind(kind_name(raw)).parse_config(raw, source)
+    return config
+
+
+def load_config(path: str | os.PathLike[str] | None = None,
+                environ: Mapping[str, str] | None = None) -> FlowConfig:
+    """Load the TOML file at ``path`` (or ``$DPSTREAM_CONFIG``) into its kind's configuration.
+
+    Environment overrides (:func:`dpstream.config.read_config`) include the kind's topic
+    settings as ``DPSTREAM_<SETTING>`` (e.g. ``DPSTREAM_INPUT_TOPIC``,
+    ``DPSTREAM_RELEASES_TOPIC``, ``DPSTREAM_ANSWERS_TOPIC``).
+    """
+    raw, source = read_config(path, environ, _topic_settings)
+    return parse_config(raw, source)
+
+
+def _topic_settings(name: object) -> Iterable[str]:
+    """The topic settings of the kind called ``name`` (none if no kind is)."""
+    return KINDS[name].topics if isinstance(name, str) and name in KINDS else ()
 
 
 class _EveryShardPartition(StatefulSourcePartition[tuple[str, ShardUpdate], bool]):
@@ -269,7 +307,8 @@ def build_flow(
                                 rewind=rewind.get(topic), observe_anomaly=observe_anomaly)
             streams.append(op.input("kafka_in" if i == 0 else f"kafka_in_{i}", flow, reader))
             first += count
-        raw = streams[0] if len(streams) == 1 else op.merge("inputs", *streams)
+        raw: Stream[RawBatch | RawMessage] = (streams[0] if len(streams) == 1
+                                              else op.merge("inputs", *streams))
     else:
         if partitions is None:
             raise ValueError("partitions must be given with an in-memory source")

@@ -354,18 +354,18 @@ def flow_from_environment(config_path: str | None = None, recovery_dir: str | No
     (:mod:`dpstream.stream.quarantine`): they are recorded in the instance manifest, and every
     record ever skipped in the instance becomes a dead letter; the list is logged at start.
     """
-    from dpstream.config import load_config
     from dpstream.core.noise.keys import NoiseKey
     from dpstream.instance import bind_instance, private_directory
     from dpstream.io.kafka import Heartbeat, is_secret
-    from dpstream.kinds import flow_kind
     from dpstream.metrics import FlowMetrics
     from dpstream.platform import (
         build_flow,
         check_broker_time,
         check_input_topology,
+        flow_kind,
         input_partitions,
         kafka_clients,
+        load_config,
         output_topics,
     )
     from dpstream.store_lock import lock_recovery_store
@@ -489,12 +489,12 @@ def run(config_path: str | None, *, workers: int = 1, recovery_dir: str | None =
         directory = Path(recovery_dir)
         if not private_recovery_files(directory):  # also narrows the umask: files made 0600
             directory.mkdir(parents=True, exist_ok=True)
-            init_db_dir(directory, recovery_partitions)
+            init_db_dir(directory, recovery_partitions)  # type: ignore[no-untyped-call]  # bytewax: unannotated
             private_recovery_files(directory)
             log.info("initialised %d recovery partitions in %s", recovery_partitions, directory)
-        recovery = RecoveryConfig(directory)
+        recovery = RecoveryConfig(directory)  # type: ignore[no-untyped-call]  # bytewax: unannotated
     try:
-        cli_main(flow, workers_per_process=workers,
+        cli_main(flow, workers_per_process=workers,  # type: ignore[no-untyped-call]  # bytewax: unannotated  # bytewax: unannotated
                  epoch_interval=timedelta(seconds=snapshot_interval),
                  recovery_config=recovery)
     except DpstreamError:

@@ -21,12 +21,11 @@ from bytewax.testing import run_main
 from support.configs import counters, write
 from support.messages import message
 
-from dpstream.config import parse_config
 from dpstream.core.noise.keys import NoiseKey
 from dpstream.kinds.counters.records import RecordEncoder
 from dpstream.kinds.counters.shard import ShardState
 from dpstream.metrics import FlowMetrics
-from dpstream.platform import build_flow
+from dpstream.platform import build_flow, parse_config
 from dpstream.stream import operators
 from dpstream.stream.clock import ShardUpdate
 

@@ -19,11 +19,11 @@ import pytest
 
 import dpstream
 from dpstream.cli import main
-from dpstream.config import parse_config
 from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import ConfigError, NoiseKeyError
 from dpstream.instance import MANIFEST_NAME, bind_instance
 from dpstream.kinds.counters.kind import statistics_spec
+from dpstream.platform import parse_config
 
 ROOT = Path(__file__).parent.parent
 ENV = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")

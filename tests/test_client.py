@@ -30,7 +30,6 @@ from dpstream.client import (
     UnknownRecordError,
     decode,
 )
-from dpstream.config import load_config
 from dpstream.core.counting import key_statistics as core
 from dpstream.core.erm.model import PrivateModel
 from dpstream.errors import DpstreamError
@@ -39,6 +38,7 @@ from dpstream.kinds.counters.records import RecordEncoder
 from dpstream.kinds.erm.kind import ModelEncoder, ModelRecord
 from dpstream.kinds.pmwg.kind import AnswerEncoder, AnswerRecord
 from dpstream.messages import DeadLetter as RawDeadLetter
+from dpstream.platform import load_config
 
 ROOT = Path(__file__).parent.parent
 ORIGIN = datetime(2026, 9, 21, 14, 13, 20, tzinfo=UTC)

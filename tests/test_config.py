@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from dpstream.config import load_config, parse_config
 from dpstream.errors import ConfigError
+from dpstream.platform import load_config, parse_config
 
 EXAMPLE = Path(__file__).parent.parent / "deploy" / "counters.example.toml"
 

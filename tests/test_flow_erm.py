@@ -15,13 +15,12 @@ from prometheus_client import CollectorRegistry
 from support.flows import run_in_memory
 from support.messages import raw
 
-from dpstream.config import parse_config
 from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import ConfigError
 from dpstream.estimator import ReleasedClassifier, SchemaError
 from dpstream.kinds.erm.kind import ErmShard
 from dpstream.metrics import FlowMetrics
-from dpstream.platform import build_flow
+from dpstream.platform import build_flow, parse_config
 
 ORIGIN = 1_790_000_000  # 2026-09-21T14:13:20Z
 KEY = NoiseKey.for_tests(8)
@@ -340,7 +339,7 @@ def test_sampling_is_refused_under_zcdp():
 
 
 def test_the_example_configuration_loads_and_reports_its_guarantee():
-    from dpstream.config import load_config
+    from dpstream.platform import load_config
 
     cfg = load_config("deploy/erm.example.toml")
     text = cfg.describe()

@@ -11,10 +11,9 @@ from bytewax.testing import TestingSink, TestingSource, run_main
 from support.flows import run_in_memory
 from support.messages import message, raw
 
-from dpstream.config import parse_config
 from dpstream.core.noise.keys import NoiseKey
 from dpstream.metrics import FlowMetrics
-from dpstream.platform import build_flow
+from dpstream.platform import build_flow, parse_config
 
 ORIGIN = 1_790_000_000  # 2026-09-21, an arbitrary whole second
 KEY = NoiseKey.for_tests(3)

@@ -14,12 +14,11 @@ from prometheus_client import CollectorRegistry
 from support.flows import run_in_memory
 from support.messages import raw
 
-from dpstream.config import parse_config
 from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import ConfigError
 from dpstream.kinds.pmwg.kind import PmwgShard
 from dpstream.metrics import FlowMetrics
-from dpstream.platform import build_flow
+from dpstream.platform import build_flow, parse_config
 
 ORIGIN = 1_790_000_000  # 2026-09-21T14:13:20Z
 KEY = NoiseKey.for_tests(5)
@@ -241,7 +240,7 @@ def test_configuration_errors_are_precise(change, message):
 
 
 def test_the_example_configuration_loads_and_reports_its_guarantees():
-    from dpstream.config import load_config
+    from dpstream.platform import load_config
 
     cfg = load_config("deploy/pmwg.example.toml")
     text = cfg.describe()

@@ -8,11 +8,11 @@ import stat
 
 import pytest
 
-from dpstream.config import parse_config
 from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import ConfigError, RecoveryMismatchError
 from dpstream.instance import MANIFEST_NAME, bind_instance
 from dpstream.kinds.counters.kind import statistics_spec
+from dpstream.platform import parse_config
 
 KEY = NoiseKey.for_tests(1)
 

@@ -19,13 +19,12 @@ from bytewax.testing import TestingSink, TestingSource, run_main
 from support.messages import message, raw
 
 from dpstream.client import LatestValues, Release, decode
-from dpstream.config import load_config, parse_config
 from dpstream.core.counting import key_statistics as core
 from dpstream.core.noise.keys import NoiseKey
 from dpstream.kinds.counters.records import RecordEncoder
 from dpstream.kinds.erm.kind import ModelEncoder, ModelRecord
 from dpstream.kinds.pmwg.kind import AnswerEncoder, AnswerRecord
-from dpstream.platform import build_flow
+from dpstream.platform import build_flow, load_config, parse_config
 
 ROOT = Path(__file__).parent.parent
 ORIGIN = datetime(2026, 9, 21, 14, 13, 20, tzinfo=UTC)

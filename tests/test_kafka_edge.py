@@ -7,10 +7,10 @@ import logging
 import orjson
 import pytest
 
-from dpstream.config import parse_config
 from dpstream.errors import ConfigError, DpstreamError
 from dpstream.io.kafka import KafkaClients, RateLimitedLog, probe_api_versions, wait_for_topics
 from dpstream.kinds.counters.records import DeadLetter, RecordEncoder, identity
+from dpstream.platform import parse_config
 from dpstream.runner import process_id
 
 

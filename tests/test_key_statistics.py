@@ -97,10 +97,10 @@ def test_an_unadmitted_key_is_forgotten_at_its_window_end_and_watched_again_late
     from support.messages import message
     from support.recording import RecordingKey
 
-    from dpstream.config import parse_config
     from dpstream.kinds.counters.events import PartitionClock
     from dpstream.kinds.counters.kind import event_rules, statistics_spec
     from dpstream.kinds.counters.shard import ShardState
+    from dpstream.platform import parse_config
 
     cfg = parse_config({"flow": {"origin": "2026-09-21T14:13:20Z", "step": "1s", "shards": 1},
                         "monitor": {"horizon": 3, "threshold": 10_000}, "privacy": {"delta": 0.5},

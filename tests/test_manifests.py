@@ -41,8 +41,8 @@ import pytest
 import yaml
 from support.configs import counters, write
 
-from dpstream.config import load_config
 from dpstream.io.topics import produce, read_all
+from dpstream.platform import load_config
 from dpstream.runner import process_id
 
 ROOT = Path(__file__).resolve().parent.parent

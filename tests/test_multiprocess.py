@@ -56,7 +56,6 @@ from support.cli_flows import iso
 from support.configs import Tables, counters, erm, pmwg, write
 from support.flows import TopicWatch, scrape
 
-from dpstream.config import parse_config
 from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import ConfigError, RecoveryMismatchError
 from dpstream.instance import MANIFEST_NAME, bind_instance
@@ -64,6 +63,7 @@ from dpstream.io.broker import free_port
 from dpstream.io.topics import Record, ensure_topics, read_all
 from dpstream.kinds.counters.kind import statistics_spec
 from dpstream.messages import TICK
+from dpstream.platform import parse_config
 
 ORIGIN = 1_790_000_000  # 2026-09-21T14:13:20Z: every event time is in the past
 NOISE_KEY = "9a0c2e4f6b8d1a3c5e7f9b0d2c4e6a8f1b3d5c7e9a0b2d4f6c8e0a1b3c5d7e9f"

@@ -14,6 +14,7 @@ from support.recording import RecordingKey
 
 from dpstream.core.accounting.ledger import exact, zcdp_to_approx_dp
 from dpstream.core.noise.keys import NoiseKey
+from dpstream.core.pmwg.guarantee import accuracy_guarantee
 from dpstream.core.pmwg.hard_query_sums import hard_query_increment
 from dpstream.core.pmwg.mechanism import (
     HARD_BUDGET_EXCEEDED,
@@ -738,7 +739,7 @@ def test_worst_case_is_committed_and_spent_never_moves() -> None:
 
 
 def test_guarantee_report() -> None:
-    g = spec_of().guarantee()
+    g = accuracy_guarantee(spec_of())
     assert g.theorem == "Theorem 5 (B.4)"
     assert math.isclose(g.xi_n, 0.619617, rel_tol=1e-5)
     assert math.isclose(g.answer_std_at_n, math.sqrt(2) * 8 / g.xi_n, rel_tol=1e-6)
@@ -747,14 +748,14 @@ def test_guarantee_report() -> None:
     lines = g.lines()
     assert any("VIOLATED" in line and "alpha >=" in line for line in lines)
     # a configuration that meets Theorem 5
-    ok = spec_of(n=10**8, universe_size=3, alpha=0.5).guarantee()
+    ok = accuracy_guarantee(spec_of(n=10**8, universe_size=3, alpha=0.5))
     assert ok.accuracy_guaranteed and all(c.holds for c in ok.preconditions)
     assert ok.alpha_min < 0.5
     # Theorem 19 with delta > 0, and the beta precondition of Theorems 16/19
-    z = spec_of(accounting="zcdp", delta=1e-6, beta=0.01).guarantee()
+    z = accuracy_guarantee(spec_of(accounting="zcdp", delta=1e-6, beta=0.01))
     assert z.theorem.startswith("Theorem 19")
     beta_pre = next(c for c in z.preconditions if c.condition.startswith("beta"))
     assert not beta_pre.holds
     assert z.epsilon_reported <= 1.0
     # practical mode is never covered by the theorem
-    assert not precise().guarantee().accuracy_guaranteed
+    assert not accuracy_guarantee(precise()).accuracy_guaranteed

@@ -19,14 +19,13 @@ import pytest
 from bytewax.testing import TestingSink, TestingSource, run_main
 from support.messages import message
 
-from dpstream.config import parse_config
 from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import ConfigError
 from dpstream.instance import MANIFEST_NAME, bind_instance
 from dpstream.kinds.counters.events import PartitionClock
 from dpstream.kinds.counters.kind import statistics_spec
 from dpstream.messages import RawBatch
-from dpstream.platform import build_flow
+from dpstream.platform import build_flow, parse_config
 from dpstream.stream.quarantine import QUARANTINED, Quarantine, SkippedRecord, parse_skipped
 
 ORIGIN = 1_790_000_000

@@ -25,13 +25,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.messages import message, raw
 
-from dpstream.config import parse_config
 from dpstream.core.counting.key_statistics import Release
 from dpstream.core.noise.keys import NoiseKey
 from dpstream.kinds.counters.events import EventRules, PartitionClock
 from dpstream.kinds.counters.records import RecordEncoder, _keys_json
 from dpstream.messages import DeadLetter, RawBatch
-from dpstream.platform import build_flow
+from dpstream.platform import build_flow, parse_config
 from dpstream.stream.clock import StepClock
 
 ORIGIN = 1_790_000_000  # 2026-09-21T14:13:20Z
@@ -272,7 +271,7 @@ def test_fuzz_counters_events_open_universe(values):
 @FUZZ
 @given(_batches)
 def test_fuzz_counters_events_declared_universe(values):
-    from dpstream.kinds import flow_kind
+    from dpstream.platform import flow_kind
 
     cfg = counters_config()
     clock = flow_kind("counters").clock(cfg, {"events": 0})(None)
@@ -296,7 +295,7 @@ def pmwg_config() -> Any:
 @FUZZ
 @given(_batches, _batches)
 def test_fuzz_pmwg_events_and_queries(events, queries):
-    from dpstream.kinds import flow_kind
+    from dpstream.platform import flow_kind
 
     clock = flow_kind("pmwg").clock(pmwg_config(), {"events": 0, "queries": 1})(None)
     _check(clock, 0, events)
@@ -375,7 +374,7 @@ def erm_config() -> Any:
 @FUZZ
 @given(_batches)
 def test_fuzz_erm_rows(values):
-    from dpstream.kinds import flow_kind
+    from dpstream.platform import flow_kind
 
     clock = flow_kind("erm").clock(erm_config(), {"events": 0})(None)
     _check(clock, 0, values)

@@ -13,10 +13,9 @@ from support.messages import message
 
 from dpstream import runner
 from dpstream.cli import main
-from dpstream.config import load_config, parse_config
 from dpstream.core.noise.keys import NoiseKey
 from dpstream.metrics import FlowMetrics
-from dpstream.platform import build_flow
+from dpstream.platform import build_flow, load_config, parse_config
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "deploy" / "counters.example.toml"

@@ -10,7 +10,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.messages import message, raw
 
-from dpstream.config import parse_config
 from dpstream.core.counting.key_statistics import Release
 from dpstream.core.counting.key_table import StepOutputs
 from dpstream.core.noise.keys import NoiseKey
@@ -19,7 +18,7 @@ from dpstream.kinds.counters.events import TICK, TIMESTAMP_CREATE_TIME, Partitio
 from dpstream.kinds.counters.kind import event_rules, statistics_spec
 from dpstream.kinds.counters.records import RecordEncoder
 from dpstream.kinds.counters.shard import ReferenceShardState, ShardState
-from dpstream.platform import build_flow
+from dpstream.platform import build_flow, parse_config
 
 KEY = NoiseKey.for_tests(5)
 ORIGIN = 1_790_000_000
@@ -362,7 +361,7 @@ def test_release_every_k_publishes_the_k1_releases_of_every_kth_step_byte_for_by
        st.integers(1, 7), st.booleans())
 def test_route_counts_every_event_in_its_keys_shard_and_step(events, shards, one_step):
     """The vectorised route equals counting event by event with ``shard_of``."""
-    from dpstream.kinds.counters.events import shard_of
+    from dpstream.stream.clock import shard_of
 
     config = parse_config({"flow": {"name": "t", "origin": "2026-01-01T00:00:00Z",
                                     "step": "1s", "shards": shards},

@@ -177,10 +177,9 @@ def test_soak_poison_future_record_second_process_and_recreated_topic(tmp_path):
     from prometheus_client import CollectorRegistry, start_http_server
 
     from dpstream.client import LatestValues, Release, decode
-    from dpstream.config import load_config
     from dpstream.errors import ConfigError
     from dpstream.metrics import FlowMetrics
-    from dpstream.platform import check_input_topology, kafka_clients
+    from dpstream.platform import check_input_topology, kafka_clients, load_config
 
     began = time.monotonic()
     recovery = tmp_path / "recovery"

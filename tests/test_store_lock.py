@@ -197,10 +197,10 @@ def test_the_partition_count_is_read_from_the_store(tmp_path):
 
 
 def test_a_new_store_with_lock_files_is_still_a_new_store(tmp_path):
-    from dpstream.config import parse_config
     from dpstream.core.noise.keys import NoiseKey
     from dpstream.instance import bind_instance
     from dpstream.kinds.counters.kind import statistics_spec
+    from dpstream.platform import parse_config
 
     store = store_with(tmp_path, 1)
     lock_recovery_store(store)

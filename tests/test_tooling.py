@@ -1,4 +1,4 @@
-"""The code meets the house tooling: ruff everywhere, mypy --strict on the core."""
+"""The code meets the house tooling: ruff everywhere, mypy --strict on the whole package."""
 
 import subprocess
 import sys

@@ -106,10 +106,9 @@ def test_a_changed_partition_count_stops_the_resume_with_one_line(broker, tmp_pa
     # the same check in-process: the metric counts it
     from prometheus_client import CollectorRegistry
 
-    from dpstream.config import load_config
     from dpstream.errors import ConfigError
     from dpstream.metrics import FlowMetrics
-    from dpstream.platform import check_input_topology, kafka_clients
+    from dpstream.platform import check_input_topology, kafka_clients, load_config
 
     cfg = load_config(config, environ={})
     metrics = FlowMetrics("topo", CollectorRegistry())
@@ -124,10 +123,9 @@ def test_offsets_past_the_end_of_a_recreated_topic_warn_and_read_it_from_its_sta
         broker, tmp_path):
     from prometheus_client import CollectorRegistry
 
-    from dpstream.config import load_config
     from dpstream.io.topics import produce, read_all
     from dpstream.metrics import FlowMetrics
-    from dpstream.platform import check_input_topology, kafka_clients
+    from dpstream.platform import check_input_topology, kafka_clients, load_config
 
     origin = time.time() - 60
     topics = _topics(broker.bootstrap, 1)

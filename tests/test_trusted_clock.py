@@ -22,13 +22,12 @@ import pytest
 from bytewax.testing import TestingSink, TestingSource, run_main
 from support.messages import message, raw
 
-from dpstream.config import parse_config
 from dpstream.core.noise.keys import NoiseKey
 from dpstream.io.kafka import Heartbeat, KafkaClients
 from dpstream.kinds.counters.events import PartitionClock
 from dpstream.kinds.counters.kind import event_rules
 from dpstream.messages import TICK, TIMESTAMP_CREATE_TIME
-from dpstream.platform import build_flow
+from dpstream.platform import build_flow, parse_config
 from dpstream.runner import _lag_text
 
 ORIGIN = 1_790_000_000  # 2026-09-21T14:13:20Z

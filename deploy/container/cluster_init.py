@@ -197,10 +197,9 @@ def copy_noise_key(source: Path, target: Path) -> str:
 
 def pin_instance(store: Path, instance_id: str) -> str:
     """Make sure the store's flow-instance manifest carries ``instance_id``."""
-    from dpstream.config import load_config
     from dpstream.core.noise.keys import NoiseKey
     from dpstream.instance import MANIFEST_NAME, bind_instance
-    from dpstream.kinds import flow_kind
+    from dpstream.platform import flow_kind, load_config
 
     if INSTANCE_ID.fullmatch(instance_id) is None:
         raise InitError("DPSTREAM_INSTANCE_ID must be 32 lowercase hex digits (make one with "

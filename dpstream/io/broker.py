@@ -115,7 +115,7 @@ def _answers_kafka(host: str, port: int, timeout: float) -> bool:
     except OSError:
         return False
     _size, got_correlation, error_code = struct.unpack(">iih", header)
-    return got_correlation == correlation_id and error_code == 0
+    return bool(got_correlation == correlation_id and error_code == 0)
 
 
 def _tail(path: Path, max_lines: int = 20) -> str:
@@ -193,7 +193,7 @@ class EmbeddedBroker:
         self._proc: subprocess.Popen[bytes] | None = None
         self._port: int | None = None
         self._logs: list[IO[bytes]] = []
-        self._finalizer: weakref.finalize | None = None
+        self._finalizer: weakref.finalize[..., EmbeddedBroker] | None = None
         self.startup_seconds: float | None = None
         """Wall-clock seconds the last `start` took until the broker answered (for reports)."""
 

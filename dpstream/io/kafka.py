@@ -124,7 +124,7 @@ class _LibrdkafkaLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
         self.client, self.on_error = client, on_error
         self.limited = RateLimitedLog(kafka_log, 30.0)
 
-    def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+    def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
         text = str(msg) % args if args else str(msg)
         if level >= logging.ERROR:
             self.on_error(self.client)
@@ -315,7 +315,7 @@ def create_missing_topics(clients: KafkaClients, wanted: Mapping[str, tuple[int,
     Raises:
         DpstreamError: the cluster is unreachable or refused to create a topic.
     """
-    from confluent_kafka.admin import NewTopic
+    from confluent_kafka.cimpl import NewTopic
 
     admin = AdminClient(clients.config("admin"))
     try:

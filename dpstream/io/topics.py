@@ -321,7 +321,7 @@ def produce(
     try:
         for message in messages:
             key, value = message[0], message[1]
-            stamp = message[2] if len(message) > 2 else None  # type: ignore[misc]
+            stamp = message[2] if len(message) > 2 else None
             future = producer.send(topic, value=value, key=key, partition=partition,
                                    timestamp_ms=stamp)
             future.add_errback(failures.append)

@@ -74,7 +74,9 @@ what, per step). Everything about time is here, once.
 from __future__ import annotations
 
 import math
+import zlib
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from operator import countOf
 from typing import Any, Final, Protocol
 
@@ -90,11 +92,40 @@ from dpstream.messages import (
 )
 
 __all__ = ["ClockRules", "MAX_SECONDS", "UNDECODABLE", "ShardUpdate", "StepClock", "bad_time",
+           "event_seconds", "iso_seconds", "shard_of",
            "undecodable"]
 
 MAX_SECONDS: Final = 253_402_300_799.0  # 9999-12-31T23:59:59Z: keeps every step index in int64
 UNDECODABLE: Final = "undecodable record"
 """How the dead-letter reason of every undecodable record starts (:func:`undecodable`)."""
+
+
+def shard_of(name: str, shards: int) -> int:
+    """Return the shard of ``name`` (a key, a histogram, a model stream).
+
+    Stable across processes and workers, unlike ``hash``: CRC-32 of its UTF-8 bytes.
+    """
+    return zlib.crc32(name.encode()) % shards
+
+
+def event_seconds(value: Any) -> float | None:
+    """An event time read from JSON: finite Unix seconds, or an ISO-8601 string; else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value) if math.isfinite(value) else None
+    return iso_seconds(value) if isinstance(value, str) else None
+
+
+def iso_seconds(text: str) -> float | None:
+    """Unix seconds of an ISO-8601 time (naive times are UTC), or None."""
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
 
 
 def bad_time(field: str) -> str:
@@ -211,7 +242,7 @@ class StepClock:
 
     # -- what a flow kind provides --
     def decode(self, partition: int, messages: RawBatch, dead: list[DeadLetter]
-               ) -> tuple[list[Any], np.ndarray | list[float], range | list[int]]:
+               ) -> tuple[list[Any] | np.ndarray, np.ndarray | list[float], range | list[int]]:
         """Decode records: their payloads (a list, or an array), event times and indexes.
 
         ``messages`` is read as columns (``messages.values``) or as :data:`RawMessage`
@@ -221,7 +252,8 @@ class StepClock:
         """
         raise NotImplementedError
 
-    def route(self, payloads: list[Any], steps: int | list[int]) -> list[dict[int, Any]]:
+    def route(self, payloads: list[Any] | np.ndarray, steps: int | list[int]
+              ) -> list[dict[int, Any]]:
         """Group accepted payloads by shard and step: one ``{step: bucket}`` per shard.
 
         ``steps`` is one step for every payload (the usual case) or one step per payload.
@@ -233,8 +265,9 @@ class StepClock:
         partition, raw, offset, topic, _, _ = message
         return DeadLetter(reason, raw or b"", topic, partition, offset)
 
-    def _decode_guarded(self, partition: int, messages: RawBatch, dead: list[DeadLetter]
-                        ) -> tuple[list[Any], np.ndarray | list[float], range | list[int]]:
+    def _decode_guarded(
+            self, partition: int, messages: RawBatch, dead: list[DeadLetter]
+    ) -> tuple[list[Any] | np.ndarray, np.ndarray | list[float], range | list[int]]:
         """:meth:`decode`, turning any exception into dead letters of the records that raise.
 
         The usual case costs one ``try``. If the batch raises, its dead letters so far are

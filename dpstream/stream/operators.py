@@ -189,8 +189,9 @@ def _group_by_partition(items: list[RawBatch | RawMessage]) -> list[tuple[str, R
     :data:`RawMessage` tuples (e.g. a test's ``TestingSource``) are grouped into batches, in
     their order within each partition.
     """
-    if all(type(item) is RawBatch for item in items):  # the sources' case
-        return [(str(item.partition), item) for item in items]  # type: ignore[union-attr]
+    batches = [item for item in items if type(item) is RawBatch]
+    if len(batches) == len(items):  # the sources' case
+        return [(str(item.partition), item) for item in batches]
     out: list[tuple[str, RawBatch]] = []
     loose: dict[int, list[RawMessage]] = defaultdict(list)
     for item in items:
@@ -220,7 +221,7 @@ def assign_steps(step_id: str, up: Stream[RawBatch | RawMessage],
         "parse", grouped, lambda state: _PartitionLogic(make_clock(state), seen, quarantine))
     flat = op.key_rm("unkey", parsed)
     branches = op.branch("split", flat, lambda item: isinstance(item, DeadLetter))
-    return StepAssignment(branches.falses, branches.trues)  # type: ignore[arg-type]
+    return StepAssignment(branches.falses, branches.trues)
 
 
 def waiting_for(shard: StepBarrier) -> tuple[list[int], int | None]:

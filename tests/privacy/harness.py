@@ -24,7 +24,7 @@ from typing import Any
 
 from scipy import stats
 
-from dpstream.config import FlowConfig, parse_config
+from dpstream.config import FlowConfig
 from dpstream.core.noise.keys import NoiseKey
 from dpstream.kinds.counters.events import (
     TICK,
@@ -36,7 +36,7 @@ from dpstream.kinds.counters.events import (
 from dpstream.kinds.counters.kind import event_rules, statistics_spec
 from dpstream.kinds.counters.records import RecordEncoder
 from dpstream.kinds.counters.shard import ShardState
-from dpstream.platform import build_flow
+from dpstream.platform import build_flow, parse_config
 from dpstream.stream.barrier import end_step_of
 
 ORIGIN = 1_790_000_000  # 2026-09-21T14:13:20Z

@@ -51,14 +51,13 @@ from bytewax.testing import TestingSink, TestingSource, run_main
 from harness import epsilon_lower_bound
 from prometheus_client import CollectorRegistry
 
-from dpstream.config import parse_config
 from dpstream.core.erm import output_noise as core_erm
 from dpstream.core.erm.schedules.schedule import ReleaseSchedule
 from dpstream.core.noise.keys import NoiseKey
 from dpstream.kinds.erm.kind import ErmClock, ErmShard, ModelEncoder
 from dpstream.messages import TIMESTAMP_LOG_APPEND_TIME
 from dpstream.metrics import FlowMetrics
-from dpstream.platform import build_flow
+from dpstream.platform import build_flow, parse_config
 
 pytestmark = [pytest.mark.privacy]
 

@@ -25,11 +25,10 @@ import pytest
 from bytewax.testing import TestingSink, TestingSource, run_main
 from harness import epsilon_lower_bound
 
-from dpstream.config import parse_config
 from dpstream.core.noise.keys import NoiseKey
 from dpstream.kinds.pmwg.kind import PmwgClock, PmwgShard
 from dpstream.messages import TIMESTAMP_LOG_APPEND_TIME
-from dpstream.platform import build_flow
+from dpstream.platform import build_flow, parse_config
 
 pytestmark = [pytest.mark.privacy]
 

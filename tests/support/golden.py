@@ -366,10 +366,9 @@ def status_records() -> list[Output]:
     counters flow publishes them with. (This and :func:`run_flow` are the only places that
     import dpstream.)
     """
-    from dpstream.config import parse_config
     from dpstream.core.counting.key_statistics import BudgetExhausted
     from dpstream.kinds.counters.records import RecordEncoder
-    from dpstream.platform import output_topics
+    from dpstream.platform import output_topics, parse_config
 
     out: list[Output] = []
     for accounting, unit, delta in (("pure", "epsilon", 0.0), ("zcdp", "rho", 1e-6)):
@@ -393,10 +392,9 @@ def bind_store(run: GoldenRun, recovery_dir: Path) -> str:
 
     Raises whatever the instance binding raises for a store it refuses.
     """
-    from dpstream.config import parse_config
     from dpstream.core.noise.keys import NoiseKey
     from dpstream.instance import bind_instance
-    from dpstream.kinds import flow_kind
+    from dpstream.platform import flow_kind, parse_config
 
     config = parse_config(run.config)
     noise = NoiseKey.for_tests(run.noise_seed)
@@ -430,9 +428,8 @@ def run_flow(run: GoldenRun, recovery_dir: Path | None = None, *, crash: bool = 
     from bytewax.recovery import RecoveryConfig
     from bytewax.testing import TestingSink, TestingSource, run_main
 
-    from dpstream.config import parse_config
     from dpstream.core.noise.keys import NoiseKey
-    from dpstream.platform import build_flow, output_topics
+    from dpstream.platform import build_flow, output_topics, parse_config
 
     config = parse_config(run.config)
     topics = output_topics(config)

@@ -62,7 +62,7 @@ class KeyIndex:
 
     __slots__ = ("_names_array", "_first_names", "_slots", "_mask", "_size", "_indexed")
 
-    def __init__(self, names: Sequence[str] = ()) -> None:
+    def __init__(self, names: Sequence[str] | npt.NDArray[np.object_] = ()) -> None:
         self._names_array: npt.NDArray[np.object_] = np.empty(0, dtype=object)
         # the first rows' names as appended (a tuple), until the references are needed
         self._first_names: tuple[str, ...] | None = None

@@ -36,7 +36,9 @@ import numpy as np
 from dpstream.errors import InvalidParameterError
 
 if TYPE_CHECKING:
-    from dpstream.core.erm.spec import FloatArray
+    import numpy.typing as npt
+
+    FloatArray = npt.NDArray[np.float64]
 
 __all__ = [
     "GRID_BITS",

@@ -63,7 +63,6 @@ import numpy as np
 from dpstream.core._checks import is_integer
 from dpstream.core.accounting.ledger import PrivacyCharge, PrivacyLedger, exact, zcdp_to_approx_dp
 from dpstream.core.noise.coordinates import encode_coordinates
-from dpstream.core.pmwg.guarantee import Guarantee, accuracy_guarantee
 from dpstream.core.pmwg.hard_query_sums import hard_query_increment
 from dpstream.core.pmwg.sparse_vector import GRID_BITS, _floor_log2, _pow2
 from dpstream.core.pmwg.worst_case import (
@@ -356,9 +355,3 @@ class PmwgSpec:
                                person=b"dpstream-params").hexdigest()
 
     # -- the guarantee report --
-    def guarantee(self) -> Guarantee:
-        """Check the accuracy theorems' preconditions and report what follows.
-
-        See :func:`~dpstream.core.pmwg.guarantee.accuracy_guarantee`.
-        """
-        return accuracy_guarantee(self)

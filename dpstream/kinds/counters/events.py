@@ -12,10 +12,9 @@ records is the shared clock's job (:mod:`dpstream.stream.clock`).
 from __future__ import annotations
 
 import itertools
-import math
 from collections import Counter
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from operator import attrgetter
 from typing import Annotated, Any, Literal
 
@@ -23,7 +22,7 @@ import msgspec
 import numpy as np
 import orjson
 
-from dpstream.kinds.counters.layout import DeclaredLayout, RowCounts, shard_of, shards_of
+from dpstream.kinds.counters.layout import DeclaredLayout, RowCounts, shards_of
 from dpstream.messages import (
     TICK,
     TIMESTAMP_CREATE_TIME,
@@ -33,7 +32,14 @@ from dpstream.messages import (
     RawBatch,
     RawMessage,
 )
-from dpstream.stream.clock import MAX_SECONDS, ShardUpdate, StepClock, bad_time, undecodable
+from dpstream.stream.clock import (
+    MAX_SECONDS,
+    ShardUpdate,
+    StepClock,
+    bad_time,
+    iso_seconds,
+    undecodable,
+)
 
 __all__ = [
     "EventRules",
@@ -46,7 +52,6 @@ __all__ = [
     "TIMESTAMP_LOG_APPEND_TIME",
     "TIMESTAMP_NONE",
     "TICK",
-    "shard_of",
 ]
 
 MAX_KEY_LENGTH = 256
@@ -57,26 +62,6 @@ _bad_time = bad_time
 
 def _bad_key(field: str) -> str:
     return f"field {field!r} missing or not a non-empty string"
-
-
-def event_seconds(value: Any) -> float | None:
-    """An event time read from JSON: finite Unix seconds, or an ISO-8601 string; else None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return float(value) if math.isfinite(value) else None
-    return iso_seconds(value) if isinstance(value, str) else None
-
-
-def iso_seconds(text: str) -> float | None:
-    """Unix seconds of an ISO-8601 time (naive times are UTC), or None."""
-    try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.timestamp()
 
 
 @dataclass(frozen=True)
@@ -118,7 +103,8 @@ class PartitionClock(StepClock):
         event_type = msgspec.defstruct(
             "Event", [("key", str), ("ts", float | str)],
             rename={"key": rules.key_field, "ts": rules.time_field}, gc=False)
-        self._decoder = msgspec.json.Decoder(event_type)
+        # a Struct made at run time: its fields are not known statically, so events are Any
+        self._decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(event_type)
         strict_type = msgspec.defstruct(  # the fast path: key length and float time checked in C
             "StrictEvent",
             [("key", Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_KEY_LENGTH)]),
@@ -127,15 +113,16 @@ class PartitionClock(StepClock):
         self._strict_decoder = msgspec.json.Decoder(strict_type)
 
     def decode(self, partition: int, messages: RawBatch, dead: list[DeadLetter]
-               ) -> tuple[list[Any], np.ndarray | list[float], range | list[int]]:
+               ) -> tuple[list[Any] | np.ndarray, np.ndarray | list[float], range | list[int]]:
         """Decode the whole batch in one C call, else record by record (explaining failures)."""
         fast = self._decode_batch(messages)
         if fast is not None:
             keys, times = fast
             return keys, times, range(len(messages))
-        return self._decode_each(partition, messages, dead)
+        return self._decode_records(partition, messages, dead)
 
-    def route(self, payloads: list[Any], steps: int | list[int]) -> list[dict[int, Any]]:
+    def route(self, payloads: list[Any] | np.ndarray, steps: int | list[int]
+              ) -> list[dict[int, Any]]:
         """Count events per key and step, grouped by the key's shard.
 
         Vectorised over the batch: one ``Counter`` per step, the shards of the distinct keys
@@ -214,7 +201,7 @@ class PartitionClock(StepClock):
         The records are joined as JSON lines. The join is only trusted when no record
         holds a newline and every line decoded into exactly one event, so each event
         is exactly one record; any invalid, blank or odd record sends the whole batch
-        to :meth:`_decode_each`, which explains each failure.
+        to :meth:`_decode_records`, which explains each failure.
         """
         values = messages.values
         if not values or None in values:
@@ -238,7 +225,7 @@ class PartitionClock(StepClock):
             return None
         return positions, times
 
-    def _decode_each(self, partition: int,
+    def _decode_records(self, partition: int,
                      messages: RawBatch,
                      dead: list[DeadLetter]
                      ) -> tuple[list[str] | np.ndarray, list[float], list[int]]:
@@ -275,7 +262,7 @@ class PartitionClock(StepClock):
                 dead.append(DeadLetter(reason, raw or b"", topic, partition, offset))
                 continue
             keys.append(key)
-            times.append(ts)  # type: ignore[arg-type]
+            times.append(ts)
             refs.append(i)
         if layout is None:
             return keys, times, refs

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -40,12 +40,12 @@ from dpstream.core.counting.threshold_monitor import (
 )
 from dpstream.core.counting.tree_counter import TreeCounterSpec
 from dpstream.errors import ConfigError, InvalidParameterError
+from dpstream.kind import ClockFactory, FlowKind, FlowParts
 from dpstream.kinds.counters.events import EventRules, PartitionClock
 from dpstream.kinds.counters.layout import DeclaredLayout
 from dpstream.kinds.counters.records import EncodedBatch, RecordEncoder
 from dpstream.kinds.counters.shard import ShardState
 from dpstream.messages import Encoded
-from dpstream.platform import FlowParts
 from dpstream.stream.barrier import end_step_of
 from dpstream.stream.clock import ShardUpdate
 from dpstream.stream.operators import keyed_statistics
@@ -190,6 +190,7 @@ def _privacy_section(privacy: Section) -> tuple[str, float, float]:
 def _counter_section(counter: Section, accounting: str,
                      budget: float) -> TreeCounterSpec | BltCounterSpec:
     horizon = counter.get("horizon", 2**20, int)
+    spec: TreeCounterSpec | BltCounterSpec
     if accounting == "pure":
         eps = positive(counter.get("epsilon", budget * 0.7, float), "counter.epsilon")
         spec = build_spec(TreeCounterSpec, "[counter]", epsilon=eps, horizon=horizon)
@@ -197,7 +198,7 @@ def _counter_section(counter: Section, accounting: str,
         rho = positive(counter.get("rho", budget * 0.7, float), "counter.rho")
         spec = build_spec(BltCounterSpec, "[counter]", rho=rho, horizon=horizon)
     counter.finish()
-    return spec  # type: ignore[no-any-return]
+    return spec
 
 
 def _admission_section(admission: Section, accounting: str
@@ -281,6 +282,7 @@ def _admission(mode: str, keys: list[str], initial_value: float | None,
     except InvalidParameterError as exc:
         raise ConfigError(f"[monitor]: {exc}") from None
     if adm_delta > delta:
+        assert monitor.horizon is not None  # lazy_start_delta needs it
         need = minimal_threshold(monitor.epsilon, monitor.horizon, delta)
         raise ConfigError(
             f"monitor.threshold = {monitor.threshold} with monitor windows of "
@@ -362,11 +364,11 @@ def event_rules(config: CountersConfig) -> EventRules:
 class CountersKind:
     """The counters flow kind (see the module docstring)."""
 
-    name: Final = "counters"
-    inputs: Final = ("input_topic",)
-    outputs: Final = {"releases": "releases_topic", "alerts": "alerts_topic",
-                      "dead_letters": "dead_letter_topic"}
-    topics: Final = TOPICS
+    name: Final[str] = "counters"
+    inputs: Final[tuple[str, ...]] = ("input_topic",)
+    outputs: Final[Mapping[str, str]] = {"releases": "releases_topic", "alerts": "alerts_topic",
+                                         "dead_letters": "dead_letter_topic"}
+    topics: Final[Mapping[str, str]] = TOPICS
 
     def parse_config(self, raw: dict[str, Any], source: str) -> CountersConfig:
         """Validate a counters configuration."""
@@ -376,19 +378,18 @@ class CountersKind:
         """What a flow instance binds (the mechanisms' digest)."""
         return statistics_spec(config)
 
-    def clock(self, config: CountersConfig, bases: dict[str, int]
-              ) -> Callable[[dict[str, Any] | None], PartitionClock]:
+    def clock(self, config: CountersConfig, bases: Mapping[str, int]) -> ClockFactory:
         """The counters' clock factory (one input topic: no partition bases to map)."""
         rules = event_rules(config)
         return lambda state: PartitionClock(rules, state)
 
-    def wire(self, parts: FlowParts, updates: Stream[tuple[str, ShardUpdate]]
+    def wire(self, parts: FlowParts[CountersConfig], updates: Stream[tuple[str, ShardUpdate]]
              ) -> Stream[Encoded | EncodedBatch]:
         """Keyed statistics per shard, encoded as release, alert and status records.
 
         One :class:`~dpstream.kinds.counters.records.EncodedBatch` per closed step of a shard.
         """
-        config: CountersConfig = parts.config
+        config = parts.config
         spec = statistics_spec(config, parts.instance)
         if parts.metrics is not None:
             ledger = config.privacy.new_ledger()
@@ -404,4 +405,4 @@ class CountersKind:
         return op.map("encode", outputs, encoder.encode_item)
 
 
-KIND: Final = CountersKind()
+KIND: Final[FlowKind[CountersConfig, StatisticsSpec, Encoded | EncodedBatch]] = CountersKind()

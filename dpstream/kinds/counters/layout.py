@@ -24,20 +24,18 @@ import numpy.typing as npt
 from dpstream.core.counting.key_index import KeyIndex
 from dpstream.core.noise.coordinates import JoinedNames
 
-__all__ = ["DeclaredLayout", "RowCounts", "shard_of", "shards_of"]
+__all__ = ["DeclaredLayout", "RowCounts", "shards_of"]
 
 IntArray = npt.NDArray[np.int64]
 
 
-def shard_of(key: str, shards: int) -> int:
-    """Return the shard of ``key`` (stable across processes, unlike ``hash``)."""
-    return zlib.crc32(key.encode()) % shards
-
-
 def shards_of(keys: Sequence[str], shards: int) -> IntArray:
-    """:func:`shard_of` of every key, as an int64 array (C-speed maps, no Python loop)."""
+    """:func:`~dpstream.stream.clock.shard_of` of every key, as an int64 array (C-speed maps).
+
+    No Python loop.
+    """
     crcs = np.fromiter(map(zlib.crc32, map(str.encode, keys)), dtype=np.int64, count=len(keys))
-    return crcs % shards  # type: ignore[no-any-return]
+    return crcs % shards
 
 
 @dataclass(frozen=True, eq=False)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -50,11 +50,10 @@ from dpstream.core.erm.spec import Block, ErmSpec
 from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import BudgetExhaustedError, ConfigError
 from dpstream.estimator import MODEL_SCHEMA
-from dpstream.kinds.counters.events import event_seconds, shard_of
+from dpstream.kind import ClockFactory, FlowKind, FlowParts
 from dpstream.messages import DeadLetter, Encoded, RawBatch, step_window
-from dpstream.platform import FlowParts
 from dpstream.stream.barrier import MechanismShard
-from dpstream.stream.clock import ShardUpdate, StepClock, bad_time
+from dpstream.stream.clock import ShardUpdate, StepClock, bad_time, event_seconds, shard_of
 from dpstream.stream.operators import stepped_shards
 
 __all__ = ["KIND", "MODEL_SCHEMA", "ErmConfig", "ModelRecord"]
@@ -182,11 +181,10 @@ def _schedule_section(section: Section, privacy: dict[str, Any]) -> tuple[str, A
     if algorithm == "ermg":
         from dpstream.core.erm.ermg import ErmgSpec  # noqa: PLC0415 (only this algorithm)
 
-        spec = build_spec(ErmgSpec, "[release]", epsilon=privacy["epsilon"],
-                          delta=privacy["delta"], block_size=block_size,
-                          beta=section.get("beta", 0.05, float),
-                          first_blocks=section.get("first_blocks", 8, int),
-                          c=section.get("c", 0.1, float))
+        spec: ErmgSpec | ScheduleSpec = build_spec(
+            ErmgSpec, "[release]", epsilon=privacy["epsilon"], delta=privacy["delta"],
+            block_size=block_size, beta=section.get("beta", 0.05, float),
+            first_blocks=section.get("first_blocks", 8, int), c=section.get("c", 0.1, float))
         section.finish()
         return algorithm, spec
     spec = build_spec(
@@ -354,7 +352,7 @@ class ErmClock(StepClock):
     """Decodes events into feature rows (clipped, mapped), label indices and their stream."""
 
     def __init__(self, config: ErmConfig, state: dict[str, Any] | None = None) -> None:
-        super().__init__(config, state)  # type: ignore[arg-type]
+        super().__init__(config, state)
         self.config = config
         self.stream_index = {s: i for i, s in enumerate(config.streams)}
         self.shard_of = [shard_of(s, config.shards) for s in config.streams]
@@ -374,7 +372,7 @@ class ErmClock(StepClock):
         rows: list[list[float]] = []
         labels: list[int] = []
         streams: list[int] = []
-        order: list[tuple[int, int]] = []
+        order: list[tuple[int, int | None]] = []  # (partition, offset) of each row
         times: list[float] = []
         refs: list[int] = []
         for i, message in enumerate(messages):  # the hot loop: checks inlined, cheapest first
@@ -432,7 +430,8 @@ class ErmClock(StepClock):
         kept = np.flatnonzero(keep).tolist()
         return list(range(count)), [times[j] for j in kept], [refs[j] for j in kept]
 
-    def route(self, payloads: list[Any], steps: int | list[int]) -> list[dict[int, Any]]:
+    def route(self, payloads: list[Any] | np.ndarray, steps: int | list[int]
+              ) -> list[dict[int, Any]]:
         """Per shard and step: each stream's rows (features, labels, partition and offset)."""
         per_shard: list[dict[int, Any]] = [{} for _ in range(self.config.shards)]
         if not payloads:
@@ -622,10 +621,11 @@ class ModelEncoder:
 class ErmKind:
     """The ERM flow kind (see the module docstring)."""
 
-    name: Final = "erm"
-    inputs: Final = ("input_topic",)
-    outputs: Final = {"models": "models_topic", "dead_letters": "dead_letter_topic"}
-    topics: Final = TOPICS
+    name: Final[str] = "erm"
+    inputs: Final[tuple[str, ...]] = ("input_topic",)
+    outputs: Final[Mapping[str, str]] = {"models": "models_topic",
+                                         "dead_letters": "dead_letter_topic"}
+    topics: Final[Mapping[str, str]] = TOPICS
 
     def parse_config(self, raw: dict[str, Any], source: str) -> ErmConfig:
         """Validate an ERM configuration."""
@@ -635,19 +635,18 @@ class ErmKind:
         """What a flow instance binds (the model, schedule and streams digest)."""
         return config
 
-    def clock(self, config: ErmConfig, bases: dict[str, int]
-              ) -> Callable[[dict[str, Any] | None], ErmClock]:
+    def clock(self, config: ErmConfig, bases: Mapping[str, int]) -> ClockFactory:
         """The clock factory."""
         return lambda state: ErmClock(config, state)
 
-    def wire(self, parts: FlowParts, updates: Stream[tuple[str, ShardUpdate]]
+    def wire(self, parts: FlowParts[ErmConfig], updates: Stream[tuple[str, ShardUpdate]]
              ) -> Stream[Encoded]:
         """Model-stream shards releasing models step by step, encoded as model records.
 
         ``parts.options["train"]`` replaces the private trainer: only ``bench/``'s
         non-private baseline uses it.
         """
-        config: ErmConfig = parts.config
+        config = parts.config
         metrics = parts.metrics
         if metrics is not None:
             metrics.set_kind("erm")
@@ -663,4 +662,4 @@ class ErmKind:
         return op.map("encode", models, ModelEncoder(config, parts.instance).encode)
 
 
-KIND: Final = ErmKind()
+KIND: Final[FlowKind[ErmConfig, ErmConfig, Encoded]] = ErmKind()

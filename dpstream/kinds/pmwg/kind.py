@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -48,6 +49,7 @@ from dpstream.core.noise.keys import NoiseKey
 from dpstream.core.pmwg.attributes import UniverseError
 from dpstream.core.pmwg.bb_scheduler import BBScheduler, BBSchedulerSpec
 from dpstream.core.pmwg.blackboxes import HistogramSynopsis, NoisyHistogram
+from dpstream.core.pmwg.guarantee import accuracy_guarantee
 from dpstream.core.pmwg.mechanism import Answer, Pmwg
 from dpstream.core.pmwg.queries import LinearQuery
 from dpstream.core.pmwg.query_compiler import QueryCompiler
@@ -55,12 +57,11 @@ from dpstream.core.pmwg.query_parser import QueryError
 from dpstream.core.pmwg.spec import PmwgSpec
 from dpstream.core.pmwg.universe import Universe
 from dpstream.errors import ConfigError, InvalidParameterError
-from dpstream.kinds.counters.events import event_seconds, shard_of
+from dpstream.kind import ClockFactory, FlowKind, FlowParts
 from dpstream.messages import DeadLetter, Encoded, RawBatch, RawMessage, step_window
 from dpstream.metrics import FlowMetrics
-from dpstream.platform import FlowParts
 from dpstream.stream.barrier import MechanismShard
-from dpstream.stream.clock import ShardUpdate, StepClock, bad_time
+from dpstream.stream.clock import ShardUpdate, StepClock, bad_time, event_seconds, shard_of
 from dpstream.stream.operators import stepped_shards
 
 __all__ = ["ANSWER_SCHEMA", "HistogramConfig", "KIND", "PmwgConfig"]
@@ -157,14 +158,14 @@ class PmwgConfig(FlowConfig):
             lines.append(f"histogram {h.name!r}: {h.mechanism}, N = {h.universe.size} cells "
                          f"({' x '.join(str(d) for d in h.universe.shape)}), size counter "
                          f"{h.size_cost:g}"
-                         f" {ledger.unit}")  # type: ignore[arg-type]
+                         f" {ledger.unit}")
             lines.append("  " + which_mechanism(h.universe.size, h.n,
                                                 h.pmwg.epsilon if h.pmwg is not None
                                                 else h.scheduler.epsilon,  # type: ignore
 
                                                 h.pmwg.alpha if h.pmwg else 0.05))
             if h.pmwg is not None:
-                lines.extend("  " + line for line in h.pmwg.guarantee().lines())
+                lines.extend("  " + line for line in accuracy_guarantee(h.pmwg).lines())
             elif h.scheduler is not None:
                 lines.append(f"  BBScheduler over a noisy histogram: gamma = "
                              f"{h.scheduler.gamma:.4g}, every answer within "
@@ -292,9 +293,9 @@ def parse_config(raw: dict[str, Any], source: str = "<dict>") -> PmwgConfig:
 class PmwgClock(StepClock):
     """Decodes events into one cell per histogram, and queries into pending questions."""
 
-    def __init__(self, config: PmwgConfig, bases: dict[str, int],
+    def __init__(self, config: PmwgConfig, bases: Mapping[str, int],
                  state: dict[str, Any] | None = None) -> None:
-        super().__init__(config, state)  # type: ignore[arg-type]
+        super().__init__(config, state)
         self.config = config
         self.queries_topic = config.kafka.topic("queries_topic")
         self.bases = bases
@@ -310,7 +311,7 @@ class PmwgClock(StepClock):
                           offset)
 
     def decode(self, partition: int, messages: RawBatch, dead: list[DeadLetter]
-               ) -> tuple[list[Any], np.ndarray | list[float], range | list[int]]:
+               ) -> tuple[list[Any] | np.ndarray, np.ndarray | list[float], range | list[int]]:
         """Events: their cells in every histogram; queries: id, histogram and body."""
         if partition >= self.first_query_partition:
             return self._decode_queries(messages, dead)
@@ -368,7 +369,7 @@ class PmwgClock(StepClock):
         for i, message in enumerate(messages):
             partition, raw, offset, _, broker_ms, _ = message
             try:
-                body = orjson.loads(raw) if raw is not None else None
+                body: Any = orjson.loads(raw) if raw is not None else None
             except orjson.JSONDecodeError:
                 dead.append(self.dead_letter("invalid JSON", message))
                 continue
@@ -382,7 +383,8 @@ class PmwgClock(StepClock):
             refs.append(i)
         return payloads, times, refs
 
-    def route(self, payloads: list[Any], steps: int | list[int]) -> list[dict[int, Any]]:
+    def route(self, payloads: list[Any] | np.ndarray, steps: int | list[int]
+              ) -> list[dict[int, Any]]:
         """Per shard and step: cell counts per histogram, and the questions asked."""
         per_shard: list[dict[int, Any]] = [{} for _ in range(self.config.shards)]
         if not payloads:
@@ -484,6 +486,7 @@ def _mechanism(config: HistogramConfig, noise: NoiseKey, coords: tuple[Any, ...]
                state: dict[str, Any] | None) -> Any:
     if config.scheduler is not None:
         return _ScheduledHistogram(config, noise, coords, state)
+    assert config.pmwg is not None  # a histogram without a scheduler runs PMWG
     return Pmwg(config.pmwg, noise, (*coords, "pmwg"), state)
 
 
@@ -654,10 +657,11 @@ def _declare_budgets(metrics: FlowMetrics, config: PmwgConfig) -> None:
 class PmwgKind:
     """The PMWG flow kind (see the module docstring)."""
 
-    name: Final = "pmwg"
-    inputs: Final = ("input_topic", "queries_topic")
-    outputs: Final = {"answers": "answers_topic", "dead_letters": "dead_letter_topic"}
-    topics: Final = TOPICS
+    name: Final[str] = "pmwg"
+    inputs: Final[tuple[str, ...]] = ("input_topic", "queries_topic")
+    outputs: Final[Mapping[str, str]] = {"answers": "answers_topic",
+                                         "dead_letters": "dead_letter_topic"}
+    topics: Final[Mapping[str, str]] = TOPICS
 
     def parse_config(self, raw: dict[str, Any], source: str) -> PmwgConfig:
         """Validate a PMWG configuration."""
@@ -667,14 +671,14 @@ class PmwgKind:
         """What a flow instance binds (the histograms' digest)."""
         return config
 
-    def clock(self, config: PmwgConfig, bases: dict[str, int]) -> Any:
+    def clock(self, config: PmwgConfig, bases: Mapping[str, int]) -> ClockFactory:
         """The clock factory: events and queries partitions, numbered by ``bases``."""
         return lambda state: PmwgClock(config, bases, state)
 
-    def wire(self, parts: FlowParts, updates: Stream[tuple[str, ShardUpdate]]
+    def wire(self, parts: FlowParts[PmwgConfig], updates: Stream[tuple[str, ShardUpdate]]
              ) -> Stream[Encoded]:
         """Histogram shards answering questions step by step, encoded as answer records."""
-        config: PmwgConfig = parts.config
+        config = parts.config
         metrics = parts.metrics
         if metrics is not None:
             _declare_budgets(metrics, config)
@@ -686,4 +690,4 @@ class PmwgKind:
         return op.map("encode", answers, AnswerEncoder(config, parts.instance).encode)
 
 
-KIND: Final = PmwgKind()
+KIND: Final[FlowKind[PmwgConfig, PmwgConfig, Encoded]] = PmwgKind()
