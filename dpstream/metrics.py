@@ -117,7 +117,7 @@ from typing import Any, Final
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from dpstream.core.counting.key_statistics import Alert, BudgetExhausted, Release
+from dpstream.core.counting.outputs import Alert, BudgetExhausted, Release
 from dpstream.core.pmwg.mechanism import HARD_BUDGET_EXCEEDED, PRIVACY_BUDGET_EXHAUSTED
 
 __all__ = ["FlowMetrics", "RecordWarnings"]

@@ -15,8 +15,13 @@ from hypothesis import strategies as st
 from support.messages import message
 
 from dpstream.config import parse_config
-from dpstream.core.counting.key_statistics import Alert, BudgetExhausted
-from dpstream.core.counting.key_table import AlertColumns, ReleaseColumns, StepOutputs
+from dpstream.core.counting.outputs import (
+    Alert,
+    AlertColumns,
+    BudgetExhausted,
+    ReleaseColumns,
+    StepOutputs,
+)
 from dpstream.core.noise.samplers import NoiseKey
 from dpstream.io.kafka import _OutputPartition
 from dpstream.kinds.counters.records import EncodedBatch, EncodedColumn, RecordEncoder, flatten

@@ -20,7 +20,7 @@ from support.messages import message, raw
 
 from dpstream.client import LatestValues, Release, decode
 from dpstream.config import load_config, parse_config
-from dpstream.core.counting import key_statistics as core
+from dpstream.core.counting import outputs as core
 from dpstream.core.noise.samplers import NoiseKey
 from dpstream.kinds.counters.records import RecordEncoder
 from dpstream.kinds.erm.kind import ModelEncoder, ModelRecord
@@ -195,7 +195,7 @@ def test_budget_keeps_only_the_processes_of_one_instance(prometheus_factory):
     from prometheus_client import start_http_server
 
     from dpstream.client import budget_from_metrics, budget_from_prometheus
-    from dpstream.core.counting.key_statistics import Release as CoreRelease
+    from dpstream.core.counting.outputs import Release as CoreRelease
     from dpstream.io.broker import free_port
     from dpstream.metrics import FlowMetrics
 

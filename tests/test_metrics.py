@@ -378,7 +378,7 @@ def test_erm_models_count_as_releases_and_an_exhausted_stream_as_a_refusal():
 
 
 def test_a_counters_refusal_exhausts_its_mechanism():
-    from dpstream.core.counting.key_statistics import BudgetExhausted  # noqa: PLC0415
+    from dpstream.core.counting.outputs import BudgetExhausted  # noqa: PLC0415
 
     metrics, _ = make()
     metrics.set_budget("tree-laplace", "epsilon", 1.0)

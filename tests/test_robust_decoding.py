@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from support.messages import message, raw
 
 from dpstream.config import parse_config
-from dpstream.core.counting.key_statistics import Release
+from dpstream.core.counting.outputs import Release
 from dpstream.core.noise.samplers import NoiseKey
 from dpstream.kinds.counters.events import EventRules, PartitionClock
 from dpstream.kinds.counters.records import RecordEncoder, _keys_json

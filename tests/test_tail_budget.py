@@ -36,7 +36,7 @@ from test_client import (  # the flow and the records the client tests use
     write_flow_config,
 )
 
-from dpstream.core.counting import key_statistics as core
+from dpstream.core.counting import outputs as core
 from dpstream.io.broker import free_port
 from dpstream.io.topics import produce, read_all
 from dpstream.kinds.counters.records import RecordEncoder

@@ -26,8 +26,8 @@ import bytewax.operators as op
 from bytewax.dataflow import Stream, operator
 from bytewax.operators import StatefulBatchLogic
 
-from dpstream.core.counting.key_statistics import StatisticsSpec
-from dpstream.core.counting.key_table import StepOutputs
+from dpstream.core.counting.outputs import StepOutputs
+from dpstream.core.counting.statistics_spec import StatisticsSpec
 from dpstream.core.noise.samplers import NoiseKey
 from dpstream.kinds.counters.layout import DeclaredLayout
 from dpstream.kinds.counters.shard import ShardState

@@ -1,11 +1,12 @@
 """Columnar key state: every key of a shard in numpy columns, stepped in bulk.
 
-:class:`KeyTable` is the columnar equivalent of the per-key engine (one
-:class:`~dpstream.core.counting.key_statistics.KeyStatistics` per key, stepped by the shard's
-``close``): the same threshold monitor, initial count, binary tree counter and ledger
-rules, for pure accounting with a :class:`~dpstream.core.counting.tree_counter.TreeCounterSpec`
-counter and for zCDP accounting with a :class:`~dpstream.core.counting.blt_counter.BltCounterSpec`
-counter (:meth:`KeyTable.supports`), in the declared and the open key universe. With the
+:class:`KeyTable` is the columnar equivalent of the per-key reference engine (one
+``KeyStatistics`` per key, kept with the tests as their oracle): the same threshold monitor,
+initial count, binary tree counter and ledger rules
+(:mod:`dpstream.core.counting.statistics_spec`), for pure accounting with a
+:class:`~dpstream.core.counting.tree_counter.TreeCounterSpec` counter and for zCDP accounting
+with a :class:`~dpstream.core.counting.blt_counter.BltCounterSpec` counter
+(:meth:`KeyTable.supports`), in the declared and the open key universe. With the
 same noise key it publishes exactly what the per-key engine publishes, bit for bit: every
 draw comes from the same lane and coordinates (:mod:`dpstream.core.noise.bulk`), and every
 floating-point operation is done in the per-key classes' order.
@@ -23,17 +24,12 @@ the index's 16-24 bytes, where a ``KeyStatistics`` object took about 2.5 kB.
 
 **Binary tree counters in groups** (binary tree mechanism, Dwork, Naor, Pitassi, Rothblum
 2010 and Chan, Shi, Song 2011, with the doubling epochs of Chan, Shi, Song 2011; see
-:mod:`dpstream.core.counting.tree_counter`). The counters of the keys whose counter started at the
-same step form a group: they are at the same counter step, so they share the epoch, the
-position in it, the node noise scale and the shape of the stack of maximal completed nodes.
-A group's stack is a list of dense columns (true sums as int64, Honaker-combined estimates
-as float64; Honaker 2015 in the online form of TF-Privacy's tree aggregation); a step
-appends a leaf column and merges the carry chain with a few vectorized operations, the
-noise of every node completed in the step drawn with one bulk call per (group, height).
-The variances depend on the shape alone, so they are Python floats per group, computed with
-the very expressions of :class:`~dpstream.core.counting.tree_counter.TreeCounter`; the estimates are
-combined with the same IEEE operations (``(v e_c + var_c y) / (v + var_c)``, the prefix sum
-over the stack bottom to top), so they are equal bit for bit.
+:mod:`dpstream.core.counting.tree_counter`). The counters of the keys whose counter started at
+the same step form a :class:`~dpstream.core.counting.tree_columns.TreeGroup`: they are at the
+same counter step, so they share the epoch, the position in it, the node noise scale and the
+shape of the stack of maximal completed nodes; a step draws the noise of every node completed
+in it with one bulk call per (group, height), with the per-key counter's IEEE operations, so
+the values are equal bit for bit (see that module).
 
 **BLT counters in groups** (buffered linear Toeplitz mechanism, Dvijotham, McMahan,
 Pillutla, Steinke and Thakurta 2024; see :mod:`dpstream.core.counting.blt_counter` for the integer
@@ -44,8 +40,7 @@ buffers as multi-limb columns (:mod:`dpstream.core.counting.wide_int`), the floa
 inverse, the partial sums and the epoch base as float64 columns, the step's discrete Gaussian
 noise one bulk draw per group. Under zCDP the monitor's epsilon is charged as
 ``epsilon^2 / 2`` and the initial count is a discrete Gaussian (``sigma^2 = 1 / (2 rho)``)
-or, for an epsilon charge, a discrete Laplace, as in
-:class:`~dpstream.core.counting.key_statistics.KeyStatistics`.
+or, for an epsilon charge, a discrete Laplace, as in the per-key engine.
 
 **Threshold monitors** (AboveThreshold, Dwork & Roth 2014, Algorithm 1; see
 :mod:`dpstream.core.counting.threshold_monitor`). Every watched key is tested at the same index
@@ -69,11 +64,8 @@ and the noise key on restore.
 
 from __future__ import annotations
 
-import bisect
-import itertools
 import math
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any, Final
 
@@ -82,32 +74,31 @@ import numpy.typing as npt
 
 from dpstream.core._checks import fraction_text
 from dpstream.core.accounting.ledger import PrivacyCharge, PrivacyLedger, exact
-from dpstream.core.counting.blt_columns import BltGroup, CounterGroup
+from dpstream.core.counting.blt_columns import BltGroup
 from dpstream.core.counting.blt_counter import BltCounterSpec
 from dpstream.core.counting.key_index import KeyIndex
-from dpstream.core.counting.key_statistics import (
-    Alert,
+from dpstream.core.counting.outputs import (
+    AlertColumns,
     BudgetExhausted,
-    Output,
-    Release,
-    StatisticsSpec,
+    ReleaseColumns,
+    StepOutputs,
 )
+from dpstream.core.counting.statistics_spec import StatisticsSpec
 from dpstream.core.counting.threshold_monitor import ThresholdMonitorSpec
+from dpstream.core.counting.tree_columns import TreeGroup
 from dpstream.core.counting.tree_counter import TreeCounterSpec
 from dpstream.core.noise import bulk as bulk_noise
 from dpstream.core.noise.samplers import (
     TAG_INITIAL,
     TAG_MONITOR_QUERY,
     TAG_MONITOR_THRESHOLD,
-    TAG_TREE,
     NoiseKey,
     discrete_gaussian_variance,
     discrete_laplace_variance,
 )
-from dpstream.core.sequences import IndexedSequence
 from dpstream.errors import BudgetExhaustedError, InvalidParameterError
 
-__all__ = ["AlertColumns", "KeyTable", "ReleaseColumns", "StepOutputs"]
+__all__ = ["KeyTable"]
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -132,158 +123,6 @@ _RETIRING: Final = _EXHAUSTED | _ADMITTED
 
 def _clear(bits: int) -> np.uint8:
     return np.uint8(0xFF ^ bits)
-
-
-# --- what a step publishes ---------------------------------------------------------------------
-
-
-@dataclass(eq=False)
-class ReleaseColumns:
-    """Releases of one step that share every field but ``key`` and ``value``.
-
-    ``periodic`` is True for a counter's release and False for an initial count released
-    at admission. Item ``i`` is the :class:`Release` of ``keys[i]`` with value
-    ``values[i]``. The arrays and lists are never mutated afterwards (a group's key list
-    is shared by its releases of every step).
-    """
-
-    step: int
-    keys: Sequence[str]
-    values: FloatArray
-    std: float
-    mechanism: str
-    spent: float
-    budget: float
-    unit: str
-    delta: float
-    periodic: bool = True
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-    def release(self, i: int) -> Release:
-        """The ``i``-th release as a :class:`Release` object."""
-        return Release(self.keys[i], self.step, float(self.values[i]), self.std,
-                       self.mechanism, self.spent, self.budget, self.unit, self.delta)
-
-    def __iter__(self) -> Iterator[Release]:
-        step, std, mechanism = self.step, self.std, self.mechanism
-        spent, budget, unit, delta = self.spent, self.budget, self.unit, self.delta
-        for key, value in zip(self.keys, self.values.tolist(), strict=True):
-            yield Release(key, step, value, std, mechanism, spent, budget, unit, delta)
-
-
-@dataclass(eq=False)
-class AlertColumns(IndexedSequence[Alert]):
-    """The alerts of one step's fired monitors, which share every field but ``key``.
-
-    Item ``i`` is the :class:`Alert` of ``keys[i]``, made only when read (a step of an open
-    universe can fire a monitor for most of its keys at once).
-    """
-
-    step: int
-    keys: Sequence[str]
-    threshold: int
-    epsilon: float
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-    def _item(self, index: int) -> Alert:
-        return Alert(self.keys[index], self.step, self.threshold, self.epsilon)
-
-    def __iter__(self) -> Iterator[Alert]:
-        step, threshold, epsilon = self.step, self.threshold, self.epsilon
-        for key in self.keys:
-            yield Alert(key, step, threshold, epsilon)
-
-
-@dataclass(eq=False)
-class StepOutputs(IndexedSequence[Output]):
-    """Everything one closed step publishes, in a deterministic order.
-
-    As a sequence it holds the statuses, then the alerts, then every release of every
-    :class:`ReleaseColumns` (materialized as :class:`Release` objects only when read).
-    """
-
-    step: int
-    statuses: list[BudgetExhausted] = field(default_factory=list)
-    alerts: Sequence[Alert] = field(default_factory=list)  # a list, or AlertColumns
-    releases: list[ReleaseColumns] = field(default_factory=list)
-
-    def count(self) -> tuple[int, int, int]:  # type: ignore[override]
-        """Return ``(releases, alerts, statuses)`` without materializing anything."""
-        return sum(len(r) for r in self.releases), len(self.alerts), len(self.statuses)
-
-    def __len__(self) -> int:
-        releases, alerts, statuses = self.count()
-        return releases + alerts + statuses
-
-    def __iter__(self) -> Iterator[Output]:
-        yield from self.statuses
-        yield from self.alerts
-        for columns in self.releases:
-            yield from columns
-
-    def _item(self, index: int) -> Output:
-        if index < len(self.statuses):
-            return self.statuses[index]
-        index -= len(self.statuses)
-        if index < len(self.alerts):
-            return self.alerts[index]
-        index -= len(self.alerts)
-        ends = list(itertools.accumulate(len(r) for r in self.releases))
-        which = bisect.bisect_right(ends, index)
-        return self.releases[which].release(index - (ends[which - 1] if which else 0))
-
-
-# --- the tree counters of one group ------------------------------------------------------------
-
-
-class _Node:
-    """A maximal completed node of a group's stack: one column per key."""
-
-    __slots__ = ("height", "true", "est", "var")
-
-    def __init__(self, height: int, true: IntArray, est: FloatArray, var: float) -> None:
-        self.height, self.true, self.est, self.var = height, true, est, var
-
-
-class _Group(CounterGroup):
-    """The tree counters of the keys whose counter started at the same step.
-
-    They are at the same counter step, so they share the epoch, the node noise scale, the
-    stack's shape and the variances (Python floats); the per-key parts are columns.
-    """
-
-    __slots__ = ("steps", "base_value", "base_var", "stack")
-
-    def __init__(self, start: int, code: int, rows: RowArray, keys: Sequence[str],
-                 lanes: WordArray, initial: FloatArray | None, initial_var: float) -> None:
-        super().__init__(start, code, rows, keys, lanes, initial, initial_var)
-        self.steps = 0  # counter steps done (the next one's index)
-        self.base_value: FloatArray | None = None  # finished epochs' roots (None: 0.0)
-        self.base_var = 0.0
-        self.stack: list[_Node] = []
-
-    def keep(self, mask: npt.NDArray[np.bool_]) -> None:
-        """Keep only the keys where ``mask`` is True (a new key list: the old one is shared)."""
-        super().keep(mask)
-        if self.base_value is not None:
-            self.base_value = self.base_value[mask]
-        for node in self.stack:
-            node.true, node.est = node.true[mask], node.est[mask]
-
-    def to_state(self) -> dict[str, Any]:
-        return {
-            **self.shared_state(), "steps": self.steps,
-            "base_value": None if self.base_value is None else self.base_value.copy(),
-            "base_var": self.base_var,
-            "stack": [[n.height, n.true.copy(), n.est.copy(), n.var] for n in self.stack],
-        }
-
-
-# --- the table ---------------------------------------------------------------------------------
 
 
 class KeyTable:
@@ -324,7 +163,7 @@ class KeyTable:
         self._watched: IntArray = np.zeros(0, dtype=np.int64)
         self._mlanes: WordArray = np.zeros((0, 2), dtype=np.uint64)
         self._rho: IntArray = np.zeros(0, dtype=np.int64)
-        self._groups: list[_Group | BltGroup] = []
+        self._groups: list[TreeGroup | BltGroup] = []
         self._pending: list[BudgetExhausted] = []
         self._retire_due = False
         self._ledgers: dict[int, PrivacyLedger] = {}
@@ -666,14 +505,14 @@ class KeyTable:
 
     def _new_group(self, start: int, code: int, rows: RowArray, names: Sequence[str],
                    lanes: WordArray, initial: FloatArray | None,
-                   initial_var: float) -> _Group | BltGroup:
+                   initial_var: float) -> TreeGroup | BltGroup:
         """The group of counters of ``names``, started at ``start`` (tree or BLT)."""
         if isinstance(self._counter, BltCounterSpec):
             return BltGroup(self._counter, start, code, rows, names, lanes, initial,
                             initial_var)
-        return _Group(start, code, rows, names, lanes, initial, initial_var)
+        return TreeGroup(start, code, rows, names, lanes, initial, initial_var)
 
-    def _step_group(self, group: _Group | BltGroup, step: int, inc: IntArray,
+    def _step_group(self, group: TreeGroup | BltGroup, step: int, inc: IntArray,
                     out: StepOutputs) -> None:
         """One step of every counter of ``group``: TreeCounter.step, column by column."""
         if not group.keys:
@@ -684,46 +523,7 @@ class KeyTable:
                                               True))
             return
         assert isinstance(self._counter, TreeCounterSpec)
-        spec, noise, lanes = self._counter, self._noise, group.lanes
-        t = group.steps
-        epoch = spec.epoch_of(t)
-        start, length = spec.epoch_bounds(epoch)
-        local = t - start
-        scale = spec.noise_scale(epoch)
-        v = discrete_laplace_variance(scale)
-        stack = group.stack
-        leaf = inc[group.rows]
-        y = leaf + bulk_noise.laplace(noise, lanes, scale, TAG_TREE, epoch, 0, local)
-        stack.append(_Node(0, leaf, y.astype(np.float64), v))
-        while len(stack) >= 2 and stack[-1].height == stack[-2].height:
-            right = stack.pop()
-            left = stack.pop()
-            height = right.height + 1
-            true = left.true + right.true
-            y = true + bulk_noise.laplace(noise, lanes, scale, TAG_TREE, epoch, height,
-                                          local >> height)
-            var_c = left.var + right.var
-            # est = (v * est_c + var_c * y) / (v + var_c), the same IEEE operations in place
-            est = left.est + right.est
-            est *= v
-            est += var_c * y
-            est /= v + var_c
-            stack.append(_Node(height, true, est, v * var_c / (v + var_c)))
-        # TreeCounter: value = base + sum(estimates) with sum() starting at 0 (0 + e0 = e0
-        # here: no estimate is ever -0.0), in the stack's order; float additions commute
-        value = stack[0].est.copy()
-        for node in stack[1:]:
-            value += node.est
-        if group.base_value is not None:
-            value += group.base_value
-        variance = group.base_var + sum(node.var for node in stack)
-        if local + 1 == length:  # the epoch's root is complete
-            (root,) = stack
-            group.base_value = (root.est.copy() if group.base_value is None
-                                else group.base_value + root.est)
-            group.base_var += root.var
-            stack.clear()
-        group.steps = t + 1
+        value, variance = group.step(self._counter, self._noise, inc[group.rows])
         std = math.sqrt(variance)
         if group.initial is not None:  # KeyStatistics: initial_value + estimate.value
             value = group.initial + value
@@ -816,7 +616,7 @@ class KeyTable:
                 [names[i] for i in watched.tolist()], window)
         self._rebudget()
 
-    def _restore_group(self, state: dict[str, Any]) -> _Group | BltGroup:
+    def _restore_group(self, state: dict[str, Any]) -> TreeGroup | BltGroup:
         rows = np.array(state["rows"], dtype=_ROW).reshape(-1)
         keys = self._index.names[rows].tolist()
         start = int(state["start"])
@@ -828,16 +628,10 @@ class KeyTable:
             return BltGroup(self._counter, start, int(state["code"]), rows, keys, lanes,
                             None if initial is None else np.array(initial, dtype=np.float64),
                             float(state["initial_var"]), state["counter"])
-        group = _Group(start, int(state["code"]), rows, keys, lanes,
-                       None if initial is None else np.array(initial, dtype=np.float64),
-                       float(state["initial_var"]))
-        group.steps = int(state["steps"])
-        base = state["base_value"]
-        group.base_value = None if base is None else np.array(base, dtype=np.float64)
-        group.base_var = float(state["base_var"])
-        group.stack = [_Node(int(h), np.array(true, dtype=np.int64),
-                             np.array(est, dtype=np.float64), float(var))
-                       for h, true, est, var in state["stack"]]
+        group = TreeGroup(start, int(state["code"]), rows, keys, lanes,
+                          None if initial is None else np.array(initial, dtype=np.float64),
+                          float(state["initial_var"]))
+        group.restore(state)
         return group
 
     def _rebudget(self) -> None:

@@ -371,7 +371,7 @@ def lazy_start_delta(spec: ThresholdMonitorSpec) -> float:
     The open key universe watches a key in fixed global windows of ``spec.horizon`` steps;
     in each window its monitor counts only that window's events and starts at the key's
     first event there, at index ``f`` in the window (see
-    :mod:`dpstream.core.counting.key_statistics`).
+    :mod:`dpstream.core.counting.statistics_spec`).
     Compare it with the ideal monitor ``M*`` that starts at index 0 for every possible key:
     ``M*`` is ``epsilon``-DP (Dwork & Roth, Thm 3.23). Both draw the threshold noise at the
     window's coordinates and the query noise of index ``t`` at ``t``'s coordinates, so they

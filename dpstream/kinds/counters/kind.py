@@ -32,7 +32,7 @@ from bytewax.dataflow import Stream
 from dpstream.config import FlowConfig, Section, build_spec, parse_common, positive
 from dpstream.core.accounting.ledger import PrivacyCharge, PrivacyLedger, approx_dp
 from dpstream.core.counting.blt_counter import BltCounterSpec
-from dpstream.core.counting.key_statistics import StatisticsSpec
+from dpstream.core.counting.statistics_spec import StatisticsSpec
 from dpstream.core.counting.threshold_monitor import (
     ThresholdMonitorSpec,
     lazy_start_delta,

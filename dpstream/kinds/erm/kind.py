@@ -42,7 +42,7 @@ from bytewax.dataflow import Stream
 
 from dpstream.config import FlowConfig, Section, build_spec, parse_common, positive
 from dpstream.core._checks import fraction_text
-from dpstream.core.counting.key_statistics import parameter_digest
+from dpstream.core.counting.statistics_spec import parameter_digest
 from dpstream.core.erm.perturbation import Block, ErmSpec, PrivateModel, predict
 from dpstream.core.erm.schedules import ReleaseSchedule, ScheduleSpec
 from dpstream.core.noise.samplers import NoiseKey

@@ -42,7 +42,7 @@ from bytewax.dataflow import Stream
 from dpstream.config import FlowConfig, Section, build_spec, parse_common, positive
 from dpstream.core.accounting.ledger import PrivacyCharge, PrivacyLedger, approx_dp
 from dpstream.core.counting.blt_counter import BltCounter, BltCounterSpec
-from dpstream.core.counting.key_statistics import parameter_digest
+from dpstream.core.counting.statistics_spec import parameter_digest
 from dpstream.core.counting.tree_counter import TreeCounter, TreeCounterSpec
 from dpstream.core.noise.samplers import NoiseKey
 from dpstream.core.pmwg.blackboxes import HistogramSynopsis, NoisyHistogram
