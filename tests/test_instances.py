@@ -22,6 +22,7 @@ from dpstream.client import LatestValues, Release, decode
 from dpstream.config import load_config, parse_config
 from dpstream.core.counting import outputs as core
 from dpstream.core.noise.samplers import NoiseKey
+from dpstream.kinds.counters.metrics import register_metrics as counters_series
 from dpstream.kinds.counters.records import RecordEncoder
 from dpstream.kinds.erm.kind import ModelEncoder, ModelRecord
 from dpstream.kinds.pmwg.kind import AnswerEncoder, AnswerRecord
@@ -204,8 +205,8 @@ def test_budget_keeps_only_the_processes_of_one_instance(prometheus_factory):
         metrics = FlowMetrics("twice")
         metrics.set_instance(instance)
         metrics.set_budget("tree-laplace", "epsilon", 1.0)
-        metrics.observe_outputs([CoreRelease("k", 0, 1.0, 1.0, "tree-laplace", spent, 1.0,
-                                             "epsilon", 0.0)], "tree-laplace")
+        counters_series(metrics).observe_outputs([CoreRelease(
+            "k", 0, 1.0, 1.0, "tree-laplace", spent, 1.0, "epsilon", 0.0)], "tree-laplace")
         port = free_port()
         servers.append(start_http_server(port, addr="127.0.0.1", registry=metrics.registry))
         urls.append(f"127.0.0.1:{port}")

@@ -42,13 +42,14 @@ from dpstream.core.counting.tree_counter import TreeCounterSpec
 from dpstream.errors import ConfigError, InvalidParameterError
 from dpstream.kinds.counters.events import EventRules, PartitionClock
 from dpstream.kinds.counters.layout import DeclaredLayout
+from dpstream.kinds.counters.metrics import register_metrics
+from dpstream.kinds.counters.operator import keyed_statistics
 from dpstream.kinds.counters.records import EncodedBatch, RecordEncoder
 from dpstream.kinds.counters.shard import ShardState
 from dpstream.messages import Encoded
 from dpstream.platform import FlowParts
 from dpstream.stream.barrier import end_step_of
 from dpstream.stream.clock import ShardUpdate
-from dpstream.stream.operators import keyed_statistics
 
 __all__ = ["AdmissionConfig", "CountersConfig", "KIND", "PrivacyConfig", "event_rules",
            "statistics_spec"]
@@ -390,14 +391,17 @@ class CountersKind:
         """
         config: CountersConfig = parts.config
         spec = statistics_spec(config, parts.instance)
+        observe: Callable[[list[Any]], None] | None = None
         if parts.metrics is not None:
             ledger = config.privacy.new_ledger()
             parts.metrics.set_kind(self.name)
             parts.metrics.set_budget(spec.counter.mechanism, ledger.unit, ledger.budget)
+            series, mechanism = register_metrics(parts.metrics), spec.counter.mechanism
+            observe = lambda out: series.observe_outputs(out, mechanism)  # noqa: E731
         shard_class = parts.options.get("shard_class", ShardState)
         outputs = keyed_statistics("statistics", updates, spec, parts.partitions,
                                    config.declared_layout, parts.noise, parts.metrics,
-                                   shard_class, config.release_every,
+                                   observe, shard_class, config.release_every,
                                    end_step_of(config))
         encoder = RecordEncoder(config.name, config.origin, config.step_seconds,
                                 config.privacy.delta, instance=parts.instance)

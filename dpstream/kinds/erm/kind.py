@@ -49,6 +49,7 @@ from dpstream.core.noise.samplers import NoiseKey
 from dpstream.errors import BudgetExhaustedError, ConfigError
 from dpstream.estimator import MODEL_SCHEMA
 from dpstream.kinds.counters.events import event_seconds, shard_of
+from dpstream.kinds.erm.metrics import register_metrics
 from dpstream.messages import DeadLetter, Encoded, RawBatch, step_window
 from dpstream.platform import FlowParts
 from dpstream.stream.barrier import MechanismShard
@@ -657,7 +658,7 @@ class ErmKind:
             "models", updates,
             lambda state: ErmShard(config, parts.noise, parts.instance, parts.partitions,
                                    state, parts.options.get("train")),
-            metrics, metrics.observe_models if metrics is not None else None)
+            metrics, register_metrics(metrics).observe_models if metrics is not None else None)
         return op.map("encode", models, ModelEncoder(config, parts.instance).encode)
 
 

@@ -52,6 +52,7 @@ from dpstream.core.pmwg.schedulers import BBScheduler, BBSchedulerSpec
 from dpstream.core.pmwg.universe import Universe, UniverseError
 from dpstream.errors import ConfigError, InvalidParameterError
 from dpstream.kinds.counters.events import event_seconds, shard_of
+from dpstream.kinds.pmwg.metrics import register_metrics
 from dpstream.messages import DeadLetter, Encoded, RawBatch, RawMessage, step_window
 from dpstream.metrics import FlowMetrics
 from dpstream.platform import FlowParts
@@ -678,7 +679,7 @@ class PmwgKind:
             "histograms", updates,
             lambda state: PmwgShard(config, parts.noise, parts.instance, parts.partitions,
                                     state),
-            metrics, metrics.observe_answers if metrics is not None else None)
+            metrics, register_metrics(metrics).observe_answers if metrics is not None else None)
         return op.map("encode", answers, AnswerEncoder(config, parts.instance).encode)
 
 
