@@ -45,7 +45,8 @@ import numpy as np  # noqa: E402
 from support.key_statistics import KeyStatistics  # noqa: E402
 
 from dpstream.core.counting.blt_columns import BltColumns  # noqa: E402
-from dpstream.core.counting.blt_counter import GRID_BITS, BltCounterSpec, _parameters  # noqa: E402
+from dpstream.core.counting.blt_counter import BltCounterSpec  # noqa: E402
+from dpstream.core.counting.blt_parameters import GRID_BITS, _parameters  # noqa: E402
 from dpstream.core.counting.key_table import KeyTable  # noqa: E402
 from dpstream.core.counting.statistics_spec import StatisticsSpec  # noqa: E402
 from dpstream.core.noise import bulk as bulk_noise  # noqa: E402

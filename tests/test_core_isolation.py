@@ -21,7 +21,7 @@ def test_core_imports_without_edges():
         import dpstream.core.noise.samplers, dpstream.core.accounting.ledger
         import dpstream.core.counting.tree_counter
         import dpstream.core.counting.blt_counter, dpstream.core.counting.threshold_monitor
-        import dpstream.core.counting.outputs
+        import dpstream.core.counting.outputs, dpstream.core.counting.blt_parameters
         import dpstream.core.counting.statistics_spec
         import dpstream.core.counting.tree_columns
         import dpstream.core.pmwg.universe, dpstream.core.pmwg.queries, dpstream.core.pmwg.mechanism
