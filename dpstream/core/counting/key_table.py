@@ -48,8 +48,8 @@ or, for an epsilon charge, a discrete Laplace, as in the per-key engine.
 monitor window in the open one), so the query noise of all of them is one bulk draw per
 step; the threshold noise is drawn once per (key, window), when the monitor starts.
 
-**Ledger.** Every key that paid the same charges has the same spend, so a real
-:class:`~dpstream.core.accounting.ledger.PrivacyLedger` per *stage* (the set of charges paid) checks
+**Ledger.** Every key that paid the same charges has the same spend, so a real ledger per
+*stage* (the set of charges paid, :mod:`dpstream.core.counting.stage_ledgers`) checks
 and commits each charge for all the keys that reach it in a step (check-then-commit; a
 refusal exhausts the keys, with a :class:`BudgetExhausted` status for admitted keys only,
 never naming a key before its admission), and gives every release's ``spent``, ``budget``
@@ -72,16 +72,21 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from dpstream.core._checks import fraction_text
-from dpstream.core.accounting.ledger import PrivacyCharge, PrivacyLedger, exact
+from dpstream.core.accounting.ledger import exact
 from dpstream.core.counting.blt_columns import BltGroup
 from dpstream.core.counting.blt_counter import BltCounterSpec
 from dpstream.core.counting.key_index import KeyIndex
 from dpstream.core.counting.outputs import (
     AlertColumns,
     BudgetExhausted,
-    ReleaseColumns,
     StepOutputs,
+)
+from dpstream.core.counting.stage_ledgers import (
+    COUNTER_PAID,
+    INITIAL_PAID,
+    MONITOR_PAID,
+    PAID,
+    StageLedgers,
 )
 from dpstream.core.counting.statistics_spec import StatisticsSpec
 from dpstream.core.counting.threshold_monitor import ThresholdMonitorSpec
@@ -96,7 +101,7 @@ from dpstream.core.noise.samplers import (
     discrete_gaussian_variance,
     discrete_laplace_variance,
 )
-from dpstream.errors import BudgetExhaustedError, InvalidParameterError
+from dpstream.errors import InvalidParameterError
 
 __all__ = ["KeyTable"]
 
@@ -110,11 +115,7 @@ _ROW: Final = np.int32  # a group's rows (a shard holds fewer than 2^31 keys): 4
 _STATE_KIND: Final = "key-table"
 _STATE_VERSION: Final = 1
 
-# the flags byte of a row
-_MONITOR_PAID: Final = 1
-_INITIAL_PAID: Final = 2
-_COUNTER_PAID: Final = 4
-_PAID: Final = _MONITOR_PAID | _INITIAL_PAID | _COUNTER_PAID
+# the flags byte of a row (and the charges paid: MONITOR_PAID, INITIAL_PAID, COUNTER_PAID)
 _EXHAUSTED: Final = 8
 _ADMITTED: Final = 16
 _WATCHING: Final = 32  # a live monitor tests the key (paid, not fired, not exhausted)
@@ -166,8 +167,7 @@ class KeyTable:
         self._groups: list[TreeGroup | BltGroup] = []
         self._pending: list[BudgetExhausted] = []
         self._retire_due = False
-        self._ledgers: dict[int, PrivacyLedger] = {}
-        self._refusals: dict[tuple[int, int], str | None] = {}
+        self._stages = StageLedgers(spec)
         self.retired: set[str] = set()  # admitted keys that never publish again: name only
         self.next_step: int | None = None
         if state is not None:
@@ -200,55 +200,6 @@ class KeyTable:
     def idle(self) -> bool:
         """No live key in an open universe: steps without events publish nothing."""
         return not len(self._index) and self._declared is None
-
-    # -- the ledger, per stage --
-    def _charges(self) -> list[tuple[int, PrivacyCharge]]:
-        charges = []
-        if self._monitor is not None:
-            charges.append((_MONITOR_PAID, self._monitor.charge))
-        if self.spec.initial is not None:
-            charges.append((_INITIAL_PAID, self.spec.initial))
-        charges.append((_COUNTER_PAID, self._counter.charge))
-        return charges
-
-    def _ledger(self, code: int) -> PrivacyLedger:
-        """The ledger of every key that paid the charges of ``code``, under today's budget."""
-        ledger = self._ledgers.get(code)
-        if ledger is None:
-            spec = self.spec
-            fresh = PrivacyLedger(spec.accounting, spec.budget, spec.delta_budget)
-            paid = [charge for bit, charge in self._charges() if code & bit]
-            state = fresh.to_state()
-            state["spent"] = fraction_text(sum((fresh.cost_of(c) for c in paid), Fraction(0)))
-            state["spent_delta"] = fraction_text(sum((exact(c.delta) for c in paid),
-                                                     Fraction(0)))
-            ledger = self._ledgers[code] = PrivacyLedger.from_state(state)
-        return ledger
-
-    def _refusal(self, code: int, bit: int, charge: PrivacyCharge) -> str | None:
-        """None if the keys at stage ``code`` can pay ``charge``, else the ledger's refusal."""
-        if (code, bit) not in self._refusals:
-            trial = PrivacyLedger.from_state(self._ledger(code).to_state())
-            try:
-                trial.charge(charge)
-                reason: str | None = None
-            except BudgetExhaustedError as exc:
-                reason = str(exc)
-            self._refusals[code, bit] = reason
-        return self._refusals[code, bit]
-
-    def _statuses(self, names: Sequence[str], step: int, label: str, reason: str,
-                  code: int) -> list[BudgetExhausted]:
-        ledger = self._ledger(code)
-        return [BudgetExhausted(k, step, label, reason, ledger.spent, ledger.budget, ledger.unit)
-                for k in names]
-
-    def _columns(self, step: int, keys: Sequence[str], values: FloatArray, variance: float,
-                 code: int, periodic: bool) -> ReleaseColumns:
-        ledger = self._ledger(code)
-        return ReleaseColumns(step, keys, values, math.sqrt(variance), self._counter.mechanism,
-                              ledger.spent, ledger.budget, ledger.unit,
-                              ledger.spent_delta + self.spec.admission_delta, periodic)
 
     # -- lanes (secret-derived: memory only) --
     def _lanes(self, names: Sequence[str], mechanism: str, digest: str,
@@ -386,27 +337,27 @@ class KeyTable:
         self._by_position = None
         monitor, code, exhausted, watching = self._monitor, 0, False, False
         if monitor is not None:
-            reason = self._refusal(code, _MONITOR_PAID, monitor.charge)
+            reason = self._stages.refusal(code, MONITOR_PAID, monitor.charge)
             if reason is None:
-                code |= _MONITOR_PAID
+                code |= MONITOR_PAID
                 watching = self._open or monitor.horizon is None or step < monitor.horizon
             else:
                 exhausted = True
                 if not self._open:  # declared keys are public; never name an open one
-                    out.statuses.extend(self._statuses(names, step, monitor.charge.label,
+                    out.statuses.extend(self._stages.statuses(names, step, monitor.charge.label,
                                                        reason, code))
         if not self._open and not exhausted:
             charge = self._counter.charge
-            reason = self._refusal(code, _COUNTER_PAID, charge)
+            reason = self._stages.refusal(code, COUNTER_PAID, charge)
             if reason is None:
-                code |= _COUNTER_PAID
+                code |= COUNTER_PAID
                 rows = np.arange(first, first + m, dtype=_ROW)
                 lanes = self._lanes(names, "counter", self.spec.counter_digest, step)
                 # ``names`` is never mutated (the caller's declared list or a fresh one): shared
                 self._groups.append(self._new_group(step, code, rows, names, lanes, None, 0.0))
             else:
                 exhausted = True
-                out.statuses.extend(self._statuses(names, step, charge.label, reason, code))
+                out.statuses.extend(self._stages.statuses(names, step, charge.label, reason, code))
         flags = code | (0 if self._open else _ADMITTED)
         if exhausted:
             flags |= _EXHAUSTED
@@ -461,15 +412,15 @@ class KeyTable:
         """Admit the open universe's fired keys: initial count, then a counter from next step."""
         names = self._index.names[rows].tolist()
         flags = self._flags
-        code = int(flags[rows[0]]) & _PAID  # every watched key paid its monitor, nothing else
+        code = int(flags[rows[0]]) & PAID  # every watched key paid its monitor, nothing else
         exhausted = False
         initial_values: FloatArray | None = None
         initial_var = 0.0
         initial = self.spec.initial
         if initial is not None:
-            reason = self._refusal(code, _INITIAL_PAID, initial)
+            reason = self._stages.refusal(code, INITIAL_PAID, initial)
             if reason is None:
-                code |= _INITIAL_PAID
+                code |= INITIAL_PAID
                 lanes = self._lanes(names, "initial", self.spec.initial_digest, step)
                 if initial.epsilon:  # KeyStatistics._initial_count: Laplace for an epsilon
                     scale = 1 / exact(initial.epsilon)
@@ -483,25 +434,26 @@ class KeyTable:
                 initial_values = (self._prefix[rows] + noise).astype(np.float64)
             else:
                 exhausted = True
-                out.statuses.extend(self._statuses(names, step, initial.label, reason, code))
+                out.statuses.extend(self._stages.statuses(names, step, initial.label, reason, code))
         if not exhausted:
             charge = self._counter.charge
-            reason = self._refusal(code, _COUNTER_PAID, charge)
+            reason = self._stages.refusal(code, COUNTER_PAID, charge)
             if reason is None:
-                code |= _COUNTER_PAID
+                code |= COUNTER_PAID
                 lanes = self._lanes(names, "counter", self.spec.counter_digest, step)
                 self._groups.append(self._new_group(step, code, rows.astype(_ROW), names,
                                                     lanes, initial_values, initial_var))
             else:
                 exhausted = True
-                out.statuses.extend(self._statuses(names, step, charge.label, reason, code))
-        flags[rows] = (flags[rows] & _clear(_PAID)) | np.uint8(
+                out.statuses.extend(self._stages.statuses(names, step, charge.label, reason, code))
+        flags[rows] = (flags[rows] & _clear(PAID)) | np.uint8(
             code | _ADMITTED | (_EXHAUSTED if exhausted else 0))
         if exhausted:
             self._retire_due = True
             return
         values = np.zeros(len(names)) if initial_values is None else initial_values.copy()
-        out.releases.append(self._columns(step, list(names), values, initial_var, code, False))
+        out.releases.append(self._stages.columns(step, list(names), values, initial_var, code,
+                                                 False))
 
     def _new_group(self, start: int, code: int, rows: RowArray, names: Sequence[str],
                    lanes: WordArray, initial: FloatArray | None,
@@ -519,16 +471,16 @@ class KeyTable:
             return
         if isinstance(group, BltGroup):  # BltCounter.step (blt_columns), one bulk noise draw
             values, variance = group.step(self._noise, inc)
-            out.releases.append(self._columns(step, group.keys, values, variance, group.code,
-                                              True))
+            out.releases.append(self._stages.columns(step, group.keys, values, variance,
+                                                     group.code, True))
             return
         assert isinstance(self._counter, TreeCounterSpec)
         value, variance = group.step(self._counter, self._noise, inc[group.rows])
         std = math.sqrt(variance)
         if group.initial is not None:  # KeyStatistics: initial_value + estimate.value
             value = group.initial + value
-        out.releases.append(self._columns(step, group.keys, value, group.initial_var + std**2,
-                                          group.code, True))
+        out.releases.append(self._stages.columns(step, group.keys, value,
+                                                 group.initial_var + std**2, group.code, True))
 
     def _compact(self, step: int) -> None:
         """Forget the open keys whose window ended unadmitted; retire the exhausted admitted."""
@@ -642,10 +594,10 @@ class KeyTable:
         """
         flags = self._flags
         live = (flags & _EXHAUSTED) == 0
-        stages = flags & _PAID
+        stages = flags & PAID
         exhausted: list[IntArray] = []
         for code in np.unique(stages[live]).tolist():
-            ledger = self._ledger(code)
+            ledger = self._stages.ledger(code)
             if not (ledger.remaining < 0 or ledger.spent_delta > self.spec.delta_budget):
                 continue
             rows = np.flatnonzero(live & (stages == code))
@@ -655,7 +607,7 @@ class KeyTable:
             reason = (f"the configured budget {ledger.budget:g} {ledger.unit} is below what "
                       f"this key has already spent ({ledger.spent:g})")
             assert self.next_step is not None
-            self._pending.extend(self._statuses(admitted, self.next_step, "budget change",
+            self._pending.extend(self._stages.statuses(admitted, self.next_step, "budget change",
                                                 reason, code))
             self._retire_due |= bool(admitted)
         if exhausted:
