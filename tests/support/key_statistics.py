@@ -31,7 +31,7 @@ window's monitor: ``epsilon_monitor``. The monitor's start is data-dependent
 but its end is not, and its noise is keyed by the window and the step's index
 in the window, so it decides exactly like a monitor started at the window's
 beginning unless that one fires on a count of 0 before the key's first event:
-:func:`~dpstream.core.counting.threshold_monitor.lazy_start_delta` bounds the resulting
+:func:`~dpstream.core.counting.admission_bounds.lazy_start_delta` bounds the resulting
 delta, which the configuration keeps within ``privacy.delta``. After admission
 (a published, private output) the initial count and the counter are
 ``epsilon_initial`` and ``epsilon_counter`` DP with respect to one event.

@@ -31,13 +31,10 @@ from bytewax.dataflow import Stream
 
 from dpstream.config import FlowConfig, Section, build_spec, parse_common, positive
 from dpstream.core.accounting.ledger import PrivacyCharge, PrivacyLedger, approx_dp
+from dpstream.core.counting.admission_bounds import lazy_start_delta, minimal_threshold
 from dpstream.core.counting.blt_counter import BltCounterSpec
 from dpstream.core.counting.statistics_spec import StatisticsSpec
-from dpstream.core.counting.threshold_monitor import (
-    ThresholdMonitorSpec,
-    lazy_start_delta,
-    minimal_threshold,
-)
+from dpstream.core.counting.threshold_monitor import ThresholdMonitorSpec
 from dpstream.core.counting.tree_counter import TreeCounterSpec
 from dpstream.errors import ConfigError, InvalidParameterError
 from dpstream.kinds.counters.events import EventRules, PartitionClock
