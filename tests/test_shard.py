@@ -361,7 +361,7 @@ def test_release_every_k_publishes_the_k1_releases_of_every_kth_step_byte_for_by
        st.integers(1, 7), st.booleans())
 def test_route_counts_every_event_in_its_keys_shard_and_step(events, shards, one_step):
     """The vectorised route equals counting event by event with ``shard_of``."""
-    from dpstream.kinds.counters.events import shard_of
+    from dpstream.stream.sharding import shard_of
 
     config = parse_config({"flow": {"name": "t", "origin": "2026-01-01T00:00:00Z",
                                     "step": "1s", "shards": shards},

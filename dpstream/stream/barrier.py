@@ -38,9 +38,9 @@ from typing import Any
 
 from dpstream.core.noise.samplers import NOISE_SCHEME, NoiseKey
 from dpstream.errors import InvalidParameterError, NoiseKeyError, RecoveryMismatchError
-from dpstream.kinds.counters.events import shard_of
 from dpstream.stream import stopping
 from dpstream.stream.clock import ShardUpdate
+from dpstream.stream.sharding import shard_of
 
 __all__ = ["MechanismShard", "StepBarrier", "binding", "check_binding", "end_step_of"]
 

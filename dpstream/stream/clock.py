@@ -75,6 +75,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from operator import countOf
 from typing import Any, Final, Protocol
 
@@ -90,7 +91,7 @@ from dpstream.messages import (
 )
 
 __all__ = ["ClockRules", "MAX_SECONDS", "UNDECODABLE", "ShardUpdate", "StepClock", "bad_time",
-           "undecodable"]
+           "event_seconds", "iso_seconds", "undecodable"]
 
 MAX_SECONDS: Final = 253_402_300_799.0  # 9999-12-31T23:59:59Z: keeps every step index in int64
 UNDECODABLE: Final = "undecodable record"
@@ -100,6 +101,27 @@ UNDECODABLE: Final = "undecodable record"
 def bad_time(field: str) -> str:
     """The dead-letter reason of a record without a usable event time."""
     return f"field {field!r} missing or not a finite Unix time in seconds or an ISO-8601 string"
+
+
+def event_seconds(value: Any) -> float | None:
+    """An event time read from JSON: finite Unix seconds, or an ISO-8601 string; else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value) if math.isfinite(value) else None
+    return iso_seconds(value) if isinstance(value, str) else None
+
+
+def iso_seconds(text: str) -> float | None:
+    """Unix seconds of an ISO-8601 time (naive times are UTC), or None."""
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
+
 
 
 def undecodable(exc: BaseException) -> str:

@@ -12,10 +12,9 @@ records is the shared clock's job (:mod:`dpstream.stream.clock`).
 from __future__ import annotations
 
 import itertools
-import math
 from collections import Counter
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from operator import attrgetter
 from typing import Annotated, Any, Literal
 
@@ -23,7 +22,7 @@ import msgspec
 import numpy as np
 import orjson
 
-from dpstream.kinds.counters.layout import DeclaredLayout, RowCounts, shard_of, shards_of
+from dpstream.kinds.counters.layout import DeclaredLayout, RowCounts
 from dpstream.messages import (
     TICK,
     TIMESTAMP_CREATE_TIME,
@@ -33,7 +32,15 @@ from dpstream.messages import (
     RawBatch,
     RawMessage,
 )
-from dpstream.stream.clock import MAX_SECONDS, ShardUpdate, StepClock, bad_time, undecodable
+from dpstream.stream.clock import (
+    MAX_SECONDS,
+    ShardUpdate,
+    StepClock,
+    bad_time,
+    iso_seconds,
+    undecodable,
+)
+from dpstream.stream.sharding import shards_of
 
 __all__ = [
     "EventRules",
@@ -46,7 +53,6 @@ __all__ = [
     "TIMESTAMP_LOG_APPEND_TIME",
     "TIMESTAMP_NONE",
     "TICK",
-    "shard_of",
 ]
 
 MAX_KEY_LENGTH = 256
@@ -57,26 +63,6 @@ _bad_time = bad_time
 
 def _bad_key(field: str) -> str:
     return f"field {field!r} missing or not a non-empty string"
-
-
-def event_seconds(value: Any) -> float | None:
-    """An event time read from JSON: finite Unix seconds, or an ISO-8601 string; else None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return float(value) if math.isfinite(value) else None
-    return iso_seconds(value) if isinstance(value, str) else None
-
-
-def iso_seconds(text: str) -> float | None:
-    """Unix seconds of an ISO-8601 time (naive times are UTC), or None."""
-    try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.timestamp()
 
 
 @dataclass(frozen=True)

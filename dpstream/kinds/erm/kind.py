@@ -48,13 +48,13 @@ from dpstream.core.erm.schedules import ReleaseSchedule, ScheduleSpec
 from dpstream.core.noise.samplers import NoiseKey
 from dpstream.errors import BudgetExhaustedError, ConfigError
 from dpstream.estimator import MODEL_SCHEMA
-from dpstream.kinds.counters.events import event_seconds, shard_of
 from dpstream.kinds.erm.metrics import register_metrics
 from dpstream.messages import DeadLetter, Encoded, RawBatch, step_window
 from dpstream.platform import FlowParts
 from dpstream.stream.barrier import MechanismShard
-from dpstream.stream.clock import ShardUpdate, StepClock, bad_time
+from dpstream.stream.clock import ShardUpdate, StepClock, bad_time, event_seconds
 from dpstream.stream.operators import stepped_shards
+from dpstream.stream.sharding import shard_of
 
 __all__ = ["KIND", "MODEL_SCHEMA", "ErmConfig", "ModelRecord"]
 

@@ -51,14 +51,14 @@ from dpstream.core.pmwg.queries import LinearQuery, QueryCompiler, QueryError
 from dpstream.core.pmwg.schedulers import BBScheduler, BBSchedulerSpec
 from dpstream.core.pmwg.universe import Universe, UniverseError
 from dpstream.errors import ConfigError, InvalidParameterError
-from dpstream.kinds.counters.events import event_seconds, shard_of
 from dpstream.kinds.pmwg.metrics import register_metrics
 from dpstream.messages import DeadLetter, Encoded, RawBatch, RawMessage, step_window
 from dpstream.metrics import FlowMetrics
 from dpstream.platform import FlowParts
 from dpstream.stream.barrier import MechanismShard
-from dpstream.stream.clock import ShardUpdate, StepClock, bad_time
+from dpstream.stream.clock import ShardUpdate, StepClock, bad_time, event_seconds
 from dpstream.stream.operators import stepped_shards
+from dpstream.stream.sharding import shard_of
 
 __all__ = ["ANSWER_SCHEMA", "HistogramConfig", "KIND", "PmwgConfig"]
 
