@@ -1,4 +1,4 @@
-"""Thin Bytewax operators around :class:`PartitionClock` and :class:`ShardState`.
+"""Thin Bytewax operators around every kind's step clock and step barrier.
 
 Each operator is ``op(step_id, up, ...) -> Stream``; the logic lives in the
 bytewax-free classes (a flow kind's :class:`~dpstream.stream.clock.StepClock` and
@@ -7,7 +7,8 @@ pass batches in, outputs out and snapshots to the recovery store. Every flow kin
 same two operators: :func:`assign_steps` (input partitions -> steps, dead letters) and
 :func:`stepped_shards` (steps -> what each shard publishes). Bytewax builders receive
 only the resume state, not the key, so partition and shard ids travel with the
-items and are kept in the snapshots.
+items and are kept in the snapshots. A kind's own operators live in its package (the
+counters' :func:`~dpstream.kinds.counters.operator.keyed_statistics`).
 """
 
 from __future__ import annotations
@@ -231,7 +232,7 @@ def waiting_for(shard: StepBarrier) -> tuple[list[int], int | None]:
 class _ShardLogic(StatefulBatchLogic[ShardUpdate, Any, dict[str, Any]]):
     """Pass a shard's outputs on, and its snapshots to the recovery store.
 
-    A shard that keeps closed steps whole (the counters' :class:`ShardState`, with
+    A shard that keeps closed steps whole (the counters' ``ShardState``, with
     ``update_batches``) passes one item per closed step, not one per output.
 
     **Backlogs in chunks.** One activation closes steps for at most
