@@ -22,7 +22,7 @@ def test_core_imports_without_edges():
         import dpstream.core.counting.tree_counter
         import dpstream.core.counting.blt_counter, dpstream.core.counting.threshold_monitor
         import dpstream.core.counting.outputs, dpstream.core.counting.blt_parameters
-        import dpstream.core.counting.admission_bounds
+        import dpstream.core.counting.admission_bounds, dpstream.core.counting.monitor_columns
         import dpstream.core.counting.statistics_spec
         import dpstream.core.counting.tree_columns, dpstream.core.counting.stage_ledgers
         import dpstream.core.pmwg.universe, dpstream.core.pmwg.queries, dpstream.core.pmwg.mechanism

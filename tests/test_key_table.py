@@ -172,8 +172,11 @@ def run_both(spec, stream, declared=None, restore_at=(), respec=None, check_step
 def check_invariants(table):
     """The table's internal bookkeeping (white box): watched rows, groups, index."""
     flags = table._flags
-    assert np.array_equal(table._watched, np.flatnonzero(flags & 32))
-    assert len(table._mlanes) == len(table._rho) == len(table._watched)
+    monitors = table._monitors
+    watched = np.zeros(0, dtype=np.int64) if monitors is None else monitors.rows
+    assert np.array_equal(watched, np.flatnonzero(flags & 32))
+    if monitors is not None:
+        assert len(monitors.lanes) == len(monitors.rho) == len(monitors.rows)
     names = table._index.names.tolist()
     assert list(table._index) == names
     assert np.array_equal(table._index.rows(names), np.arange(len(names)))

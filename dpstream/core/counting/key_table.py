@@ -43,9 +43,10 @@ noise one bulk draw per group. Under zCDP the monitor's epsilon is charged as
 or, for an epsilon charge, a discrete Laplace, as in the per-key engine.
 
 **Threshold monitors** (AboveThreshold, Dwork & Roth 2014, Algorithm 1; see
-:mod:`dpstream.core.counting.threshold_monitor`). Every watched key is tested at the same index
-``t`` of its monitor (the global step in the declared universe, the step's index in the
-monitor window in the open one), so the query noise of all of them is one bulk draw per
+:mod:`dpstream.core.counting.threshold_monitor`), as the columns of
+:class:`~dpstream.core.counting.monitor_columns.MonitorColumns`. Every watched key is tested at
+the same index ``t`` of its monitor (the global step in the declared universe, the step's index
+in the monitor window in the open one), so the query noise of all of them is one bulk draw per
 step; the threshold noise is drawn once per (key, window), when the monitor starts.
 
 **Ledger.** Every key that paid the same charges has the same spend, so a real ledger per
@@ -76,6 +77,7 @@ from dpstream.core.accounting.ledger import exact
 from dpstream.core.counting.blt_columns import BltGroup
 from dpstream.core.counting.blt_counter import BltCounterSpec
 from dpstream.core.counting.key_index import KeyIndex
+from dpstream.core.counting.monitor_columns import MonitorColumns
 from dpstream.core.counting.outputs import (
     AlertColumns,
     BudgetExhausted,
@@ -95,8 +97,6 @@ from dpstream.core.counting.tree_counter import TreeCounterSpec
 from dpstream.core.noise import bulk as bulk_noise
 from dpstream.core.noise.samplers import (
     TAG_INITIAL,
-    TAG_MONITOR_QUERY,
-    TAG_MONITOR_THRESHOLD,
     NoiseKey,
     discrete_gaussian_variance,
     discrete_laplace_variance,
@@ -160,10 +160,8 @@ class KeyTable:
         self._by_position: npt.NDArray[np.int32] | None = None
         self._prefix: IntArray = np.zeros(0, dtype=np.int64)
         self._flags: FlagArray = np.zeros(0, dtype=np.uint8)
-        # the watched keys only (rows with _WATCHING, ascending): monitor lanes and rho
-        self._watched: IntArray = np.zeros(0, dtype=np.int64)
-        self._mlanes: WordArray = np.zeros((0, 2), dtype=np.uint64)
-        self._rho: IntArray = np.zeros(0, dtype=np.int64)
+        # the watched keys only (rows with _WATCHING, ascending): their monitors
+        self._monitors = None if spec.monitor is None else MonitorColumns(spec.monitor)
         self._groups: list[TreeGroup | BltGroup] = []
         self._pending: list[BudgetExhausted] = []
         self._retire_due = False
@@ -208,13 +206,9 @@ class KeyTable:
         return self._noise.lane_words(  # type: ignore[no-any-return]
             (self.spec.instance,), names, (mechanism, digest, number))
 
-    def _monitor_noise(self, names: Sequence[str], window: int) -> tuple[WordArray, IntArray]:
-        """The monitor lanes of ``names`` in ``window`` and their threshold noise rho."""
-        assert self._monitor is not None
-        lanes = self._lanes(names, "monitor", self.spec.monitor_digest, window)
-        rho = bulk_noise.laplace(self._noise, lanes, self._monitor.threshold_scale,
-                                 TAG_MONITOR_THRESHOLD, 0, 0, 0)
-        return lanes, rho
+    def _monitor_lanes(self, names: Sequence[str], window: int) -> WordArray:
+        """The monitor lanes of ``names`` in ``window``."""
+        return self._lanes(names, "monitor", self.spec.monitor_digest, window)
 
     # -- closing a step --
     def close(self, step: int, keys: Sequence[str], increments: npt.ArrayLike) -> StepOutputs:
@@ -367,24 +361,17 @@ class KeyTable:
         self._prefix = np.concatenate([self._prefix, np.zeros(m, dtype=np.int64)])
         self._flags = np.concatenate([self._flags, np.full(m, flags, dtype=np.uint8)])
         if flags & _WATCHING:  # appended rows: the watched rows stay ascending
+            assert self._monitors is not None
             window = step // self._window if self._open else 0
-            lanes, rho = self._monitor_noise(names, window)
-            self._watched = np.concatenate([self._watched,
-                                            np.arange(first, first + m, dtype=np.int64)])
-            self._mlanes = np.concatenate([self._mlanes, lanes])
-            self._rho = np.concatenate([self._rho, rho])
-
-    def _watch_only(self, mask: npt.NDArray[np.bool_]) -> None:
-        """Keep the watched rows where ``mask`` is True (the rows' flags are the caller's)."""
-        self._watched, self._mlanes, self._rho = (
-            self._watched[mask], self._mlanes[mask], self._rho[mask])
+            self._monitors.start(self._noise, np.arange(first, first + m, dtype=np.int64),
+                                 self._monitor_lanes(names, window))
 
     def _watch(self, step: int, out: StepOutputs) -> IntArray | None:
         """Test every watched key (AboveThreshold line 3); return the open universe's admitted."""
-        monitor = self._monitor
-        if monitor is None:
+        monitor, monitors = self._monitor, self._monitors
+        if monitor is None or monitors is None:
             return None
-        flags, watched = self._flags, self._watched
+        flags, watched = self._flags, monitors.rows
         if not watched.size:
             return None
         if self._open:
@@ -393,16 +380,14 @@ class KeyTable:
             t = step  # declared monitors start at index = their (first) step
             if monitor.horizon is not None and t >= monitor.horizon:
                 flags &= _clear(_WATCHING)  # expired: never tested again
-                self._watch_only(np.zeros(watched.size, dtype=bool))
+                monitors.keep(np.zeros(watched.size, dtype=bool))
                 return None
         count = self._prefix if watched.size == flags.size else self._prefix[watched]
-        nu = bulk_noise.laplace(self._noise, self._mlanes, monitor.query_scale,
-                                TAG_MONITOR_QUERY, 0, 0, t)
-        hit = count + nu >= monitor.threshold + self._rho
+        hit = monitors.above(self._noise, count, t)
         if not hit.any():
             return None
         fired = watched[hit]
-        self._watch_only(~hit)
+        monitors.keep(~hit)
         flags[fired] &= _clear(_WATCHING)  # halted
         out.alerts = AlertColumns(step, self._index.names[fired].tolist(), monitor.threshold,
                                   monitor.epsilon)
@@ -500,11 +485,12 @@ class KeyTable:
         self._by_position = None
         self._prefix, self._flags = self._prefix[keep], flags[keep]
         position = np.cumsum(keep, dtype=np.int64) - 1
-        if self._watched.size:
-            kept = keep[self._watched]
+        monitors = self._monitors
+        if monitors is not None and monitors.rows.size:
+            kept = keep[monitors.rows]
             if not kept.all():
-                self._watch_only(kept)
-            self._watched = position[self._watched]
+                monitors.keep(kept)
+            monitors.rows = position[monitors.rows]
         for group in self._groups:  # their keys are admitted and not exhausted: all kept
             group.rows = position[group.rows].astype(_ROW)
 
@@ -563,9 +549,9 @@ class KeyTable:
             if self.next_step is None:
                 raise InvalidParameterError("malformed key table state: no step closed")
             window = (self.next_step - 1) // self._window if self._open else 0
-            self._watched = watched.astype(np.int64)
-            self._mlanes, self._rho = self._monitor_noise(
-                [names[i] for i in watched.tolist()], window)
+            assert self._monitors is not None  # a key is watched only with a monitor
+            self._monitors.restart(self._noise, watched.astype(np.int64), self._monitor_lanes(
+                [names[i] for i in watched.tolist()], window))
         self._rebudget()
 
     def _restore_group(self, state: dict[str, Any]) -> TreeGroup | BltGroup:
@@ -607,12 +593,13 @@ class KeyTable:
             reason = (f"the configured budget {ledger.budget:g} {ledger.unit} is below what "
                       f"this key has already spent ({ledger.spent:g})")
             assert self.next_step is not None
-            self._pending.extend(self._stages.statuses(admitted, self.next_step, "budget change",
-                                                reason, code))
+            self._pending.extend(self._stages.statuses(admitted, self.next_step,
+                                                       "budget change", reason, code))
             self._retire_due |= bool(admitted)
         if exhausted:
             gone = np.concatenate(exhausted)
-            self._watch_only(~np.isin(self._watched, gone))
+            if self._monitors is not None:
+                self._monitors.keep(~np.isin(self._monitors.rows, gone))
             for group in self._groups:
                 mask = ~np.isin(group.rows, gone)
                 if not mask.all():
