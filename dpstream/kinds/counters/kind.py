@@ -393,8 +393,8 @@ class CountersKind:
             ledger = config.privacy.new_ledger()
             parts.metrics.set_kind(self.name)
             parts.metrics.set_budget(spec.counter.mechanism, ledger.unit, ledger.budget)
-            series, mechanism = register_metrics(parts.metrics), spec.counter.mechanism
-            observe = lambda out: series.observe_outputs(out, mechanism)  # noqa: E731
+            observe = functools.partial(register_metrics(parts.metrics).observe_outputs,
+                                        mechanism=spec.counter.mechanism)
         shard_class = parts.options.get("shard_class", ShardState)
         outputs = keyed_statistics("statistics", updates, spec, parts.partitions,
                                    config.declared_layout, parts.noise, parts.metrics,
