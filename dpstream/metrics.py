@@ -103,6 +103,14 @@ answers and ``exhausted`` model records, each of which sets
 
 Counters with a fixed set of label values (delivered, retries, client errors) start at 0,
 so ``increase()`` sees their first increment.
+
+**Where the series live.** This module holds what every kind shares (the privacy series, the
+operational series, the record warnings); each kind registers its own series and moves the
+shared ones from its outputs, in its package: ``dpstream.kinds.counters.metrics`` (releases,
+alerts and statuses), ``dpstream.kinds.pmwg.metrics`` (answers) and
+``dpstream.kinds.erm.metrics`` (models), each through a ``register_metrics(flow_metrics)``
+that returns the kind's series object (one per :class:`FlowMetrics`:
+:meth:`FlowMetrics.kind_series`).
 """
 
 from __future__ import annotations

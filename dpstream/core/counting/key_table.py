@@ -511,7 +511,7 @@ class KeyTable:
         }
 
     def _restore(self, state: dict[str, Any]) -> None:
-        """Resume from :meth:`to_state`, under today's budget (like KeyStatistics._restore)."""
+        """Resume from :meth:`to_state`, under today's budget (as the per-key engine does)."""
         if state.get("kind") != _STATE_KIND or state.get("version") != _STATE_VERSION:
             raise InvalidParameterError(
                 f"not a key table state of version {_STATE_VERSION}: kind "
