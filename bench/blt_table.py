@@ -39,13 +39,16 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the reference engine
 
 import numpy as np  # noqa: E402
+from support.key_statistics import KeyStatistics  # noqa: E402
 
 from dpstream.core.counting.blt_columns import BltColumns  # noqa: E402
-from dpstream.core.counting.blt_counter import GRID_BITS, BltCounterSpec, _parameters  # noqa: E402
-from dpstream.core.counting.key_statistics import KeyStatistics, StatisticsSpec  # noqa: E402
+from dpstream.core.counting.blt_counter import BltCounterSpec  # noqa: E402
+from dpstream.core.counting.blt_parameters import GRID_BITS, _parameters  # noqa: E402
 from dpstream.core.counting.key_table import KeyTable  # noqa: E402
+from dpstream.core.counting.statistics_spec import StatisticsSpec  # noqa: E402
 from dpstream.core.noise import bulk_gaussian  # noqa: E402
 from dpstream.core.noise.coordinates import TAG_BLT  # noqa: E402
 from dpstream.core.noise.keys import NoiseKey  # noqa: E402

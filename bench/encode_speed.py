@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from dpstream.core.counting.key_table import ReleaseColumns, StepOutputs
+from dpstream.core.counting.outputs import ReleaseColumns, StepOutputs
 from dpstream.kinds.counters.records import _KEY_MARK, _NUMPY, _VALUE_MARK, RecordEncoder
 from dpstream.messages import Encoded
 

@@ -206,7 +206,7 @@ class PlainTable:
 
     def _release(self, step: int) -> Any:
         """Every key's exact count, as the step's outputs."""
-        from dpstream.core.counting.key_table import ReleaseColumns, StepOutputs
+        from dpstream.core.counting.outputs import ReleaseColumns, StepOutputs
 
         out = StepOutputs(step)
         if self._names:

@@ -184,7 +184,7 @@ def _counters_step_seconds(config: Any) -> tuple[float | None, str]:
                             config.privacy.delta, instance=_INSTANCE)
 
     def close_one(step: int) -> None:
-        list(encoder.encode_step(shard.close_step(step, None)))
+        list(encoder.encode_step(shard.close(step, None)))
 
     seconds, steps = _timed(close_one)
     per_step = seconds / steps  # one step of the largest shard (or SAMPLE_KEYS of its keys)

@@ -20,7 +20,7 @@ instance counts exactly the same records. A skip is written (and flushed to disk
 flow starts, under a lock (``dpstream-instance.lock``) so that processes sharing the directory
 do not lose each other's additions.
 
-The budget may change on resume (see :class:`~dpstream.core.counting.key_statistics.KeyStatistics`).
+The budget may change on resume (see :class:`~dpstream.core.counting.key_table.KeyTable`).
 
 The recovery store holds true counts, so it is kept private to the user that runs the flow: a
 missing recovery directory is created with mode 0700, the manifest is written with mode 0600,

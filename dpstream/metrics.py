@@ -103,6 +103,14 @@ answers and ``exhausted`` model records, each of which sets
 
 Counters with a fixed set of label values (delivered, retries, client errors) start at 0,
 so ``increase()`` sees their first increment.
+
+**Where the series live.** This module holds what every kind shares (the privacy series, the
+operational series, the record warnings); each kind registers its own series and moves the
+shared ones from its outputs, in its package: ``dpstream.kinds.counters.metrics`` (releases,
+alerts and statuses), ``dpstream.kinds.pmwg.metrics`` (answers) and
+``dpstream.kinds.erm.metrics`` (models), each through a ``register_metrics(flow_metrics)``
+that returns the kind's series object (one per :class:`FlowMetrics`:
+:meth:`FlowMetrics.kind_series`).
 """
 
 from __future__ import annotations
@@ -112,15 +120,14 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from dpstream.core.counting.key_statistics import Alert, BudgetExhausted, Release
-from dpstream.core.pmwg.mechanism import HARD_BUDGET_EXCEEDED, PRIVACY_BUDGET_EXHAUSTED
-
 __all__ = ["FlowMetrics", "RecordWarnings"]
+
+T = TypeVar("T")
 
 log = logging.getLogger("dpstream")
 
@@ -210,9 +217,6 @@ OUTPUT_ROLES: Final = ("releases", "alerts", "answers", "models", "dead_letters"
 """The ``role`` label values of ``dpstream_output_delivered_total``."""
 KAFKA_CLIENTS: Final = ("consumer", "producer", "admin")
 """The ``client`` label values of ``dpstream_kafka_client_errors_total``."""
-BOTTOM_REASONS: Final = {PRIVACY_BUDGET_EXHAUSTED: "privacy",
-                         HARD_BUDGET_EXCEEDED: "hard_queries"}
-"""PMWG's bottom reasons and the ``reason`` label of ``dpstream_bottom_answers_total``."""
 
 
 class FlowMetrics:
@@ -280,6 +284,7 @@ class FlowMetrics:
         self._lock = threading.Lock()
         self._spent_by_stream: dict[tuple[str, str], dict[str, tuple[float, float]]] = {}
         self._units: dict[str, str] = {}
+        self._kind_series: dict[str, Any] = {}  # a kind's series object, by kind
         self._init_operational(r, clock if clock is not None else time.time)
 
     def _init_operational(self, r: CollectorRegistry, clock: Callable[[], float]) -> None:
@@ -383,37 +388,17 @@ class FlowMetrics:
             self.clamped.labels(self.flow, topic, bound).inc(count)
         self.record_warnings.clamped(self.partition_name(partition), bound, count, offset)
 
-    def observe_outputs(self, outputs: Iterable[Any], mechanism: str) -> None:
-        """Count releases, alerts and refusals and update the spend gauges.
+    def kind_series(self, kind: str, make: Callable[[FlowMetrics], T]) -> T:
+        """The series object of flow kind ``kind``, made by ``make(self)`` on the first call.
 
-        ``outputs`` holds outputs, or whole closed steps (``StepOutputs``, counted through
-        ``count()`` and their release columns, without one object per release).
+        Each kind registers its own series (its ``register_metrics``); this keeps one object
+        per kind, so that its series are registered once in the registry.
         """
-        releases = alerts = refused = 0
-        for item in outputs:
-            if isinstance(item, Release):
-                releases += 1
-                self._track(item.mechanism, item.unit, item.spent, item.budget)
-            elif isinstance(item, Alert):
-                alerts += 1
-            elif isinstance(item, BudgetExhausted):
-                refused += 1
-                self._track(mechanism, item.unit, item.spent, item.budget)
-            else:  # a closed step's outputs
-                r, a, s = item.count()
-                releases, alerts, refused = releases + r, alerts + a, refused + s
-                for column in item.releases:
-                    if len(column.keys):
-                        self._track(column.mechanism, column.unit, column.spent, column.budget)
-                for status in item.statuses:
-                    self._track(mechanism, status.unit, status.spent, status.budget)
-        if releases:
-            self.releases.labels(self.flow, mechanism).inc(releases)
-        if alerts:
-            self.alerts.labels(self.flow).inc(alerts)
-        if refused:
-            self.refused.labels(self.flow, mechanism).inc(refused)
-            self._mark_exhausted(mechanism)
+        with self._lock:
+            series = self._kind_series.get(kind)
+            if series is None:
+                series = self._kind_series[kind] = make(self)
+        return series
 
     def set_instance(self, instance: str) -> None:
         """Publish ``dpstream_flow_instance_info{flow_instance}`` (``dpstream budget --instance``).
@@ -457,8 +442,8 @@ class FlowMetrics:
             streams[stream] = (spent, budget)
             self._publish_spend(mechanism, unit, streams)
 
-    def _track(self, mechanism: str, unit: str, spent: float, budget: float,
-               stream: str = "") -> None:
+    def track_spend(self, mechanism: str, unit: str, spent: float, budget: float,
+                    stream: str = "") -> None:
         """Record a published spend; publish the key or stream closest to exhaustion."""
         with self._lock:
             streams = self._spent_by_stream.setdefault((mechanism, unit), {})
@@ -476,120 +461,16 @@ class FlowMetrics:
         self.budget.labels(*labels).set(budget)
         self.remaining.labels(*labels).set(budget - spent)
 
-    def _mark_exhausted(self, mechanism: str) -> None:
+    def mark_exhausted(self, mechanism: str) -> None:
+        """Set ``dpstream_budget_exhausted`` of ``mechanism`` to 1 (a published refusal)."""
         self.exhausted.labels(self.flow, mechanism).set(1)
 
-    # -- query answers (the pmwg flow) -------------------------------------------------------
-
-    def _answer_series(self) -> None:
-        if hasattr(self, "answers"):
-            return
-        r = self.registry
-        self.answers = Counter(
-            "dpstream_answers", "Questions answered, by histogram and kind (easy, hard, "
-            "bottom, error, waiting, marginal).", ["flow", "histogram", "kind"], registry=r)
-        self.hard_queries = Gauge(
-            "dpstream_hard_queries", "Hard queries a histogram's PMWG has answered.",
-            ["flow", "histogram"], registry=r)
-        self.histogram_spent = Gauge(
-            "dpstream_histogram_privacy_spent",
-            "Privacy a histogram has spent per event (size counter and mechanism), in the "
-            "ledger unit.", ["flow", "histogram", "mechanism"], registry=r)
-        self.histogram_budget = Gauge(
-            "dpstream_histogram_privacy_budget",
-            "Privacy a histogram may spend per event, in the ledger unit.",
-            ["flow", "histogram", "mechanism"], registry=r)
-        self.bottoms = Counter(
-            "dpstream_bottom_answers", "Answers that are bottom (or hold a bottom part), by "
-            "histogram and the budget that ran out (privacy, hard_queries).",
-            ["flow", "histogram", "reason"], registry=r)
-        self._bottom_children: dict[str, dict[str, Any]] = {}
-
-    def _bottoms_of(self, histogram: str) -> dict[str, Any]:
-        """A histogram's bottom counters by reason, all at 0 from its first answer."""
-        children = self._bottom_children.get(histogram)
-        if children is None:
-            children = {reason: self.bottoms.labels(self.flow, histogram, reason)
-                        for reason in BOTTOM_REASONS.values()}
-            self._bottom_children[histogram] = children
-        return children
-
-    def observe_answers(self, answers: Iterable[Any]) -> None:
-        """Count answers by histogram and kind; publish each histogram's spend (no query).
-
-        Also counts, per mechanism, the answers that carry a value as releases and the
-        bottom answers as refusals (the mechanism is exhausted for good after one), and
-        updates the flow-wide spend series of a mechanism declared by :meth:`set_budget`.
-        """
-        self._answer_series()
-        flow = self.flow
-        for a in answers:
-            self.answers.labels(flow, a.histogram, a.kind).inc()
-            self.hard_queries.labels(flow, a.histogram).set(a.hard_queries)
-            self.histogram_spent.labels(flow, a.histogram, a.mechanism).set(a.spent)
-            self.histogram_budget.labels(flow, a.histogram, a.mechanism).set(a.budget)
-            parts = a.kinds if a.kinds is not None else [a.kind]
-            bottoms = self._bottoms_of(a.histogram)
-            if "bottom" in parts:
-                reason = next((label for text, label in BOTTOM_REASONS.items()
-                               if text in (a.reason or "")), "privacy")
-                bottoms[reason].inc()
-                self.refused.labels(flow, a.mechanism).inc()
-                self._mark_exhausted(a.mechanism)
-            if any(kind in ("easy", "hard") for kind in parts):
-                self.releases.labels(flow, a.mechanism).inc()
-            self._track_declared(a.mechanism, a.spent, a.budget, a.histogram)
-
-    def _track_declared(self, mechanism: str, spent: float, budget: float,
-                        stream: str) -> None:
+    def track_declared(self, mechanism: str, spent: float, budget: float,
+                       stream: str) -> None:
         """Track a histogram's or stream's spend if its mechanism's unit is declared."""
         unit = self._units.get(mechanism)
         if unit is not None:
-            self._track(mechanism, unit, spent, budget, stream)
-
-    # -- released models (the erm flow) ------------------------------------------------------
-
-    def _model_series(self) -> None:
-        if hasattr(self, "models"):
-            return
-        r = self.registry
-        self.models = Counter(
-            "dpstream_models_released", "Private models released, by model stream and role "
-            "(base, update, window, multi-resolution, ...; 'exhausted' when a stream stops).",
-            ["flow", "stream", "role"], registry=r)
-        self.model_spent = Gauge(
-            "dpstream_model_privacy_spent",
-            "Largest privacy spend of any event in a model stream, in the ledger unit.",
-            ["flow", "stream"], registry=r)
-        self.model_budget = Gauge(
-            "dpstream_model_privacy_budget",
-            "Privacy one event may spend in a model stream (the theorems' bound).",
-            ["flow", "stream"], registry=r)
-        self.model_accuracy = Gauge(
-            "dpstream_model_holdout_accuracy",
-            "Accuracy of a stream's last released model on the public holdout.",
-            ["flow", "stream"], registry=r)
-
-    def observe_models(self, models: Iterable[Any]) -> None:
-        """Count released models; publish each stream's spend and holdout accuracy.
-
-        Also counts, per algorithm (the ``mechanism`` label), the models as releases and
-        an ``exhausted`` record (no model) as a refusal that exhausts the mechanism.
-        """
-        self._model_series()
-        flow = self.flow
-        for m in models:
-            self.models.labels(flow, m.stream, m.role).inc()
-            self.model_spent.labels(flow, m.stream).set(m.spent)
-            self.model_budget.labels(flow, m.stream).set(m.budget)
-            if m.accuracy is not None:
-                self.model_accuracy.labels(flow, m.stream).set(m.accuracy)
-            if m.model is None:  # the stream's last record: a step was refused
-                self.refused.labels(flow, m.algorithm).inc()
-                self._mark_exhausted(m.algorithm)
-            else:
-                self.releases.labels(flow, m.algorithm).inc()
-            self._track_declared(m.algorithm, m.spent, m.budget, m.stream)
+            self.track_spend(mechanism, unit, spent, budget, stream)
 
     # -- operational series -----------------------------------------------------------------
 

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from dpstream.core.counting import wide_int
 from dpstream.core.counting.blt_columns import BltColumns, BltGroup
-from dpstream.core.counting.blt_counter import BltCounter, BltCounterSpec, _parameters
+from dpstream.core.counting.blt_counter import BltCounter, BltCounterSpec
+from dpstream.core.counting.blt_parameters import _parameters
 from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import InvalidParameterError
 

@@ -13,20 +13,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dpstream.core.counting.blt_counter as blt
+import dpstream.core.counting.blt_parameters as bp
 from dpstream.core.accounting.ledger import PrivacyCharge
 from dpstream.core.counting.blt_counter import (
     BltCounter,
     BltCounterSpec,
     analytic_std,
-    available_horizons,
     factorization_lower_bound,
     plain_tree_zcdp_worst_std,
     worst_step_std,
 )
+from dpstream.core.counting.blt_parameters import available_horizons
 from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import InvalidParameterError
 
-G = 1 << blt.GRID_BITS
+G = 1 << bp.GRID_BITS
 KEY = NoiseKey.for_tests(7)
 
 
@@ -34,7 +35,7 @@ def _run(counter: BltCounter, increments: list[int]) -> list[tuple[int, float, f
     return [(e.step, e.value, e.std) for e in map(counter.step, increments)]
 
 
-def _c_column(p: blt._Parameters, n: int) -> np.ndarray:
+def _c_column(p: bp._Parameters, n: int) -> np.ndarray:
     """c_0 = 1, c_i = sum_j omega_j theta_j^(i-1), in float64."""
     i = np.arange(n - 1)
     c = np.ones(n)
@@ -71,7 +72,7 @@ def test_spec_properties() -> None:
     assert spec.mechanism == "blt-gaussian"
     s2 = spec.sigma2_grid
     assert isinstance(s2, Fraction) and s2.denominator == 1
-    p = blt._parameters(spec.horizon)
+    p = bp._parameters(spec.horizon)
     rho_kept = Fraction(0.5) * (1 - Fraction(1, 10**12))
     # the smallest integer variance giving Delta^2 / (2 sigma^2) <= rho_kept
     assert p.delta2 / (2 * s2) <= rho_kept < p.delta2 / (2 * (s2 - 1))
@@ -81,7 +82,7 @@ def test_spec_properties() -> None:
 def test_sensitivity_bound_is_rigorous_and_tight() -> None:
     """Delta_G^2 covers the exact ||G c||^2 plus the rounding slack, and no more than that."""
     for horizon in (2**8, 2**12, 2**20):
-        p = blt._parameters(horizon)
+        p = bp._parameters(horizon)
         c = _c_column(p, horizon)
         exact = float(np.sum(c * c)) * G * G
         bound = float(p.delta2)
@@ -95,7 +96,7 @@ def test_power_lower_bound_is_a_lower_bound() -> None:
     for _ in range(20):
         num = int(rng.integers(1, 2**48))
         e = int(rng.integers(0, 5000))
-        low = blt._pow_lower(num, 48, e)
+        low = bp._pow_lower(num, 48, e)
         exact = Fraction(num, 2**48) ** e
         assert low <= exact
         assert exact - low <= Fraction(e + 2, 2**200)
@@ -103,7 +104,7 @@ def test_power_lower_bound_is_a_lower_bound() -> None:
 
 def test_inverse_is_stable_and_interlaced_for_every_horizon() -> None:
     for horizon in available_horizons():
-        p = blt._parameters(horizon)
+        p = bp._parameters(horizon)
         gamma, theta = p.inverse_poles, p.theta
         assert -1 < gamma[0] < theta[0]
         for j in range(1, len(theta)):
@@ -114,20 +115,20 @@ def test_inverse_is_stable_and_interlaced_for_every_horizon() -> None:
 def test_variance_table_matches_the_feedback_recurrence() -> None:
     """The vectorised closed form equals running C^{-1} on an impulse (the counter's own code)."""
     horizon = 2**12
-    p = blt._parameters(horizon)
+    p = bp._parameters(horizon)
     buffers = [0.0] * p.buffers
     prefix, acc, direct = 0.0, 0.0, []
     for t in range(horizon):
         prefix += blt._inverse_step(p, buffers, 1.0 if t == 0 else 0.0)
         acc += prefix * prefix
         direct.append(acc)
-    table = blt._unit_variance_table(horizon)
+    table = bp._unit_variance_table(horizon)
     np.testing.assert_allclose(table, direct, rtol=1e-10)
     assert not table.flags.writeable
 
 
 def test_inverse_inverts_c() -> None:
-    p = blt._parameters(2**8)
+    p = bp._parameters(2**8)
     c = _c_column(p, 256)
     buffers = [0.0] * p.buffers
     out = [blt._inverse_step(p, buffers, float(v)) for v in c]
@@ -140,7 +141,7 @@ def test_inverse_inverts_c() -> None:
 def test_grid_matches_exact_rational_reference() -> None:
     """Y_t differs from G (C x)_t (exact rationals) by at most the rounding bound eta / 2."""
     horizon = 2**8
-    p = blt._parameters(horizon)
+    p = bp._parameters(horizon)
     rng = np.random.default_rng(11)
     x = [int(v) for v in rng.integers(0, 50, size=horizon)]
     theta = [Fraction(t, 2**p.precision_bits) for t in p.theta_num]
@@ -159,7 +160,7 @@ def test_grid_matches_exact_rational_reference() -> None:
     assert worst > 0  # the rounding is real: this test would notice if it disappeared
 
 
-def _grid_run(p: blt._Parameters, x: list[int]) -> np.ndarray:
+def _grid_run(p: bp._Parameters, x: list[int]) -> np.ndarray:
     buffers = [0] * p.buffers
     return np.array([blt._grid_step(p, buffers, xt) for xt in x], dtype=object)
 
@@ -167,7 +168,7 @@ def _grid_run(p: blt._Parameters, x: list[int]) -> np.ndarray:
 def test_sensitivity_holds_on_neighbouring_inputs() -> None:
     """||Y(x) - Y(x + e_tau)||_2 <= Delta_G, per coordinate <= G c_(t-tau) + eta, exact at tau."""
     horizon = 2**8
-    p = blt._parameters(horizon)
+    p = bp._parameters(horizon)
     c = _c_column(p, horizon)
     rng = np.random.default_rng(5)
     delta2 = p.delta2
@@ -190,7 +191,7 @@ def test_released_values_are_integers_on_the_grid(monkeypatch: pytest.MonkeyPatc
     seen: list[int] = []
     real = blt._grid_step
 
-    def spy(p: blt._Parameters, buffers: list[int], x: int) -> int:
+    def spy(p: bp._Parameters, buffers: list[int], x: int) -> int:
         y = real(p, buffers, x)
         seen.append(y)
         return y
@@ -332,7 +333,7 @@ def test_near_optimal_accuracy() -> None:
     assert factorization_lower_bound(0.5, n20) < w20 < 1.15 * factorization_lower_bound(0.5, n20)
     assert plain_tree_zcdp_worst_std(0.5, n20) == pytest.approx(math.sqrt(20 * 21), rel=1e-9)
     # the table's reference values agree with what the mechanism actually achieves
-    for horizon, entry in blt._load_table().items():
+    for horizon, entry in bp._load_table().items():
         if horizon > 2**20:  # their std tables take 16-128 MB; the tool checked them
             continue
         spec = BltCounterSpec(rho=0.5, horizon=horizon)

@@ -14,10 +14,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.messages import message
 
-from dpstream.core.counting.key_statistics import Alert, BudgetExhausted
-from dpstream.core.counting.key_table import AlertColumns, ReleaseColumns, StepOutputs
+from dpstream.core.counting.outputs import (
+    Alert,
+    AlertColumns,
+    BudgetExhausted,
+    ReleaseColumns,
+    StepOutputs,
+)
 from dpstream.core.noise.keys import NoiseKey
 from dpstream.io.kafka import _OutputPartition
+from dpstream.kinds.counters.metrics import register_metrics as counters_series
 from dpstream.kinds.counters.records import EncodedBatch, EncodedColumn, RecordEncoder, flatten
 from dpstream.platform import build_flow, parse_config
 
@@ -298,8 +304,8 @@ def test_metrics_count_closed_steps_without_materializing_them():
     whole, each = (FlowMetrics("m", CollectorRegistry(), clock=lambda: 0.0) for _ in range(2))
     for m in (whole, each):
         m.set_budget("tree-laplace", "epsilon", 1.0)
-    whole.observe_outputs([out], "tree-laplace")
-    each.observe_outputs(list(out), "tree-laplace")
+    counters_series(whole).observe_outputs([out], "tree-laplace")
+    counters_series(each).observe_outputs(list(out), "tree-laplace")
     assert samples(whole) == samples(each)
     assert ("dpstream_releases_total", (("flow", "m"), ("mechanism", "tree-laplace")), 3.0) in \
         samples(whole)

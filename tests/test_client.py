@@ -30,7 +30,7 @@ from dpstream.client import (
     UnknownRecordError,
     decode,
 )
-from dpstream.core.counting import key_statistics as core
+from dpstream.core.counting import outputs as core
 from dpstream.core.erm.model import PrivateModel
 from dpstream.errors import DpstreamError
 from dpstream.io.topics import produce, read_all

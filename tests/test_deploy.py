@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from dpstream.kinds.erm.kind import ModelRecord
+from dpstream.kinds.erm.metrics import register_metrics as erm_series
 from dpstream.kinds.pmwg.kind import AnswerRecord
+from dpstream.kinds.pmwg.metrics import register_metrics as pmwg_series
 from dpstream.metrics import FlowMetrics
 
 DEPLOY = Path(__file__).parent.parent / "deploy"
@@ -34,10 +36,10 @@ def full_metrics() -> FlowMetrics:
     metrics = FlowMetrics("x")
     metrics.set_kind("counters")
     metrics.set_budget("pmwg", "epsilon", 1.0, "h")
-    metrics.observe_answers([AnswerRecord("h", "pmwg", "q", 0, 10, "bottom", None, None,
-                                          "privacy budget exhausted", 0.5, 1.0, 1)])
-    metrics.observe_models([ModelRecord("s", "continual", 0, "base", 0, 0, 0, (), None, 0.5,
-                                        0.5, 1.0, 0.9)])
+    pmwg_series(metrics).observe_answers([AnswerRecord(
+        "h", "pmwg", "q", 0, 10, "bottom", None, None, "privacy budget exhausted", 0.5, 1.0, 1)])
+    erm_series(metrics).observe_models([ModelRecord(
+        "s", "continual", 0, "base", 0, 0, 0, (), None, 0.5, 0.5, 1.0, 0.9)])
     return metrics
 
 

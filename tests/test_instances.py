@@ -19,8 +19,9 @@ from bytewax.testing import TestingSink, TestingSource, run_main
 from support.messages import message, raw
 
 from dpstream.client import LatestValues, Release, decode
-from dpstream.core.counting import key_statistics as core
+from dpstream.core.counting import outputs as core
 from dpstream.core.noise.keys import NoiseKey
+from dpstream.kinds.counters.metrics import register_metrics as counters_series
 from dpstream.kinds.counters.records import RecordEncoder
 from dpstream.kinds.erm.kind import ModelEncoder, ModelRecord
 from dpstream.kinds.pmwg.kind import AnswerEncoder, AnswerRecord
@@ -196,7 +197,7 @@ def test_budget_keeps_only_the_processes_of_one_instance(prometheus_factory):
     from prometheus_client import start_http_server
 
     from dpstream.client import budget_from_metrics, budget_from_prometheus
-    from dpstream.core.counting.key_statistics import Release as CoreRelease
+    from dpstream.core.counting.outputs import Release as CoreRelease
     from dpstream.io.broker import free_port
     from dpstream.metrics import FlowMetrics
 
@@ -205,8 +206,8 @@ def test_budget_keeps_only_the_processes_of_one_instance(prometheus_factory):
         metrics = FlowMetrics("twice")
         metrics.set_instance(instance)
         metrics.set_budget("tree-laplace", "epsilon", 1.0)
-        metrics.observe_outputs([CoreRelease("k", 0, 1.0, 1.0, "tree-laplace", spent, 1.0,
-                                             "epsilon", 0.0)], "tree-laplace")
+        counters_series(metrics).observe_outputs([CoreRelease(
+            "k", 0, 1.0, 1.0, "tree-laplace", spent, 1.0, "epsilon", 0.0)], "tree-laplace")
         port = free_port()
         servers.append(start_http_server(port, addr="127.0.0.1", registry=metrics.registry))
         urls.append(f"127.0.0.1:{port}")

@@ -5,15 +5,11 @@ import pickle
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.key_statistics import KeyStatistics
 
 from dpstream.core.accounting.ledger import PrivacyCharge
-from dpstream.core.counting.key_statistics import (
-    Alert,
-    BudgetExhausted,
-    KeyStatistics,
-    Release,
-    StatisticsSpec,
-)
+from dpstream.core.counting.outputs import Alert, BudgetExhausted, Release
+from dpstream.core.counting.statistics_spec import StatisticsSpec
 from dpstream.core.counting.threshold_monitor import ThresholdMonitorSpec
 from dpstream.core.counting.tree_counter import TreeCounterSpec
 from dpstream.core.noise.keys import NoiseKey

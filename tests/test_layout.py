@@ -15,7 +15,7 @@ from dpstream.kinds.counters.events import PartitionClock
 from dpstream.kinds.counters.kind import event_rules, statistics_spec
 from dpstream.kinds.counters.layout import DeclaredLayout, RowCounts
 from dpstream.platform import parse_config
-from dpstream.stream.clock import shard_of
+from dpstream.stream.sharding import shard_of
 
 ORIGIN = 1_790_000_000
 keys_strategy = st.lists(st.text(min_size=1, max_size=6), min_size=1, max_size=40, unique=True)

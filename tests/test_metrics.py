@@ -6,6 +6,9 @@ import threading
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+from dpstream.kinds.counters.metrics import register_metrics as counters_series
+from dpstream.kinds.erm.metrics import register_metrics as erm_series
+from dpstream.kinds.pmwg.metrics import register_metrics as pmwg_series
 from dpstream.metrics import FlowMetrics
 
 FLOW = "counters"
@@ -300,7 +303,7 @@ def test_a_stream_budget_has_no_spend_until_its_first_record():
     metrics.set_budget("continual", "rho", 2.0, "a")
     assert value(metrics, "dpstream_privacy_budget", mechanism="continual", unit="rho") == 2.0
     assert value(metrics, "dpstream_privacy_spent", mechanism="continual", unit="rho") is None
-    metrics.observe_models([model("base", 0.5)])
+    erm_series(metrics).observe_models([model("base", 0.5)])
     assert value(metrics, "dpstream_privacy_spent", mechanism="continual", unit="rho") == 0.5
     assert value(metrics, "dpstream_privacy_remaining", mechanism="continual", unit="rho") == 1.5
 
@@ -308,14 +311,14 @@ def test_a_stream_budget_has_no_spend_until_its_first_record():
 def test_pmwg_answers_count_releases_bottoms_and_exhaust_the_mechanism():
     metrics, _ = make()
     metrics.set_budget("pmwg", "epsilon", 1.0, "h")
-    metrics.observe_answers([answer("waiting", 0.2), answer("easy", 0.4),
+    pmwg_series(metrics).observe_answers([answer("waiting", 0.2), answer("easy", 0.4),
                              answer("hard", 0.6, hard=1)])
     assert value(metrics, "dpstream_releases_total", mechanism="pmwg") == 2
     assert value(metrics, "dpstream_refused_releases_total", mechanism="pmwg") == 0
     assert value(metrics, "dpstream_budget_exhausted", mechanism="pmwg") == 0
     assert value(metrics, "dpstream_bottom_answers_total", histogram="h", reason="privacy") == 0
     assert value(metrics, "dpstream_privacy_spent", mechanism="pmwg", unit="epsilon") == 0.6
-    metrics.observe_answers([
+    pmwg_series(metrics).observe_answers([
         answer("bottom", 0.9, reason="privacy budget exhausted"),
         answer("marginal", 0.9, kinds=["hard", "bottom"], reason="hard-query budget exceeded"),
         answer("bottom", 0.9, reason="hard-query budget exceeded")])
@@ -333,25 +336,25 @@ def test_the_spend_series_show_the_histogram_closest_to_exhaustion():
     metrics, _ = make()
     metrics.set_budget("pmwg", "epsilon", 2.0, "big")
     metrics.set_budget("pmwg", "epsilon", 1.0, "small")
-    metrics.observe_answers([answer("hard", 1.2, "big", budget=2.0),
+    pmwg_series(metrics).observe_answers([answer("hard", 1.2, "big", budget=2.0),
                              answer("hard", 0.5, "small", budget=1.0)])
     labels = {"mechanism": "pmwg", "unit": "epsilon"}
     # big: 0.8 left, small: 0.5 left -> small, with its own spent and budget
     assert value(metrics, "dpstream_privacy_spent", **labels) == 0.5
     assert value(metrics, "dpstream_privacy_budget", **labels) == 1.0
     assert value(metrics, "dpstream_privacy_remaining", **labels) == 0.5
-    metrics.observe_answers([answer("hard", 1.8, "big", budget=2.0)])
+    pmwg_series(metrics).observe_answers([answer("hard", 1.8, "big", budget=2.0)])
     assert value(metrics, "dpstream_privacy_spent", **labels) == 1.8
     assert value(metrics, "dpstream_privacy_budget", **labels) == 2.0
     assert value(metrics, "dpstream_privacy_remaining", **labels) == pytest.approx(0.2)
-    metrics.observe_answers([answer("easy", 1.0, "big", budget=2.0)])  # never goes back
+    pmwg_series(metrics).observe_answers([answer("easy", 1.0, "big", budget=2.0)])  # no way back
     assert value(metrics, "dpstream_privacy_spent", **labels) == 1.8
 
 
 def test_an_undeclared_mechanism_counts_but_publishes_no_spend():
     """The flow kinds declare their budgets (and units) in wire(); without, no unit is known."""
     metrics, _ = make()
-    metrics.observe_answers([answer("hard", 0.6)])
+    pmwg_series(metrics).observe_answers([answer("hard", 0.6)])
     assert value(metrics, "dpstream_releases_total", mechanism="pmwg") == 1
     assert "dpstream_privacy_spent" not in names(metrics)
     assert value(metrics, "dpstream_histogram_privacy_spent", histogram="h",
@@ -362,14 +365,14 @@ def test_erm_models_count_as_releases_and_an_exhausted_stream_as_a_refusal():
     metrics, _ = make()
     for stream in ("a", "b"):
         metrics.set_budget("continual", "epsilon", 2.0, stream)
-    metrics.observe_models([model("base", 0.5), model("base", 0.5, "b"),
+    erm_series(metrics).observe_models([model("base", 0.5), model("base", 0.5, "b"),
                             model("update", 1.25)])
     assert value(metrics, "dpstream_releases_total", mechanism="continual") == 3
     assert value(metrics, "dpstream_models_released_total", stream="a", role="update") == 1
     assert value(metrics, "dpstream_privacy_spent", mechanism="continual",
                  unit="epsilon") == 1.25
     assert value(metrics, "dpstream_budget_exhausted", mechanism="continual") == 0
-    metrics.observe_models([model("exhausted", 1.25, "b")])
+    erm_series(metrics).observe_models([model("exhausted", 1.25, "b")])
     assert value(metrics, "dpstream_refused_releases_total", mechanism="continual") == 1
     assert value(metrics, "dpstream_releases_total", mechanism="continual") == 3
     assert value(metrics, "dpstream_budget_exhausted", mechanism="continual") == 1
@@ -378,12 +381,12 @@ def test_erm_models_count_as_releases_and_an_exhausted_stream_as_a_refusal():
 
 
 def test_a_counters_refusal_exhausts_its_mechanism():
-    from dpstream.core.counting.key_statistics import BudgetExhausted  # noqa: PLC0415
+    from dpstream.core.counting.outputs import BudgetExhausted  # noqa: PLC0415
 
     metrics, _ = make()
     metrics.set_budget("tree-laplace", "epsilon", 1.0)
     status = BudgetExhausted("k", 7, "tree-laplace", "budget lowered", 0.9, 0.5, "epsilon")
-    metrics.observe_outputs([status], "tree-laplace")
+    counters_series(metrics).observe_outputs([status], "tree-laplace")
     assert value(metrics, "dpstream_refused_releases_total", mechanism="tree-laplace") == 1
     assert value(metrics, "dpstream_budget_exhausted", mechanism="tree-laplace") == 1
 
@@ -392,8 +395,8 @@ def test_the_labels_of_every_kind_come_from_a_small_public_vocabulary():
     metrics, _ = make()
     metrics.set_kind("pmwg")
     metrics.set_budget("pmwg", "epsilon", 1.0, "h")
-    metrics.observe_answers([answer("bottom", 0.9, reason="privacy budget exhausted")])
-    metrics.observe_models([model("base", 0.5)])
+    pmwg_series(metrics).observe_answers([answer("bottom", 0.9, reason="privacy budget exhausted")])
+    erm_series(metrics).observe_models([model("base", 0.5)])
     allowed = {"flow", "mechanism", "unit", "kind", "histogram", "reason", "stream", "role",
                "partition", "client"}
     for family in metrics.registry.collect():
@@ -460,3 +463,26 @@ def test_clamped_records_are_exact_counts_declared_at_zero_per_topic_and_bound()
     hidden.declare_input_topics(["events"])
     hidden.observe_clamped(0, "events", "ahead", 2, 7)
     assert "dpstream_clamped_records" not in generate_latest(off).decode()
+
+
+@pytest.mark.flow  # imports the module in a fresh interpreter
+def test_the_shared_metrics_import_no_kind_and_no_mechanism():
+    """metrics.py holds what is shared; each kind registers its own series."""
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    code = ("import sys, dpstream.metrics; print(sorted(m for m in sys.modules if m.startswith("
+            "('dpstream.kinds', 'dpstream.core.counting', 'dpstream.core.pmwg', "
+            "'dpstream.core.erm'))))")  # the package's own imports: the ledger and the noise key
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_a_kinds_series_are_registered_once_per_flow_metrics():
+    metrics, _ = make()
+    assert pmwg_series(metrics) is pmwg_series(metrics)
+    assert erm_series(metrics) is erm_series(metrics)
+    assert counters_series(metrics) is counters_series(metrics)
+    pmwg_series(metrics).observe_answers([answer("easy", 0.4)])
+    pmwg_series(metrics).observe_answers([answer("easy", 0.5)])  # no duplicate registration
+    assert value(metrics, "dpstream_answers_total", histogram="h", kind="easy") == 2

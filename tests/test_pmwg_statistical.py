@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from test_pmwg import DenseQuery
 
-from dpstream.core.counting.threshold_monitor import difference_tail
+from dpstream.core.counting.admission_bounds import difference_tail
 from dpstream.core.noise.keys import NoiseKey
 from dpstream.core.pmwg.mechanism import Pmwg
 from dpstream.core.pmwg.sparse_vector import NumericSparse, dlap_variance
@@ -46,7 +46,7 @@ def halt_rate(value: Fraction, samples: int, seed: int) -> float:
 def test_natg_below_threshold_halts_with_the_exact_tail_probability(distance, seed) -> None:
     # A query whose eta-unit value is `distance` below the threshold halts iff
     # K_nu - K_eta >= distance / g, K_nu ~ DLap(4/g), K_eta ~ DLap(2/g): the exact discrete
-    # tail is threshold_monitor.difference_tail at epsilon = g (an independent closed form).
+    # tail is admission_bounds.difference_tail at epsilon = g (an independent closed form).
     g = 2.0**GRID_EXPONENT
     k = int(distance / g)
     exact_p = difference_tail(g, k)

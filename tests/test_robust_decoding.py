@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.messages import message, raw
 
-from dpstream.core.counting.key_statistics import Release
+from dpstream.core.counting.outputs import Release
 from dpstream.core.noise.keys import NoiseKey
 from dpstream.kinds.counters.events import EventRules, PartitionClock
 from dpstream.kinds.counters.records import RecordEncoder, _keys_json

@@ -9,15 +9,15 @@ from bytewax.testing import TestingSink, TestingSource, run_main
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.messages import message, raw
+from support.reference_shard import ReferenceShardState
 
-from dpstream.core.counting.key_statistics import Release
-from dpstream.core.counting.key_table import StepOutputs
+from dpstream.core.counting.outputs import Release, StepOutputs
 from dpstream.core.noise.keys import NoiseKey
-from dpstream.errors import ConfigError
+from dpstream.errors import ConfigError, InvalidParameterError
 from dpstream.kinds.counters.events import TICK, TIMESTAMP_CREATE_TIME, PartitionClock, ShardUpdate
 from dpstream.kinds.counters.kind import event_rules, statistics_spec
 from dpstream.kinds.counters.records import RecordEncoder
-from dpstream.kinds.counters.shard import ReferenceShardState, ShardState
+from dpstream.kinds.counters.shard import REFERENCE_SNAPSHOT_REFUSED, ShardState
 from dpstream.platform import build_flow, parse_config
 
 KEY = NoiseKey.for_tests(5)
@@ -239,31 +239,31 @@ def test_update_batches_keeps_each_closed_step_whole():
     assert whole.update(updates[0]) == []  # back to the flat path: nothing left to close
 
 
-def test_a_reference_snapshot_resumes_with_the_reference_engine():
-    """Snapshots made before the table (no "engine") keep their per-key engine."""
+def test_a_reference_snapshot_is_refused_with_a_one_line_message():
+    """Snapshots of the per-key engine (no "engine": "table") name the version that runs them."""
     spec = statistics_spec(OPEN, "i")
     updates = updates_of(OPEN, 3)
-    cut = len(updates) // 2
     old = ReferenceShardState(spec, 2, None, KEY)
-    head = [o for u in updates[:cut] for o in old.update(u)]
+    head = [o for u in updates[: len(updates) // 2] for o in old.update(u)]
+    assert head  # the snapshot holds live keys
     state = pickle.loads(pickle.dumps(old.to_state()))
     assert "engine" not in state
-    resumed = ShardState(spec, 2, None, KEY, state)
-    assert resumed.engine == "reference"
-    tail = [o for u in updates[cut:] for o in resumed.update(u)] + list(resumed.end_of_input())
-    again = pickle.loads(pickle.dumps(resumed.to_state()))
-    assert again["engine"] == "reference" and ShardState(spec, 2, None, KEY, again).engine == \
-        "reference"
-    whole = drive(lambda st: ReferenceShardState(spec, 2, None, KEY, st), updates)
-    assert canonical(head + tail) == canonical(whole)
+    for snapshot in (state, {**state, "engine": "reference"}):
+        with pytest.raises(InvalidParameterError) as refused:
+            ShardState(spec, 2, None, KEY, snapshot)
+        assert str(refused.value) == REFERENCE_SNAPSHOT_REFUSED
+    assert "\n" not in REFERENCE_SNAPSHOT_REFUSED and "dpstream 0.1.0" in REFERENCE_SNAPSHOT_REFUSED
+    with pytest.raises(Exception, match="another noise key"):  # the binding is checked first
+        ShardState(spec, 2, None, NoiseKey.for_tests(6), state)
 
 
 def test_zcdp_uses_the_table_engine_with_step_outputs_that_encode_the_same():
     spec = statistics_spec(ZCDP, "i")
     s = ShardState(spec, 2, {0: ["a", "b"]}, KEY)
-    assert s.engine == "table"  # the columnar BLT counters (blt_columns)
+    assert s.to_state()["engine"] == "table"  # the columnar BLT counters (blt_columns)
     old = ReferenceShardState(spec, 2, {0: ["a", "b"]}, KEY).to_state()
-    assert ShardState(spec, 2, {0: ["a", "b"]}, KEY, old).engine == "reference"  # older snapshot
+    with pytest.raises(InvalidParameterError, match="reference engine"):  # an older snapshot
+        ShardState(spec, 2, {0: ["a", "b"]}, KEY, old)
     encoder = RecordEncoder("z", ZCDP.origin, 1.0, 1e-6)
     batches = [b for u in updates_of(ZCDP, 1) for b in s.update_batches(u)]
     assert batches and all(isinstance(b, StepOutputs) for b in batches)
@@ -361,7 +361,7 @@ def test_release_every_k_publishes_the_k1_releases_of_every_kth_step_byte_for_by
        st.integers(1, 7), st.booleans())
 def test_route_counts_every_event_in_its_keys_shard_and_step(events, shards, one_step):
     """The vectorised route equals counting event by event with ``shard_of``."""
-    from dpstream.stream.clock import shard_of
+    from dpstream.stream.sharding import shard_of
 
     config = parse_config({"flow": {"name": "t", "origin": "2026-01-01T00:00:00Z",
                                     "step": "1s", "shards": shards},

@@ -36,11 +36,12 @@ from test_client import (  # the flow and the records the client tests use
     write_flow_config,
 )
 
-from dpstream.core.counting import key_statistics as core
+from dpstream.core.counting import outputs as core
 from dpstream.io.broker import free_port
 from dpstream.io.topics import produce, read_all
 from dpstream.kinds.counters.records import RecordEncoder
 from dpstream.kinds.pmwg.kind import AnswerRecord
+from dpstream.kinds.pmwg.metrics import register_metrics as pmwg_series
 from dpstream.metrics import FlowMetrics
 
 pytestmark = [pytest.mark.integration]
@@ -279,16 +280,16 @@ class RisingSpend:
         step = 0
         while not self.stop.wait(0.02):
             spent = 0.2 + self.RATE * (time.monotonic() - self.began)
-            self.metrics.observe_answers([AnswerRecord("sessions", "pmwg", f"q{step}", step,
-                                                       1000, "hard", 0.5, None, None, spent,
-                                                       1.0, step)])
+            pmwg_series(self.metrics).observe_answers([AnswerRecord(
+                "sessions", "pmwg", f"q{step}", step, 1000, "hard", 0.5, None, None, spent,
+                1.0, step)])
             step += 1
 
     def run_out(self) -> None:
         """Publish a bottom answer: the histogram's budget is gone."""
-        self.metrics.observe_answers([AnswerRecord("sessions", "pmwg", "last", 10**6, 1000,
-                                                   "bottom", None, None,
-                                                   "privacy budget exhausted", 1.0, 1.0, 0)])
+        pmwg_series(self.metrics).observe_answers([AnswerRecord(
+            "sessions", "pmwg", "last", 10**6, 1000, "bottom", None, None,
+            "privacy budget exhausted", 1.0, 1.0, 0)])
 
     def close(self) -> None:
         self.stop.set()

@@ -13,14 +13,13 @@ from hypothesis import strategies as st
 from support.recording import RecordingKey
 
 from dpstream.core.accounting.ledger import PrivacyCharge
-from dpstream.core.counting.threshold_monitor import (
-    ThresholdMonitor,
-    ThresholdMonitorSpec,
+from dpstream.core.counting.admission_bounds import (
     admission_delta,
     difference_tail,
     lazy_start_delta,
     minimal_threshold,
 )
+from dpstream.core.counting.threshold_monitor import ThresholdMonitor, ThresholdMonitorSpec
 from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import InvalidParameterError
 

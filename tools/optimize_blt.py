@@ -41,11 +41,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from dpstream.core.counting.blt_counter import (  # noqa: E402
-    _inverse_poles,
-    _inverse_weights,
     factorization_lower_bound,
     plain_tree_zcdp_worst_std,
 )
+from dpstream.core.counting.blt_parameters import _inverse_poles, _inverse_weights  # noqa: E402
 
 PRECISION_BITS = 48
 DEFAULT_OUT = ROOT / "dpstream" / "core" / "counting" / "blt_parameters.json"

@@ -33,12 +33,14 @@ snapshot.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from dpstream.core.noise.keys import NOISE_SCHEME, NoiseKey
 from dpstream.errors import InvalidParameterError, NoiseKeyError, RecoveryMismatchError
 from dpstream.stream import stopping
-from dpstream.stream.clock import ShardUpdate, shard_of
+from dpstream.stream.clock import ShardUpdate
+from dpstream.stream.sharding import shard_of
 
 __all__ = ["MechanismShard", "StepBarrier", "binding", "check_binding", "end_step_of"]
 
@@ -116,8 +118,12 @@ class StepBarrier:
         """Add one partition's ``bucket`` for ``step`` to the pending one."""
         raise NotImplementedError
 
-    def close(self, step: int, bucket: Any) -> list[Any]:
-        """Close ``step`` with its merged bucket (None if no partition sent one)."""
+    def close(self, step: int, bucket: Any) -> Sequence[Any]:
+        """Close ``step`` with its merged bucket (None if no partition sent one).
+
+        Returns the step's outputs (a kind may return one sequence object per step: see
+        ``whole`` in :meth:`update`).
+        """
         raise NotImplementedError
 
     def idle(self) -> bool:
@@ -141,8 +147,12 @@ class StepBarrier:
         self.ended_empty = set(state.get("ended_empty", ()))
         self.next_step = state["next_step"]
 
-    def update(self, update: ShardUpdate) -> list[Any]:
-        """Take one partition's update and close every step that is now closed."""
+    def update(self, update: ShardUpdate, *, whole: bool = False) -> list[Any]:
+        """Take one partition's update and close every step that is now closed.
+
+        Returns the closed steps' outputs, one by one; with ``whole``, what :meth:`close`
+        returned for each step that published something, as it is.
+        """
         if self.shard is None:
             self.bind(update.shard)
         if update.frontier is not None:
@@ -151,7 +161,7 @@ class StepBarrier:
             self.ended_empty.discard(update.partition)
         for step, bucket in update.increments.items():
             self.merge(step, bucket)
-        return self.close_backlog()
+        return self.close_backlog(whole=whole)
 
     def closable_end(self) -> int | None:
         """The first step some partition has not passed (None: a partition never reported).
@@ -173,29 +183,31 @@ class StepBarrier:
         # mechanism has admitted yet), and this count is a metric and a log line
         return 0 if end is None or first is None else max(0, end - first)
 
-    def close_backlog(self) -> list[Any]:
-        """Close the closable steps, for at most :attr:`chunk_seconds`."""
+    def close_backlog(self, *, whole: bool = False) -> list[Any]:
+        """Close the closable steps, for at most :attr:`chunk_seconds` (``whole``: update's)."""
         end = self.closable_end()
         if end is None:
             return []
-        return self._close_until(end, self.chunk_seconds)
+        return self._close_until(end, self.chunk_seconds, whole)
 
-    def end_of_input(self) -> list[Any]:
+    def end_of_input(self, *, whole: bool = False) -> list[Any]:
         """The whole bounded input ended: stop waiting for partitions that had no record.
 
         Every partition that had records has sent its final frontier before this (see
         :meth:`StepClock.end_of_input`), so the steps closed now are exactly those every
         partition with data has closed; with ``flow.end`` (:attr:`end_step`) that is every
         step before its step, which is also closed if no partition had a record.
+        ``whole``: as in :meth:`update`.
         """
         self.ended_empty.update(p for p in range(self.partitions) if p not in self.frontiers)
         if self.end_step is not None:  # every partition ended: close through flow.end
-            return self._close_until(self.end_step)
+            return self._close_until(self.end_step, whole=whole)
         if not self.frontiers:
             return []
-        return self._close_until(min(self.frontiers.values()))
+        return self._close_until(min(self.frontiers.values()), whole=whole)
 
-    def _close_until(self, end: int, seconds: float | None = None) -> list[Any]:
+    def _close_until(self, end: int, seconds: float | None = None,
+                     whole: bool = False) -> list[Any]:
         """Close the steps before ``end``, for at most ``seconds`` (None: all of them).
 
         With ``seconds > 0`` the first step is closed whatever it costs; with
@@ -222,7 +234,11 @@ class StepBarrier:
                 self.next_step = min([s for s in self.pending if s >= self.next_step] + [end])
                 if self.next_step >= end:
                     break
-            out.extend(self.close(self.next_step, self.pending.pop(self.next_step, None)))
+            closed = self.close(self.next_step, self.pending.pop(self.next_step, None))
+            if not whole:
+                out.extend(closed)
+            elif len(closed):
+                out.append(closed)
             self.next_step += 1
         return out
 

@@ -74,7 +74,6 @@ what, per step). Everything about time is here, once.
 from __future__ import annotations
 
 import math
-import zlib
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from operator import countOf
@@ -92,20 +91,11 @@ from dpstream.messages import (
 )
 
 __all__ = ["ClockRules", "MAX_SECONDS", "UNDECODABLE", "ShardUpdate", "StepClock", "bad_time",
-           "event_seconds", "iso_seconds", "shard_of",
-           "undecodable"]
+           "event_seconds", "iso_seconds", "undecodable"]
 
 MAX_SECONDS: Final = 253_402_300_799.0  # 9999-12-31T23:59:59Z: keeps every step index in int64
 UNDECODABLE: Final = "undecodable record"
 """How the dead-letter reason of every undecodable record starts (:func:`undecodable`)."""
-
-
-def shard_of(name: str, shards: int) -> int:
-    """Return the shard of ``name`` (a key, a histogram, a model stream).
-
-    Stable across processes and workers, unlike ``hash``: CRC-32 of its UTF-8 bytes.
-    """
-    return zlib.crc32(name.encode()) % shards
 
 
 def event_seconds(value: Any) -> float | None:

@@ -1,4 +1,4 @@
-"""Thin Bytewax operators around :class:`PartitionClock` and :class:`ShardState`.
+"""Thin Bytewax operators around every kind's step clock and step barrier.
 
 Each operator is ``op(step_id, up, ...) -> Stream``; the logic lives in the
 bytewax-free classes (a flow kind's :class:`~dpstream.stream.clock.StepClock` and
@@ -7,7 +7,8 @@ pass batches in, outputs out and snapshots to the recovery store. Every flow kin
 same two operators: :func:`assign_steps` (input partitions -> steps, dead letters) and
 :func:`stepped_shards` (steps -> what each shard publishes). Bytewax builders receive
 only the resume state, not the key, so partition and shard ids travel with the
-items and are kept in the snapshots.
+items and are kept in the snapshots. A kind's own operators live in its package (the
+counters' :func:`~dpstream.kinds.counters.operator.keyed_statistics`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import math
 import os
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Protocol
@@ -26,18 +27,13 @@ import bytewax.operators as op
 from bytewax.dataflow import Stream, operator
 from bytewax.operators import StatefulBatchLogic
 
-from dpstream.core.counting.key_statistics import StatisticsSpec
-from dpstream.core.counting.key_table import StepOutputs
-from dpstream.core.noise.keys import NoiseKey
-from dpstream.kinds.counters.layout import DeclaredLayout
-from dpstream.kinds.counters.shard import ShardState
 from dpstream.messages import DeadLetter, RawBatch, RawMessage
 from dpstream.stream import stopping
 from dpstream.stream.barrier import StepBarrier
 from dpstream.stream.clock import UNDECODABLE, ShardUpdate, StepClock
 from dpstream.stream.quarantine import QUARANTINED, Quarantine
 
-__all__ = ["FlowObserver", "StepAssignment", "assign_steps", "keyed_statistics", "stepped_shards"]
+__all__ = ["FlowObserver", "StepAssignment", "assign_steps", "stepped_shards"]
 
 log = logging.getLogger("dpstream")
 STALL_REPORT_SECONDS = float(os.environ.get("DPSTREAM_STALL_REPORT_SECONDS", "60"))
@@ -85,8 +81,6 @@ class FlowObserver(Protocol):
         ``offset``: the first of them. Only under ``flow.clock = "producer"``.
         """
 
-    def observe_outputs(self, outputs: Sequence[Any], mechanism: str) -> None:
-        """What a shard published: outputs, or whole closed steps (``StepOutputs``)."""
 
 
 class _Nobody:
@@ -101,9 +95,6 @@ class _Nobody:
 
     def observe_shard(self, shard: int, closed_step: int | None, pending_steps: int,
                       backlog_steps: int = 0) -> None:
-        return None
-
-    def observe_outputs(self, outputs: Sequence[Any], mechanism: str) -> None:
         return None
 
     def observe_undecodable(self, partition: int, offset: int | None, reason: str) -> None:
@@ -242,7 +233,7 @@ def waiting_for(shard: StepBarrier) -> tuple[list[int], int | None]:
 class _ShardLogic(StatefulBatchLogic[ShardUpdate, Any, dict[str, Any]]):
     """Pass a shard's outputs on, and its snapshots to the recovery store.
 
-    A shard that keeps closed steps whole (the counters' :class:`ShardState`, with
+    A shard that keeps closed steps whole (the counters' ``ShardState``, with
     ``update_batches``) passes one item per closed step, not one per output.
 
     **Backlogs in chunks.** One activation closes steps for at most
@@ -366,30 +357,3 @@ def _run_shards(up: Stream[tuple[str, ShardUpdate]],
     keyed = op.stateful_batch("shards", up,
                               lambda state: _ShardLogic(build(state), seen, published))
     return op.key_rm("unkey", keyed)
-
-
-@operator
-def keyed_statistics(step_id: str, up: Stream[tuple[str, ShardUpdate]], spec: StatisticsSpec,
-                     partitions: int, declared: DeclaredLayout | None,
-                     noise: NoiseKey, observer: FlowObserver | None = None,
-                     shard_class: type[ShardState] = ShardState,
-                     release_every: int = 1, end_step: int | None = None) -> Stream[StepOutputs]:
-    """Run every key's monitor and counter, shard by shard; emit each closed step's outputs.
-
-    One :class:`~dpstream.core.counting.key_table.StepOutputs` per closed step of a shard (releases,
-    alerts, statuses; a step that publishes nothing emits nothing). ``declared``: the
-    declared universe's keys by shard (None: the open universe). ``release_every``: see
-    :class:`ShardState`. ``end_step``: the step of ``flow.end`` (see
-    :attr:`StepBarrier.end_step`). ``shard_class`` exists for the non-private baseline of
-    ``bench/``; keep the default.
-    """
-    seen = observer or _Nobody()
-    mechanism = spec.counter.mechanism
-    noise.prepare()  # the building thread's ciphers (run_main's worker): not at the first step
-    def build(state: dict[str, Any] | None) -> ShardState:
-        shard = shard_class(spec, partitions, declared, noise, state,
-                            release_every=release_every)
-        shard.end_step = end_step
-        return shard
-
-    return _run_shards(up, build, seen, lambda out: seen.observe_outputs(out, mechanism))

@@ -55,6 +55,7 @@ from dpstream.core.erm import output_noise as core_erm
 from dpstream.core.erm.schedules.schedule import ReleaseSchedule
 from dpstream.core.noise.keys import NoiseKey
 from dpstream.kinds.erm.kind import ErmClock, ErmShard, ModelEncoder
+from dpstream.kinds.erm.metrics import register_metrics as erm_series
 from dpstream.messages import TIMESTAMP_LOG_APPEND_TIME
 from dpstream.metrics import FlowMetrics
 from dpstream.platform import build_flow, parse_config
@@ -237,7 +238,7 @@ def drive(cfg, events: list[Event] | list[tuple], noise: NoiseKey, *, instance: 
                 shard = shards[u.shard] = ErmShard(cfg, noise, instance, partitions)
             published = shard.update(u)
             if metrics is not None:
-                metrics.observe_models(published)
+                erm_series(metrics).observe_models(published)
             out.extend(published)
 
     cursor = dict.fromkeys(queues, 0)
@@ -252,7 +253,7 @@ def drive(cfg, events: list[Event] | list[tuple], noise: NoiseKey, *, instance: 
     for shard in shards.values():
         published = shard.end_of_input()
         if metrics is not None:
-            metrics.observe_models(published)
+            erm_series(metrics).observe_models(published)
         out.extend(published)
     encoder = ModelEncoder(cfg, instance)
     run = Run(out, [encoder.encode(m)[2] for m in out], dead)

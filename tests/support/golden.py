@@ -366,7 +366,7 @@ def status_records() -> list[Output]:
     counters flow publishes them with. (This and :func:`run_flow` are the only places that
     import dpstream.)
     """
-    from dpstream.core.counting.key_statistics import BudgetExhausted
+    from dpstream.core.counting.outputs import BudgetExhausted
     from dpstream.kinds.counters.records import RecordEncoder
     from dpstream.platform import output_topics, parse_config
 

@@ -47,7 +47,8 @@ import numpy as np
 import numpy.typing as npt
 
 from dpstream.core.counting import wide_int
-from dpstream.core.counting.blt_counter import GRID_BITS, BltCounterSpec, _parameters, _variance
+from dpstream.core.counting.blt_counter import BltCounterSpec, _variance
+from dpstream.core.counting.blt_parameters import GRID_BITS, _parameters
 from dpstream.core.noise import bulk_gaussian
 from dpstream.core.noise.coordinates import TAG_BLT
 from dpstream.core.noise.keys import NoiseKey

@@ -1,11 +1,12 @@
 """Columnar key state: every key of a shard in numpy columns, stepped in bulk.
 
-:class:`KeyTable` is the columnar equivalent of the per-key engine (one
-:class:`~dpstream.core.counting.key_statistics.KeyStatistics` per key, stepped by the shard's
-``close``): the same threshold monitor, initial count, binary tree counter and ledger
-rules, for pure accounting with a :class:`~dpstream.core.counting.tree_counter.TreeCounterSpec`
-counter and for zCDP accounting with a :class:`~dpstream.core.counting.blt_counter.BltCounterSpec`
-counter (:meth:`KeyTable.supports`), in the declared and the open key universe. With the
+:class:`KeyTable` is the columnar equivalent of the per-key reference engine (one
+``KeyStatistics`` per key, kept with the tests as their oracle): the same threshold monitor,
+initial count, binary tree counter and ledger rules
+(:mod:`dpstream.core.counting.statistics_spec`), for pure accounting with a
+:class:`~dpstream.core.counting.tree_counter.TreeCounterSpec` counter and for zCDP accounting
+with a :class:`~dpstream.core.counting.blt_counter.BltCounterSpec` counter
+(:meth:`KeyTable.supports`), in the declared and the open key universe. With the
 same noise key it publishes exactly what the per-key engine publishes, bit for bit: every
 draw comes from the same lane and coordinates (:mod:`dpstream.core.noise.bulk`), and every
 floating-point operation is done in the per-key classes' order.
@@ -23,17 +24,12 @@ the index's 16-24 bytes, where a ``KeyStatistics`` object took about 2.5 kB.
 
 **Binary tree counters in groups** (binary tree mechanism, Dwork, Naor, Pitassi, Rothblum
 2010 and Chan, Shi, Song 2011, with the doubling epochs of Chan, Shi, Song 2011; see
-:mod:`dpstream.core.counting.tree_counter`). The counters of the keys whose counter started at the
-same step form a group: they are at the same counter step, so they share the epoch, the
-position in it, the node noise scale and the shape of the stack of maximal completed nodes.
-A group's stack is a list of dense columns (true sums as int64, Honaker-combined estimates
-as float64; Honaker 2015 in the online form of TF-Privacy's tree aggregation); a step
-appends a leaf column and merges the carry chain with a few vectorized operations, the
-noise of every node completed in the step drawn with one bulk call per (group, height).
-The variances depend on the shape alone, so they are Python floats per group, computed with
-the very expressions of :class:`~dpstream.core.counting.tree_counter.TreeCounter`; the estimates are
-combined with the same IEEE operations (``(v e_c + var_c y) / (v + var_c)``, the prefix sum
-over the stack bottom to top), so they are equal bit for bit.
+:mod:`dpstream.core.counting.tree_counter`). The counters of the keys whose counter started at
+the same step form a :class:`~dpstream.core.counting.tree_columns.TreeGroup`: they are at the
+same counter step, so they share the epoch, the position in it, the node noise scale and the
+shape of the stack of maximal completed nodes; a step draws the noise of every node completed
+in it with one bulk call per (group, height), with the per-key counter's IEEE operations, so
+the values are equal bit for bit (see that module).
 
 **BLT counters in groups** (buffered linear Toeplitz mechanism, Dvijotham, McMahan,
 Pillutla, Steinke and Thakurta 2024; see :mod:`dpstream.core.counting.blt_counter` for the integer
@@ -44,17 +40,17 @@ buffers as multi-limb columns (:mod:`dpstream.core.counting.wide_int`), the floa
 inverse, the partial sums and the epoch base as float64 columns, the step's discrete Gaussian
 noise one bulk draw per group. Under zCDP the monitor's epsilon is charged as
 ``epsilon^2 / 2`` and the initial count is a discrete Gaussian (``sigma^2 = 1 / (2 rho)``)
-or, for an epsilon charge, a discrete Laplace, as in
-:class:`~dpstream.core.counting.key_statistics.KeyStatistics`.
+or, for an epsilon charge, a discrete Laplace, as in the per-key engine.
 
 **Threshold monitors** (AboveThreshold, Dwork & Roth 2014, Algorithm 1; see
-:mod:`dpstream.core.counting.threshold_monitor`). Every watched key is tested at the same index
-``t`` of its monitor (the global step in the declared universe, the step's index in the
-monitor window in the open one), so the query noise of all of them is one bulk draw per
+:mod:`dpstream.core.counting.threshold_monitor`), as the columns of
+:class:`~dpstream.core.counting.monitor_columns.MonitorColumns`. Every watched key is tested at
+the same index ``t`` of its monitor (the global step in the declared universe, the step's index
+in the monitor window in the open one), so the query noise of all of them is one bulk draw per
 step; the threshold noise is drawn once per (key, window), when the monitor starts.
 
-**Ledger.** Every key that paid the same charges has the same spend, so a real
-:class:`~dpstream.core.accounting.ledger.PrivacyLedger` per *stage* (the set of charges paid) checks
+**Ledger.** Every key that paid the same charges has the same spend, so a real ledger per
+*stage* (the set of charges paid, :mod:`dpstream.core.counting.stage_ledgers`) checks
 and commits each charge for all the keys that reach it in a step (check-then-commit; a
 refusal exhausts the keys, with a :class:`BudgetExhausted` status for admitted keys only,
 never naming a key before its admission), and gives every release's ``spent``, ``budget``
@@ -69,45 +65,45 @@ and the noise key on restore.
 
 from __future__ import annotations
 
-import bisect
-import itertools
 import math
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
 
-from dpstream.core._checks import fraction_text
-from dpstream.core.accounting.ledger import PrivacyCharge, PrivacyLedger, exact
-from dpstream.core.counting.blt_columns import BltGroup, CounterGroup
+from dpstream.core.accounting.ledger import exact
+from dpstream.core.counting.blt_columns import BltGroup
 from dpstream.core.counting.blt_counter import BltCounterSpec
 from dpstream.core.counting.key_index import KeyIndex
-from dpstream.core.counting.key_statistics import (
-    Alert,
+from dpstream.core.counting.monitor_columns import MonitorColumns
+from dpstream.core.counting.outputs import (
+    AlertColumns,
     BudgetExhausted,
-    Output,
-    Release,
-    StatisticsSpec,
+    StepOutputs,
 )
+from dpstream.core.counting.stage_ledgers import (
+    COUNTER_PAID,
+    INITIAL_PAID,
+    MONITOR_PAID,
+    PAID,
+    StageLedgers,
+)
+from dpstream.core.counting.statistics_spec import StatisticsSpec
 from dpstream.core.counting.threshold_monitor import ThresholdMonitorSpec
+from dpstream.core.counting.tree_columns import TreeGroup
 from dpstream.core.counting.tree_counter import TreeCounterSpec
 from dpstream.core.noise import bulk as bulk_noise
 from dpstream.core.noise import bulk_gaussian
 from dpstream.core.noise.coordinates import (
     TAG_INITIAL,
-    TAG_MONITOR_QUERY,
-    TAG_MONITOR_THRESHOLD,
-    TAG_TREE,
 )
 from dpstream.core.noise.keys import NoiseKey
 from dpstream.core.noise.samplers import discrete_gaussian_variance, discrete_laplace_variance
-from dpstream.core.sequences import IndexedSequence
-from dpstream.errors import BudgetExhaustedError, InvalidParameterError
+from dpstream.errors import InvalidParameterError
 
-__all__ = ["AlertColumns", "KeyTable", "ReleaseColumns", "StepOutputs"]
+__all__ = ["KeyTable"]
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -119,11 +115,7 @@ _ROW: Final = np.int32  # a group's rows (a shard holds fewer than 2^31 keys): 4
 _STATE_KIND: Final = "key-table"
 _STATE_VERSION: Final = 1
 
-# the flags byte of a row
-_MONITOR_PAID: Final = 1
-_INITIAL_PAID: Final = 2
-_COUNTER_PAID: Final = 4
-_PAID: Final = _MONITOR_PAID | _INITIAL_PAID | _COUNTER_PAID
+# the flags byte of a row (and the charges paid: MONITOR_PAID, INITIAL_PAID, COUNTER_PAID)
 _EXHAUSTED: Final = 8
 _ADMITTED: Final = 16
 _WATCHING: Final = 32  # a live monitor tests the key (paid, not fired, not exhausted)
@@ -132,158 +124,6 @@ _RETIRING: Final = _EXHAUSTED | _ADMITTED
 
 def _clear(bits: int) -> np.uint8:
     return np.uint8(0xFF ^ bits)
-
-
-# --- what a step publishes ---------------------------------------------------------------------
-
-
-@dataclass(eq=False)
-class ReleaseColumns:
-    """Releases of one step that share every field but ``key`` and ``value``.
-
-    ``periodic`` is True for a counter's release and False for an initial count released
-    at admission. Item ``i`` is the :class:`Release` of ``keys[i]`` with value
-    ``values[i]``. The arrays and lists are never mutated afterwards (a group's key list
-    is shared by its releases of every step).
-    """
-
-    step: int
-    keys: Sequence[str]
-    values: FloatArray
-    std: float
-    mechanism: str
-    spent: float
-    budget: float
-    unit: str
-    delta: float
-    periodic: bool = True
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-    def release(self, i: int) -> Release:
-        """The ``i``-th release as a :class:`Release` object."""
-        return Release(self.keys[i], self.step, float(self.values[i]), self.std,
-                       self.mechanism, self.spent, self.budget, self.unit, self.delta)
-
-    def __iter__(self) -> Iterator[Release]:
-        step, std, mechanism = self.step, self.std, self.mechanism
-        spent, budget, unit, delta = self.spent, self.budget, self.unit, self.delta
-        for key, value in zip(self.keys, self.values.tolist(), strict=True):
-            yield Release(key, step, value, std, mechanism, spent, budget, unit, delta)
-
-
-@dataclass(eq=False)
-class AlertColumns(IndexedSequence[Alert]):
-    """The alerts of one step's fired monitors, which share every field but ``key``.
-
-    Item ``i`` is the :class:`Alert` of ``keys[i]``, made only when read (a step of an open
-    universe can fire a monitor for most of its keys at once).
-    """
-
-    step: int
-    keys: Sequence[str]
-    threshold: int
-    epsilon: float
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-    def _item(self, index: int) -> Alert:
-        return Alert(self.keys[index], self.step, self.threshold, self.epsilon)
-
-    def __iter__(self) -> Iterator[Alert]:
-        step, threshold, epsilon = self.step, self.threshold, self.epsilon
-        for key in self.keys:
-            yield Alert(key, step, threshold, epsilon)
-
-
-@dataclass(eq=False)
-class StepOutputs(IndexedSequence[Output]):
-    """Everything one closed step publishes, in a deterministic order.
-
-    As a sequence it holds the statuses, then the alerts, then every release of every
-    :class:`ReleaseColumns` (materialized as :class:`Release` objects only when read).
-    """
-
-    step: int
-    statuses: list[BudgetExhausted] = field(default_factory=list)
-    alerts: Sequence[Alert] = field(default_factory=list)  # a list, or AlertColumns
-    releases: list[ReleaseColumns] = field(default_factory=list)
-
-    def count(self) -> tuple[int, int, int]:  # type: ignore[override]
-        """Return ``(releases, alerts, statuses)`` without materializing anything."""
-        return sum(len(r) for r in self.releases), len(self.alerts), len(self.statuses)
-
-    def __len__(self) -> int:
-        releases, alerts, statuses = self.count()
-        return releases + alerts + statuses
-
-    def __iter__(self) -> Iterator[Output]:
-        yield from self.statuses
-        yield from self.alerts
-        for columns in self.releases:
-            yield from columns
-
-    def _item(self, index: int) -> Output:
-        if index < len(self.statuses):
-            return self.statuses[index]
-        index -= len(self.statuses)
-        if index < len(self.alerts):
-            return self.alerts[index]
-        index -= len(self.alerts)
-        ends = list(itertools.accumulate(len(r) for r in self.releases))
-        which = bisect.bisect_right(ends, index)
-        return self.releases[which].release(index - (ends[which - 1] if which else 0))
-
-
-# --- the tree counters of one group ------------------------------------------------------------
-
-
-class _Node:
-    """A maximal completed node of a group's stack: one column per key."""
-
-    __slots__ = ("height", "true", "est", "var")
-
-    def __init__(self, height: int, true: IntArray, est: FloatArray, var: float) -> None:
-        self.height, self.true, self.est, self.var = height, true, est, var
-
-
-class _Group(CounterGroup):
-    """The tree counters of the keys whose counter started at the same step.
-
-    They are at the same counter step, so they share the epoch, the node noise scale, the
-    stack's shape and the variances (Python floats); the per-key parts are columns.
-    """
-
-    __slots__ = ("steps", "base_value", "base_var", "stack")
-
-    def __init__(self, start: int, code: int, rows: RowArray, keys: Sequence[str],
-                 lanes: WordArray, initial: FloatArray | None, initial_var: float) -> None:
-        super().__init__(start, code, rows, keys, lanes, initial, initial_var)
-        self.steps = 0  # counter steps done (the next one's index)
-        self.base_value: FloatArray | None = None  # finished epochs' roots (None: 0.0)
-        self.base_var = 0.0
-        self.stack: list[_Node] = []
-
-    def keep(self, mask: npt.NDArray[np.bool_]) -> None:
-        """Keep only the keys where ``mask`` is True (a new key list: the old one is shared)."""
-        super().keep(mask)
-        if self.base_value is not None:
-            self.base_value = self.base_value[mask]
-        for node in self.stack:
-            node.true, node.est = node.true[mask], node.est[mask]
-
-    def to_state(self) -> dict[str, Any]:
-        return {
-            **self.shared_state(), "steps": self.steps,
-            "base_value": None if self.base_value is None else self.base_value.copy(),
-            "base_var": self.base_var,
-            "stack": [[n.height, n.true.copy(), n.est.copy(), n.var] for n in self.stack],
-        }
-
-
-# --- the table ---------------------------------------------------------------------------------
 
 
 class KeyTable:
@@ -320,15 +160,12 @@ class KeyTable:
         self._by_position: npt.NDArray[np.int32] | None = None
         self._prefix: IntArray = np.zeros(0, dtype=np.int64)
         self._flags: FlagArray = np.zeros(0, dtype=np.uint8)
-        # the watched keys only (rows with _WATCHING, ascending): monitor lanes and rho
-        self._watched: IntArray = np.zeros(0, dtype=np.int64)
-        self._mlanes: WordArray = np.zeros((0, 2), dtype=np.uint64)
-        self._rho: IntArray = np.zeros(0, dtype=np.int64)
-        self._groups: list[_Group | BltGroup] = []
+        # the watched keys only (rows with _WATCHING, ascending): their monitors
+        self._monitors = None if spec.monitor is None else MonitorColumns(spec.monitor)
+        self._groups: list[TreeGroup | BltGroup] = []
         self._pending: list[BudgetExhausted] = []
         self._retire_due = False
-        self._ledgers: dict[int, PrivacyLedger] = {}
-        self._refusals: dict[tuple[int, int], str | None] = {}
+        self._stages = StageLedgers(spec)
         self.retired: set[str] = set()  # admitted keys that never publish again: name only
         self.next_step: int | None = None
         if state is not None:
@@ -362,55 +199,6 @@ class KeyTable:
         """No live key in an open universe: steps without events publish nothing."""
         return not len(self._index) and self._declared is None
 
-    # -- the ledger, per stage --
-    def _charges(self) -> list[tuple[int, PrivacyCharge]]:
-        charges = []
-        if self._monitor is not None:
-            charges.append((_MONITOR_PAID, self._monitor.charge))
-        if self.spec.initial is not None:
-            charges.append((_INITIAL_PAID, self.spec.initial))
-        charges.append((_COUNTER_PAID, self._counter.charge))
-        return charges
-
-    def _ledger(self, code: int) -> PrivacyLedger:
-        """The ledger of every key that paid the charges of ``code``, under today's budget."""
-        ledger = self._ledgers.get(code)
-        if ledger is None:
-            spec = self.spec
-            fresh = PrivacyLedger(spec.accounting, spec.budget, spec.delta_budget)
-            paid = [charge for bit, charge in self._charges() if code & bit]
-            state = fresh.to_state()
-            state["spent"] = fraction_text(sum((fresh.cost_of(c) for c in paid), Fraction(0)))
-            state["spent_delta"] = fraction_text(sum((exact(c.delta) for c in paid),
-                                                     Fraction(0)))
-            ledger = self._ledgers[code] = PrivacyLedger.from_state(state)
-        return ledger
-
-    def _refusal(self, code: int, bit: int, charge: PrivacyCharge) -> str | None:
-        """None if the keys at stage ``code`` can pay ``charge``, else the ledger's refusal."""
-        if (code, bit) not in self._refusals:
-            trial = PrivacyLedger.from_state(self._ledger(code).to_state())
-            try:
-                trial.charge(charge)
-                reason: str | None = None
-            except BudgetExhaustedError as exc:
-                reason = str(exc)
-            self._refusals[code, bit] = reason
-        return self._refusals[code, bit]
-
-    def _statuses(self, names: Sequence[str], step: int, label: str, reason: str,
-                  code: int) -> list[BudgetExhausted]:
-        ledger = self._ledger(code)
-        return [BudgetExhausted(k, step, label, reason, ledger.spent, ledger.budget, ledger.unit)
-                for k in names]
-
-    def _columns(self, step: int, keys: Sequence[str], values: FloatArray, variance: float,
-                 code: int, periodic: bool) -> ReleaseColumns:
-        ledger = self._ledger(code)
-        return ReleaseColumns(step, keys, values, math.sqrt(variance), self._counter.mechanism,
-                              ledger.spent, ledger.budget, ledger.unit,
-                              ledger.spent_delta + self.spec.admission_delta, periodic)
-
     # -- lanes (secret-derived: memory only) --
     def _lanes(self, names: Sequence[str], mechanism: str, digest: str,
                number: int) -> WordArray:
@@ -418,13 +206,9 @@ class KeyTable:
         return self._noise.lane_words(  # type: ignore[no-any-return]
             (self.spec.instance,), names, (mechanism, digest, number))
 
-    def _monitor_noise(self, names: Sequence[str], window: int) -> tuple[WordArray, IntArray]:
-        """The monitor lanes of ``names`` in ``window`` and their threshold noise rho."""
-        assert self._monitor is not None
-        lanes = self._lanes(names, "monitor", self.spec.monitor_digest, window)
-        rho = bulk_noise.laplace(self._noise, lanes, self._monitor.threshold_scale,
-                                 TAG_MONITOR_THRESHOLD, 0, 0, 0)
-        return lanes, rho
+    def _monitor_lanes(self, names: Sequence[str], window: int) -> WordArray:
+        """The monitor lanes of ``names`` in ``window``."""
+        return self._lanes(names, "monitor", self.spec.monitor_digest, window)
 
     # -- closing a step --
     def close(self, step: int, keys: Sequence[str], increments: npt.ArrayLike) -> StepOutputs:
@@ -547,27 +331,27 @@ class KeyTable:
         self._by_position = None
         monitor, code, exhausted, watching = self._monitor, 0, False, False
         if monitor is not None:
-            reason = self._refusal(code, _MONITOR_PAID, monitor.charge)
+            reason = self._stages.refusal(code, MONITOR_PAID, monitor.charge)
             if reason is None:
-                code |= _MONITOR_PAID
+                code |= MONITOR_PAID
                 watching = self._open or monitor.horizon is None or step < monitor.horizon
             else:
                 exhausted = True
                 if not self._open:  # declared keys are public; never name an open one
-                    out.statuses.extend(self._statuses(names, step, monitor.charge.label,
+                    out.statuses.extend(self._stages.statuses(names, step, monitor.charge.label,
                                                        reason, code))
         if not self._open and not exhausted:
             charge = self._counter.charge
-            reason = self._refusal(code, _COUNTER_PAID, charge)
+            reason = self._stages.refusal(code, COUNTER_PAID, charge)
             if reason is None:
-                code |= _COUNTER_PAID
+                code |= COUNTER_PAID
                 rows = np.arange(first, first + m, dtype=_ROW)
                 lanes = self._lanes(names, "counter", self.spec.counter_digest, step)
                 # ``names`` is never mutated (the caller's declared list or a fresh one): shared
                 self._groups.append(self._new_group(step, code, rows, names, lanes, None, 0.0))
             else:
                 exhausted = True
-                out.statuses.extend(self._statuses(names, step, charge.label, reason, code))
+                out.statuses.extend(self._stages.statuses(names, step, charge.label, reason, code))
         flags = code | (0 if self._open else _ADMITTED)
         if exhausted:
             flags |= _EXHAUSTED
@@ -577,24 +361,17 @@ class KeyTable:
         self._prefix = np.concatenate([self._prefix, np.zeros(m, dtype=np.int64)])
         self._flags = np.concatenate([self._flags, np.full(m, flags, dtype=np.uint8)])
         if flags & _WATCHING:  # appended rows: the watched rows stay ascending
+            assert self._monitors is not None
             window = step // self._window if self._open else 0
-            lanes, rho = self._monitor_noise(names, window)
-            self._watched = np.concatenate([self._watched,
-                                            np.arange(first, first + m, dtype=np.int64)])
-            self._mlanes = np.concatenate([self._mlanes, lanes])
-            self._rho = np.concatenate([self._rho, rho])
-
-    def _watch_only(self, mask: npt.NDArray[np.bool_]) -> None:
-        """Keep the watched rows where ``mask`` is True (the rows' flags are the caller's)."""
-        self._watched, self._mlanes, self._rho = (
-            self._watched[mask], self._mlanes[mask], self._rho[mask])
+            self._monitors.start(self._noise, np.arange(first, first + m, dtype=np.int64),
+                                 self._monitor_lanes(names, window))
 
     def _watch(self, step: int, out: StepOutputs) -> IntArray | None:
         """Test every watched key (AboveThreshold line 3); return the open universe's admitted."""
-        monitor = self._monitor
-        if monitor is None:
+        monitor, monitors = self._monitor, self._monitors
+        if monitor is None or monitors is None:
             return None
-        flags, watched = self._flags, self._watched
+        flags, watched = self._flags, monitors.rows
         if not watched.size:
             return None
         if self._open:
@@ -603,16 +380,14 @@ class KeyTable:
             t = step  # declared monitors start at index = their (first) step
             if monitor.horizon is not None and t >= monitor.horizon:
                 flags &= _clear(_WATCHING)  # expired: never tested again
-                self._watch_only(np.zeros(watched.size, dtype=bool))
+                monitors.keep(np.zeros(watched.size, dtype=bool))
                 return None
         count = self._prefix if watched.size == flags.size else self._prefix[watched]
-        nu = bulk_noise.laplace(self._noise, self._mlanes, monitor.query_scale,
-                                TAG_MONITOR_QUERY, 0, 0, t)
-        hit = count + nu >= monitor.threshold + self._rho
+        hit = monitors.above(self._noise, count, t)
         if not hit.any():
             return None
         fired = watched[hit]
-        self._watch_only(~hit)
+        monitors.keep(~hit)
         flags[fired] &= _clear(_WATCHING)  # halted
         out.alerts = AlertColumns(step, self._index.names[fired].tolist(), monitor.threshold,
                                   monitor.epsilon)
@@ -622,15 +397,15 @@ class KeyTable:
         """Admit the open universe's fired keys: initial count, then a counter from next step."""
         names = self._index.names[rows].tolist()
         flags = self._flags
-        code = int(flags[rows[0]]) & _PAID  # every watched key paid its monitor, nothing else
+        code = int(flags[rows[0]]) & PAID  # every watched key paid its monitor, nothing else
         exhausted = False
         initial_values: FloatArray | None = None
         initial_var = 0.0
         initial = self.spec.initial
         if initial is not None:
-            reason = self._refusal(code, _INITIAL_PAID, initial)
+            reason = self._stages.refusal(code, INITIAL_PAID, initial)
             if reason is None:
-                code |= _INITIAL_PAID
+                code |= INITIAL_PAID
                 lanes = self._lanes(names, "initial", self.spec.initial_digest, step)
                 if initial.epsilon:  # KeyStatistics._initial_count: Laplace for an epsilon
                     scale = 1 / exact(initial.epsilon)
@@ -644,91 +419,53 @@ class KeyTable:
                 initial_values = (self._prefix[rows] + noise).astype(np.float64)
             else:
                 exhausted = True
-                out.statuses.extend(self._statuses(names, step, initial.label, reason, code))
+                out.statuses.extend(self._stages.statuses(names, step, initial.label, reason, code))
         if not exhausted:
             charge = self._counter.charge
-            reason = self._refusal(code, _COUNTER_PAID, charge)
+            reason = self._stages.refusal(code, COUNTER_PAID, charge)
             if reason is None:
-                code |= _COUNTER_PAID
+                code |= COUNTER_PAID
                 lanes = self._lanes(names, "counter", self.spec.counter_digest, step)
                 self._groups.append(self._new_group(step, code, rows.astype(_ROW), names,
                                                     lanes, initial_values, initial_var))
             else:
                 exhausted = True
-                out.statuses.extend(self._statuses(names, step, charge.label, reason, code))
-        flags[rows] = (flags[rows] & _clear(_PAID)) | np.uint8(
+                out.statuses.extend(self._stages.statuses(names, step, charge.label, reason, code))
+        flags[rows] = (flags[rows] & _clear(PAID)) | np.uint8(
             code | _ADMITTED | (_EXHAUSTED if exhausted else 0))
         if exhausted:
             self._retire_due = True
             return
         values = np.zeros(len(names)) if initial_values is None else initial_values.copy()
-        out.releases.append(self._columns(step, list(names), values, initial_var, code, False))
+        out.releases.append(self._stages.columns(step, list(names), values, initial_var, code,
+                                                 False))
 
     def _new_group(self, start: int, code: int, rows: RowArray, names: Sequence[str],
                    lanes: WordArray, initial: FloatArray | None,
-                   initial_var: float) -> _Group | BltGroup:
+                   initial_var: float) -> TreeGroup | BltGroup:
         """The group of counters of ``names``, started at ``start`` (tree or BLT)."""
         if isinstance(self._counter, BltCounterSpec):
             return BltGroup(self._counter, start, code, rows, names, lanes, initial,
                             initial_var)
-        return _Group(start, code, rows, names, lanes, initial, initial_var)
+        return TreeGroup(start, code, rows, names, lanes, initial, initial_var)
 
-    def _step_group(self, group: _Group | BltGroup, step: int, inc: IntArray,
+    def _step_group(self, group: TreeGroup | BltGroup, step: int, inc: IntArray,
                     out: StepOutputs) -> None:
         """One step of every counter of ``group``: TreeCounter.step, column by column."""
         if not group.keys:
             return
         if isinstance(group, BltGroup):  # BltCounter.step (blt_columns), one bulk noise draw
             values, variance = group.step(self._noise, inc)
-            out.releases.append(self._columns(step, group.keys, values, variance, group.code,
-                                              True))
+            out.releases.append(self._stages.columns(step, group.keys, values, variance,
+                                                     group.code, True))
             return
         assert isinstance(self._counter, TreeCounterSpec)
-        spec, noise, lanes = self._counter, self._noise, group.lanes
-        t = group.steps
-        epoch = spec.epoch_of(t)
-        start, length = spec.epoch_bounds(epoch)
-        local = t - start
-        scale = spec.noise_scale(epoch)
-        v = discrete_laplace_variance(scale)
-        stack = group.stack
-        leaf = inc[group.rows]
-        y = leaf + bulk_noise.laplace(noise, lanes, scale, TAG_TREE, epoch, 0, local)
-        stack.append(_Node(0, leaf, y.astype(np.float64), v))
-        while len(stack) >= 2 and stack[-1].height == stack[-2].height:
-            right = stack.pop()
-            left = stack.pop()
-            height = right.height + 1
-            true = left.true + right.true
-            y = true + bulk_noise.laplace(noise, lanes, scale, TAG_TREE, epoch, height,
-                                          local >> height)
-            var_c = left.var + right.var
-            # est = (v * est_c + var_c * y) / (v + var_c), the same IEEE operations in place
-            est = left.est + right.est
-            est *= v
-            est += var_c * y
-            est /= v + var_c
-            stack.append(_Node(height, true, est, v * var_c / (v + var_c)))
-        # TreeCounter: value = base + sum(estimates) with sum() starting at 0 (0 + e0 = e0
-        # here: no estimate is ever -0.0), in the stack's order; float additions commute
-        value = stack[0].est.copy()
-        for node in stack[1:]:
-            value += node.est
-        if group.base_value is not None:
-            value += group.base_value
-        variance = group.base_var + sum(node.var for node in stack)
-        if local + 1 == length:  # the epoch's root is complete
-            (root,) = stack
-            group.base_value = (root.est.copy() if group.base_value is None
-                                else group.base_value + root.est)
-            group.base_var += root.var
-            stack.clear()
-        group.steps = t + 1
+        value, variance = group.step(self._counter, self._noise, inc[group.rows])
         std = math.sqrt(variance)
         if group.initial is not None:  # KeyStatistics: initial_value + estimate.value
             value = group.initial + value
-        out.releases.append(self._columns(step, group.keys, value, group.initial_var + std**2,
-                                          group.code, True))
+        out.releases.append(self._stages.columns(step, group.keys, value,
+                                                 group.initial_var + std**2, group.code, True))
 
     def _compact(self, step: int) -> None:
         """Forget the open keys whose window ended unadmitted; retire the exhausted admitted."""
@@ -748,11 +485,12 @@ class KeyTable:
         self._by_position = None
         self._prefix, self._flags = self._prefix[keep], flags[keep]
         position = np.cumsum(keep, dtype=np.int64) - 1
-        if self._watched.size:
-            kept = keep[self._watched]
+        monitors = self._monitors
+        if monitors is not None and monitors.rows.size:
+            kept = keep[monitors.rows]
             if not kept.all():
-                self._watch_only(kept)
-            self._watched = position[self._watched]
+                monitors.keep(kept)
+            monitors.rows = position[monitors.rows]
         for group in self._groups:  # their keys are admitted and not exhausted: all kept
             group.rows = position[group.rows].astype(_ROW)
 
@@ -773,7 +511,7 @@ class KeyTable:
         }
 
     def _restore(self, state: dict[str, Any]) -> None:
-        """Resume from :meth:`to_state`, under today's budget (like KeyStatistics._restore)."""
+        """Resume from :meth:`to_state`, under today's budget (as the per-key engine does)."""
         if state.get("kind") != _STATE_KIND or state.get("version") != _STATE_VERSION:
             raise InvalidParameterError(
                 f"not a key table state of version {_STATE_VERSION}: kind "
@@ -811,12 +549,12 @@ class KeyTable:
             if self.next_step is None:
                 raise InvalidParameterError("malformed key table state: no step closed")
             window = (self.next_step - 1) // self._window if self._open else 0
-            self._watched = watched.astype(np.int64)
-            self._mlanes, self._rho = self._monitor_noise(
-                [names[i] for i in watched.tolist()], window)
+            assert self._monitors is not None  # a key is watched only with a monitor
+            self._monitors.restart(self._noise, watched.astype(np.int64), self._monitor_lanes(
+                [names[i] for i in watched.tolist()], window))
         self._rebudget()
 
-    def _restore_group(self, state: dict[str, Any]) -> _Group | BltGroup:
+    def _restore_group(self, state: dict[str, Any]) -> TreeGroup | BltGroup:
         rows = np.array(state["rows"], dtype=_ROW).reshape(-1)
         keys = self._index.names[rows].tolist()
         start = int(state["start"])
@@ -828,16 +566,10 @@ class KeyTable:
             return BltGroup(self._counter, start, int(state["code"]), rows, keys, lanes,
                             None if initial is None else np.array(initial, dtype=np.float64),
                             float(state["initial_var"]), state["counter"])
-        group = _Group(start, int(state["code"]), rows, keys, lanes,
-                       None if initial is None else np.array(initial, dtype=np.float64),
-                       float(state["initial_var"]))
-        group.steps = int(state["steps"])
-        base = state["base_value"]
-        group.base_value = None if base is None else np.array(base, dtype=np.float64)
-        group.base_var = float(state["base_var"])
-        group.stack = [_Node(int(h), np.array(true, dtype=np.int64),
-                             np.array(est, dtype=np.float64), float(var))
-                       for h, true, est, var in state["stack"]]
+        group = TreeGroup(start, int(state["code"]), rows, keys, lanes,
+                          None if initial is None else np.array(initial, dtype=np.float64),
+                          float(state["initial_var"]))
+        group.restore(state)
         return group
 
     def _rebudget(self) -> None:
@@ -848,10 +580,10 @@ class KeyTable:
         """
         flags = self._flags
         live = (flags & _EXHAUSTED) == 0
-        stages = flags & _PAID
+        stages = flags & PAID
         exhausted: list[IntArray] = []
         for code in np.unique(stages[live]).tolist():
-            ledger = self._ledger(code)
+            ledger = self._stages.ledger(code)
             if not (ledger.remaining < 0 or ledger.spent_delta > self.spec.delta_budget):
                 continue
             rows = np.flatnonzero(live & (stages == code))
@@ -861,12 +593,13 @@ class KeyTable:
             reason = (f"the configured budget {ledger.budget:g} {ledger.unit} is below what "
                       f"this key has already spent ({ledger.spent:g})")
             assert self.next_step is not None
-            self._pending.extend(self._statuses(admitted, self.next_step, "budget change",
-                                                reason, code))
+            self._pending.extend(self._stages.statuses(admitted, self.next_step,
+                                                       "budget change", reason, code))
             self._retire_due |= bool(admitted)
         if exhausted:
             gone = np.concatenate(exhausted)
-            self._watch_only(~np.isin(self._watched, gone))
+            if self._monitors is not None:
+                self._monitors.keep(~np.isin(self._monitors.rows, gone))
             for group in self._groups:
                 mask = ~np.isin(group.rows, gone)
                 if not mask.all():

@@ -22,7 +22,7 @@ import msgspec
 import numpy as np
 import orjson
 
-from dpstream.kinds.counters.layout import DeclaredLayout, RowCounts, shards_of
+from dpstream.kinds.counters.layout import DeclaredLayout, RowCounts
 from dpstream.messages import (
     TICK,
     TIMESTAMP_CREATE_TIME,
@@ -40,6 +40,7 @@ from dpstream.stream.clock import (
     iso_seconds,
     undecodable,
 )
+from dpstream.stream.sharding import shards_of
 
 __all__ = [
     "EventRules",

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -31,24 +31,22 @@ from bytewax.dataflow import Stream
 
 from dpstream.config import FlowConfig, Section, build_spec, parse_common, positive
 from dpstream.core.accounting.ledger import PrivacyCharge, PrivacyLedger, approx_dp
+from dpstream.core.counting.admission_bounds import lazy_start_delta, minimal_threshold
 from dpstream.core.counting.blt_counter import BltCounterSpec
-from dpstream.core.counting.key_statistics import StatisticsSpec
-from dpstream.core.counting.threshold_monitor import (
-    ThresholdMonitorSpec,
-    lazy_start_delta,
-    minimal_threshold,
-)
+from dpstream.core.counting.statistics_spec import StatisticsSpec
+from dpstream.core.counting.threshold_monitor import ThresholdMonitorSpec
 from dpstream.core.counting.tree_counter import TreeCounterSpec
 from dpstream.errors import ConfigError, InvalidParameterError
 from dpstream.kind import ClockFactory, FlowKind, FlowParts
 from dpstream.kinds.counters.events import EventRules, PartitionClock
 from dpstream.kinds.counters.layout import DeclaredLayout
+from dpstream.kinds.counters.metrics import register_metrics
+from dpstream.kinds.counters.operator import keyed_statistics
 from dpstream.kinds.counters.records import EncodedBatch, RecordEncoder
 from dpstream.kinds.counters.shard import ShardState
 from dpstream.messages import Encoded
 from dpstream.stream.barrier import end_step_of
 from dpstream.stream.clock import ShardUpdate
-from dpstream.stream.operators import keyed_statistics
 
 __all__ = ["AdmissionConfig", "CountersConfig", "KIND", "PrivacyConfig", "event_rules",
            "statistics_spec"]
@@ -391,14 +389,17 @@ class CountersKind:
         """
         config = parts.config
         spec = statistics_spec(config, parts.instance)
+        observe: Callable[[list[Any]], None] | None = None
         if parts.metrics is not None:
             ledger = config.privacy.new_ledger()
             parts.metrics.set_kind(self.name)
             parts.metrics.set_budget(spec.counter.mechanism, ledger.unit, ledger.budget)
+            observe = functools.partial(register_metrics(parts.metrics).observe_outputs,
+                                        mechanism=spec.counter.mechanism)
         shard_class = parts.options.get("shard_class", ShardState)
         outputs = keyed_statistics("statistics", updates, spec, parts.partitions,
                                    config.declared_layout, parts.noise, parts.metrics,
-                                   shard_class, config.release_every,
+                                   observe, shard_class, config.release_every,
                                    end_step_of(config))
         encoder = RecordEncoder(config.name, config.origin, config.step_seconds,
                                 config.privacy.delta, instance=parts.instance)

@@ -1,7 +1,7 @@
 """Where every key lives: its shard, and in the declared universe its row in that shard.
 
-A key's shard is a fixed hash of its UTF-8 bytes (CRC-32, the same in every process and on
-every worker, unlike Python's salted ``hash``). In the declared universe the whole key
+A key's shard is a fixed hash of its UTF-8 bytes (:func:`~dpstream.stream.sharding.shard_of`,
+the same in every process and on every worker). In the declared universe the whole key
 universe is known at start-up, so :class:`DeclaredLayout` also fixes each declared key's
 *position*: the declared keys sorted by shard, then by name within a shard. A shard's keys
 in that order are exactly the order in which its key table starts them (sorted, at the first
@@ -14,7 +14,6 @@ check that a key is declared and as the lookup from key to position.
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -23,19 +22,11 @@ import numpy.typing as npt
 
 from dpstream.core.counting.key_index import KeyIndex
 from dpstream.core.noise.coordinates import JoinedNames
+from dpstream.stream.sharding import shards_of
 
-__all__ = ["DeclaredLayout", "RowCounts", "shards_of"]
+__all__ = ["DeclaredLayout", "RowCounts"]
 
 IntArray = npt.NDArray[np.int64]
-
-
-def shards_of(keys: Sequence[str], shards: int) -> IntArray:
-    """:func:`~dpstream.stream.clock.shard_of` of every key, as an int64 array (C-speed maps).
-
-    No Python loop.
-    """
-    crcs = np.fromiter(map(zlib.crc32, map(str.encode, keys)), dtype=np.int64, count=len(keys))
-    return crcs % shards
 
 
 @dataclass(frozen=True, eq=False)

@@ -40,8 +40,7 @@ import numpy as np
 import orjson
 
 from dpstream.core.accounting.ledger import approx_dp
-from dpstream.core.counting.key_statistics import Alert, BudgetExhausted, Release
-from dpstream.core.counting.key_table import AlertColumns
+from dpstream.core.counting.outputs import Alert, AlertColumns, BudgetExhausted, Release
 from dpstream.core.noise.coordinates import JoinedNames
 from dpstream.core.sequences import IndexedSequence
 from dpstream.messages import DeadLetter, Encoded, step_window
@@ -49,7 +48,8 @@ from dpstream.messages import DeadLetter, Encoded, step_window
 if TYPE_CHECKING:
     import numpy.typing as npt
 
-    from dpstream.core.counting.key_table import FloatArray, IntArray, ReleaseColumns, StepOutputs
+    from dpstream.core.counting.key_table import FloatArray, IntArray
+    from dpstream.core.counting.outputs import ReleaseColumns, StepOutputs
 
     ByteArray = npt.NDArray[np.uint8]
 

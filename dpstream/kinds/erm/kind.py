@@ -42,7 +42,7 @@ from bytewax.dataflow import Stream
 
 from dpstream.config import FlowConfig, Section, build_spec, parse_common, positive
 from dpstream.core._checks import fraction_text
-from dpstream.core.counting.key_statistics import parameter_digest
+from dpstream.core.counting.statistics_spec import parameter_digest
 from dpstream.core.erm.model import PrivateModel, predict
 from dpstream.core.erm.schedules.schedule import ReleaseSchedule
 from dpstream.core.erm.schedules.spec import ScheduleSpec
@@ -51,10 +51,12 @@ from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import BudgetExhaustedError, ConfigError
 from dpstream.estimator import MODEL_SCHEMA
 from dpstream.kind import ClockFactory, FlowKind, FlowParts
+from dpstream.kinds.erm.metrics import register_metrics
 from dpstream.messages import DeadLetter, Encoded, RawBatch, step_window
 from dpstream.stream.barrier import MechanismShard
-from dpstream.stream.clock import ShardUpdate, StepClock, bad_time, event_seconds, shard_of
+from dpstream.stream.clock import ShardUpdate, StepClock, bad_time, event_seconds
 from dpstream.stream.operators import stepped_shards
+from dpstream.stream.sharding import shard_of
 
 __all__ = ["KIND", "MODEL_SCHEMA", "ErmConfig", "ModelRecord"]
 
@@ -658,7 +660,7 @@ class ErmKind:
             "models", updates,
             lambda state: ErmShard(config, parts.noise, parts.instance, parts.partitions,
                                    state, parts.options.get("train")),
-            metrics, metrics.observe_models if metrics is not None else None)
+            metrics, register_metrics(metrics).observe_models if metrics is not None else None)
         return op.map("encode", models, ModelEncoder(config, parts.instance).encode)
 
 

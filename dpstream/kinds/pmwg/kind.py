@@ -43,7 +43,7 @@ from bytewax.dataflow import Stream
 from dpstream.config import FlowConfig, Section, build_spec, parse_common, positive
 from dpstream.core.accounting.ledger import PrivacyCharge, PrivacyLedger, approx_dp
 from dpstream.core.counting.blt_counter import BltCounter, BltCounterSpec
-from dpstream.core.counting.key_statistics import parameter_digest
+from dpstream.core.counting.statistics_spec import parameter_digest
 from dpstream.core.counting.tree_counter import TreeCounter, TreeCounterSpec
 from dpstream.core.noise.keys import NoiseKey
 from dpstream.core.pmwg.attributes import UniverseError
@@ -58,11 +58,13 @@ from dpstream.core.pmwg.spec import PmwgSpec
 from dpstream.core.pmwg.universe import Universe
 from dpstream.errors import ConfigError, InvalidParameterError
 from dpstream.kind import ClockFactory, FlowKind, FlowParts
+from dpstream.kinds.pmwg.metrics import register_metrics
 from dpstream.messages import DeadLetter, Encoded, RawBatch, RawMessage, step_window
 from dpstream.metrics import FlowMetrics
 from dpstream.stream.barrier import MechanismShard
-from dpstream.stream.clock import ShardUpdate, StepClock, bad_time, event_seconds, shard_of
+from dpstream.stream.clock import ShardUpdate, StepClock, bad_time, event_seconds
 from dpstream.stream.operators import stepped_shards
+from dpstream.stream.sharding import shard_of
 
 __all__ = ["ANSWER_SCHEMA", "HistogramConfig", "KIND", "PmwgConfig"]
 
@@ -686,7 +688,7 @@ class PmwgKind:
             "histograms", updates,
             lambda state: PmwgShard(config, parts.noise, parts.instance, parts.partitions,
                                     state),
-            metrics, metrics.observe_answers if metrics is not None else None)
+            metrics, register_metrics(metrics).observe_answers if metrics is not None else None)
         return op.map("encode", answers, AnswerEncoder(config, parts.instance).encode)
 
 

@@ -1,4 +1,9 @@
-"""Everything dpstream keeps for one key: monitor, counter and their ledger.
+"""The reference engine's key: monitor, counter and their ledger, one object per key.
+
+The readable oracle the columnar :class:`~dpstream.core.counting.key_table.KeyTable` is tested
+against (bit for bit, same noise key): production runs the table only. The specification
+and the published records are the package's (:mod:`dpstream.core.counting.statistics_spec`,
+:mod:`dpstream.core.counting.outputs`).
 
 :class:`KeyStatistics` is driven one global time step at a time with the key's
 increment for that step and returns what may be published for it:
@@ -26,7 +31,7 @@ window's monitor: ``epsilon_monitor``. The monitor's start is data-dependent
 but its end is not, and its noise is keyed by the window and the step's index
 in the window, so it decides exactly like a monitor started at the window's
 beginning unless that one fires on a count of 0 before the key's first event:
-:func:`~dpstream.core.counting.threshold_monitor.lazy_start_delta` bounds the resulting
+:func:`~dpstream.core.counting.admission_bounds.lazy_start_delta` bounds the resulting
 delta, which the configuration keeps within ``privacy.delta``. After admission
 (a published, private output) the initial count and the counter are
 ``epsilon_initial`` and ``epsilon_counter`` DP with respect to one event.
@@ -52,144 +57,24 @@ produces anything; a refused charge of an admitted key becomes a
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import math
-from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, Literal
+from typing import Any
 
 from dpstream.core.accounting.ledger import PrivacyCharge, PrivacyLedger, exact
-from dpstream.core.counting.blt_counter import BltCounter, BltCounterSpec
-from dpstream.core.counting.threshold_monitor import ThresholdMonitor, ThresholdMonitorSpec
+from dpstream.core.counting.blt_counter import BltCounter
+from dpstream.core.counting.outputs import Alert, BudgetExhausted, Output, Release
+from dpstream.core.counting.statistics_spec import CounterSpec, StatisticsSpec
+from dpstream.core.counting.threshold_monitor import ThresholdMonitor
 from dpstream.core.counting.tree_counter import TreeCounter, TreeCounterSpec
 from dpstream.core.noise.bulk import laplace_one
 from dpstream.core.noise.bulk_gaussian import gaussian_one
-from dpstream.core.noise.coordinates import TAG_INITIAL, encode_coordinates
+from dpstream.core.noise.coordinates import TAG_INITIAL
 from dpstream.core.noise.keys import NoiseKey
 from dpstream.core.noise.samplers import discrete_gaussian_variance, discrete_laplace_variance
 from dpstream.errors import BudgetExhaustedError, InvalidParameterError
 
-__all__ = ["Alert", "BudgetExhausted", "KeyStatistics", "Release", "StatisticsSpec"]
-
-CounterSpec = TreeCounterSpec | BltCounterSpec
-
-
-def parameter_digest(*fields: str | int) -> str:
-    """A short digest of a mechanism's parameters (explicitly encoded; see noise coordinates)."""
-    return hashlib.blake2b(encode_coordinates(fields), digest_size=8,
-                           person=b"dpstream-params").hexdigest()
-
-
-def _fraction(value: float | None) -> str:
-    return "none" if value is None else str(exact(value))
-
-
-def _charge_digest(charge: PrivacyCharge | None) -> str:
-    if charge is None:
-        return parameter_digest("none")
-    return parameter_digest("charge", _fraction(charge.epsilon), _fraction(charge.rho))
-
-
-@dataclass(frozen=True)
-class StatisticsSpec:
-    """What to compute for every key (shared by all keys of a flow).
-
-    ``instance`` is the flow instance's id: every noise coordinate starts with it, so two
-    instances (two deployments with the same name, a reprocessing of the same topic) never
-    share noise.
-    """
-
-    flow: str
-    mode: Literal["declared", "open"]
-    accounting: Literal["pure", "zcdp"]
-    budget: float
-    delta_budget: float
-    counter: CounterSpec
-    monitor: ThresholdMonitorSpec | None
-    initial: PrivacyCharge | None = None
-    admission_delta: float = 0.0
-    instance: str = ""
-
-    def __post_init__(self) -> None:
-        if self.mode == "open" and (self.monitor is None or self.monitor.horizon is None):
-            raise InvalidParameterError(
-                "the open key universe needs a threshold monitor with a horizon (its window)")
-
-    @functools.cached_property
-    def monitor_digest(self) -> str:
-        """Digest of the monitor's parameters (part of its noise coordinates)."""
-        m = self.monitor
-        if m is None:
-            return parameter_digest("none")
-        return parameter_digest("above-threshold", _fraction(m.epsilon), int(m.threshold),
-                                -1 if m.horizon is None else int(m.horizon))
-
-    @functools.cached_property
-    def counter_digest(self) -> str:
-        """Digest of the counter's parameters (part of its noise coordinates)."""
-        c = self.counter
-        if isinstance(c, TreeCounterSpec):
-            return parameter_digest(c.mechanism, _fraction(c.epsilon), int(c.horizon))
-        return parameter_digest(c.mechanism, _fraction(c.rho), int(c.horizon))
-
-    @functools.cached_property
-    def initial_digest(self) -> str:
-        """Digest of the initial count's charge (part of its noise coordinates)."""
-        return _charge_digest(self.initial)
-
-    @functools.cached_property
-    def mechanisms_digest(self) -> str:
-        """One digest of every mechanism's parameters (what a resume must not change)."""
-        return parameter_digest(self.mode, self.accounting, self.monitor_digest,
-                                self.counter_digest, self.initial_digest)
-
-    @property
-    def window(self) -> int:
-        """The length ``W`` of the open universe's monitor windows (``monitor.horizon``)."""
-        assert self.monitor is not None and self.monitor.horizon is not None
-        return int(self.monitor.horizon)
-
-
-@dataclass(frozen=True)
-class Release:
-    """A private estimate of a key's count of events up to the end of ``step``."""
-
-    key: str
-    step: int
-    value: float
-    std: float
-    mechanism: str
-    spent: float
-    budget: float
-    unit: str
-    delta: float
-
-
-@dataclass(frozen=True)
-class Alert:
-    """The key's threshold monitor fired at ``step`` (published once, then it halts)."""
-
-    key: str
-    step: int
-    threshold: int
-    epsilon: float
-
-
-@dataclass(frozen=True)
-class BudgetExhausted:
-    """A charge for an admitted key was refused; the key publishes nothing more."""
-
-    key: str
-    step: int
-    label: str
-    reason: str
-    spent: float
-    budget: float
-    unit: str
-
-
-Output = Release | Alert | BudgetExhausted
+__all__ = ["KeyStatistics"]
 
 
 def _new_counter(spec: CounterSpec, noise: NoiseKey, coords: tuple[Any, ...],
