@@ -6,7 +6,7 @@ values that are noisy counts (integers between -20 and 40) or quarters (-20.0 to
 steps of 0.25: 3.25, -0.5, ...):
 
 * ``bulk``: :meth:`RecordEncoder.encode_step`, the records built with numpy into one buffer
-  (an :class:`~dpstream.kinds.counters.records.EncodedColumn`);
+  (an :class:`~dpstream.stream.encoded.EncodedColumn`);
 * ``previous``: the bulk encoder before it (a copy of its ``_bulk`` is below): the same
   template and ``orjson`` texts, each record formatted by ``template % (key, value)``, a list
   of triples;

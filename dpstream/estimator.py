@@ -19,12 +19,13 @@ Everything here is post-processing of a private release: it costs no privacy.
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any
 
 import numpy as np
 import orjson
 
 from dpstream.errors import DpstreamError
+from dpstream.schemas import MODEL_SCHEMA
 
 try:  # with scikit-learn installed, the classifier is one of its estimators (tags, clone, ...)
     from sklearn.base import BaseEstimator, ClassifierMixin
@@ -33,9 +34,7 @@ try:  # with scikit-learn installed, the classifier is one of its estimators (ta
 except ImportError:  # pragma: no cover - scikit-learn is optional
     _BASES = ()
 
-__all__ = ["MODEL_SCHEMA", "ReleasedClassifier", "SchemaError"]
-
-MODEL_SCHEMA: Final = "dpstream.model/1"
+__all__ = ["ReleasedClassifier", "SchemaError"]
 
 
 class SchemaError(DpstreamError):

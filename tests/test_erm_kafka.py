@@ -35,9 +35,10 @@ from kafka import KafkaConsumer, TopicPartition
 from support import cli_flows
 from support.cli_flows import finish, iso
 
-from dpstream.estimator import MODEL_SCHEMA, ReleasedClassifier
+from dpstream.estimator import ReleasedClassifier
 from dpstream.io.topics import Record, ensure_topics, produce, read_all
 from dpstream.messages import TICK
+from dpstream.schemas import MODEL_SCHEMA
 
 pytestmark = [pytest.mark.integration]
 

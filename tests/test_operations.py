@@ -22,8 +22,8 @@ import pytest
 
 from dpstream.io.broker import EmbeddedBroker, free_port
 from dpstream.io.topics import produce, read_all
-from dpstream.kinds.counters.records import MAX_ORIGINAL_BYTES
 from dpstream.messages import TICK
+from dpstream.stream.encoded import MAX_ORIGINAL_BYTES
 
 pytestmark = [pytest.mark.integration]
 

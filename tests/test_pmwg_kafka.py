@@ -37,11 +37,11 @@ from dpstream.errors import DpstreamError
 from dpstream.io.broker import free_port
 from dpstream.io.topics import ensure_topics, produce, read_all
 from dpstream.query_client import (
-    ANSWER_SCHEMA,
     QueryClient,
     describe_answer,
     kafka_python_settings,
 )
+from dpstream.schemas import ANSWER_SCHEMA
 
 pytestmark = [pytest.mark.integration]
 

@@ -58,9 +58,9 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient
 
 from dpstream.errors import ConfigError, DpstreamError
-from dpstream.kinds.counters.records import EncodedBatch
 from dpstream.messages import TICK, Encoded, RawBatch
 from dpstream.stream import stopping
+from dpstream.stream.encoded import EncodedBatch
 
 __all__ = [
     "Heartbeat",
@@ -804,7 +804,7 @@ class _OutputPartition(StatelessSinkPartition[Encoded | EncodedBatch]):
 class KafkaOutput(DynamicSink[Encoded | EncodedBatch]):
     """Write ``(role, key, value)`` records to the topic of their role, delivery-checked.
 
-    Items are records, or :class:`~dpstream.kinds.counters.records.EncodedBatch` sequences of them.
+    Items are records, or :class:`~dpstream.stream.encoded.EncodedBatch` sequences of them.
 
     Args:
         clients: the flow's Kafka settings.
