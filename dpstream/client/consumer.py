@@ -31,8 +31,9 @@ import orjson
 from kafka import KafkaConsumer, TopicPartition
 
 from dpstream.client.latest import LatestValues
-from dpstream.client.records import Record, SchemaVersionError, UnknownRecordError, decode
+from dpstream.client.records import SchemaVersionError, UnknownRecordError, decode
 from dpstream.errors import DpstreamError
+from dpstream.schemas import Record
 
 __all__ = ["ReadStats", "Received", "RecordConsumer"]
 
