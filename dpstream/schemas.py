@@ -339,42 +339,35 @@ Record = Release | Status | Alert | Answer | Model | DeadLetter
 
 _ANY: Final = msgspec.json.Decoder()
 _NUMPY: Final = orjson.OPT_SERIALIZE_NUMPY
-_FIELDS: dict[type[msgspec.Struct], tuple[tuple[str, bool], ...]] = {}
 
 
-def _fields(cls: type[msgspec.Struct]) -> tuple[tuple[str, bool], ...]:
-    """Each field's name, and whether None leaves it out (its default is None)."""
-    fields = _FIELDS.get(cls)
-    if fields is None:
-        fields = _FIELDS[cls] = tuple((f.name, f.default is None)
-                                      for f in msgspec.structs.fields(cls))
-    return fields
+def _scalar(value: Any) -> Any:
+    """A numpy scalar as its Python twin, which orjson writes the same way (``enc_hook``).
+
+    Records carry float64 numbers (the bulk encoder casts its columns to float64): a narrower
+    numpy float is refused, as orjson writes it by a shorter text of its own.
+    """
+    dtype = getattr(value, "dtype", None)
+    if dtype is None or type(value).__module__ != "numpy" or dtype.kind not in "biuf" \
+            or (dtype.kind == "f" and dtype.itemsize != 8):
+        raise TypeError(f"a {type(value).__name__} is not a record's JSON data")
+    return value.item()
 
 
 def to_builtins(record: msgspec.Struct) -> dict[str, Any]:
     """The record as the dict the producers write: the tag first, then the fields in order.
 
-    Nested Structs become dicts, datetimes ISO 8601 text (``Z`` for UTC); every other value is
-    left as it is (lists, tuples, numpy scalars: orjson writes them). Unset fields, and None
-    in fields whose default is None, are left out (see the rules at the top).
+    Nested Structs become dicts, tuples lists, datetimes ISO 8601 text (``Z`` for UTC), numpy
+    scalars Python numbers. Unset fields, and None in fields whose default is None, are left
+    out (see the rules at the top).
     """
-    config = record.__struct_config__
-    body: dict[str, Any] = {} if config.tag_field is None else {config.tag_field: config.tag}
-    for name, none_omitted in _fields(type(record)):
-        value = getattr(record, name)
-        if value is msgspec.UNSET or (value is None and none_omitted):
-            continue
-        if isinstance(value, msgspec.Struct):
-            value = to_builtins(value)
-        elif isinstance(value, datetime):
-            value = value.isoformat().replace("+00:00", "Z")
-        body[name] = value
+    body: dict[str, Any] = msgspec.to_builtins(record, enc_hook=_scalar)
     return body
 
 
 def encode(record: msgspec.Struct) -> bytes:
-    """A record's JSON bytes, as every flow writes them (orjson; numpy scalars allowed)."""
-    return orjson.dumps(to_builtins(record), option=_NUMPY)
+    """A record's JSON bytes, as every flow writes them (orjson's float texts)."""
+    return orjson.dumps(msgspec.to_builtins(record, enc_hook=_scalar), option=_NUMPY)
 
 
 def identity(body: Mapping[str, Any]) -> tuple[Any, ...]:
