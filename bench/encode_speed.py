@@ -6,7 +6,7 @@ values that are noisy counts (integers between -20 and 40) or quarters (-20.0 to
 steps of 0.25: 3.25, -0.5, ...):
 
 * ``bulk``: :meth:`RecordEncoder.encode_step`, the records built with numpy into one buffer
-  (an :class:`~dpstream.kinds.counters.records.EncodedColumn`);
+  (an :class:`~dpstream.stream.encoded.EncodedColumn`);
 * ``previous``: the bulk encoder before it (a copy of its ``_bulk`` is below): the same
   template and ``orjson`` texts, each record formatted by ``template % (key, value)``, a list
   of triples;
@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from dpstream import schemas
 from dpstream.core.counting.outputs import ReleaseColumns, StepOutputs
 from dpstream.kinds.counters.records import _KEY_MARK, _NUMPY, _VALUE_MARK, RecordEncoder
 from dpstream.messages import Encoded
@@ -89,8 +90,9 @@ def previous_encode_step(encoder: RecordEncoder, outputs: StepOutputs) -> list[E
     """What ``encode_step`` did for a step of release columns before (the baseline)."""
     records: list[Encoded] = []
     for c in outputs.releases:
-        body = encoder._release_body(_KEY_MARK, c.step, _VALUE_MARK, c.std, c.mechanism,
-                                     c.spent, c.budget, c.unit, c.delta)
+        body = schemas.to_builtins(encoder._release(_KEY_MARK, c.step, _VALUE_MARK, c.std,
+                                                    c.mechanism, c.spent, c.budget, c.unit,
+                                                    c.delta))
         bulk = previous_bulk("releases", body, c.keys, np.asarray(c.values, np.float64))
         assert bulk is not None
         records.extend(bulk)

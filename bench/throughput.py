@@ -263,8 +263,8 @@ def run_once(path: str, kind: str, universe: str, keys: int, steps: int,
 
     from dpstream.core.noise.keys import NoiseKey
     from dpstream.io.memory import MemorySource
-    from dpstream.kinds.counters.records import EncodedBatch
     from dpstream.platform import build_flow
+    from dpstream.stream.encoded import EncodedBatch
 
     shards: list[Any] = []
     shard_class = shard_classes(kind, shards)

@@ -19,12 +19,13 @@ Everything here is post-processing of a private release: it costs no privacy.
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any
 
 import numpy as np
 import orjson
 
 from dpstream.errors import DpstreamError
+from dpstream.schemas import MODEL_SCHEMA, Model
 
 try:  # with scikit-learn installed, the classifier is one of its estimators (tags, clone, ...)
     from sklearn.base import BaseEstimator, ClassifierMixin
@@ -33,9 +34,7 @@ try:  # with scikit-learn installed, the classifier is one of its estimators (ta
 except ImportError:  # pragma: no cover - scikit-learn is optional
     _BASES = ()
 
-__all__ = ["MODEL_SCHEMA", "ReleasedClassifier", "SchemaError"]
-
-MODEL_SCHEMA: Final = "dpstream.model/1"
+__all__ = ["ReleasedClassifier", "SchemaError"]
 
 
 class SchemaError(DpstreamError):
@@ -74,13 +73,15 @@ class ReleasedClassifier(*_BASES):  # type: ignore[misc]
         self.n_features_in_ = int(self.coef_.shape[1])
 
     @classmethod
-    def from_record(cls, record: bytes | str | dict[str, Any]) -> ReleasedClassifier:
+    def from_record(cls, record: Model | bytes | str | dict[str, Any]) -> ReleasedClassifier:
         """Build the classifier of one record of the models topic.
 
         Raises:
             SchemaError: not a ``dpstream.model/1`` record with weights (for example the
                 "exhausted" status record of a stream whose budget is spent).
         """
+        if isinstance(record, Model):
+            record = record.to_dict()
         if not isinstance(record, dict):
             try:
                 record = orjson.loads(record)

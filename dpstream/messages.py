@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
 from itertools import compress
 from typing import Final
 
@@ -19,7 +18,6 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = [
-    "step_window",
     "DeadLetter",
     "Encoded",
     "RawBatch",
@@ -123,15 +121,3 @@ class DeadLetter:
     topic: str | None = None
     partition: int | None = None
     offset: int | None = None
-
-
-def step_window(origin: datetime, step_seconds: float, first: int,
-                last: int | None = None) -> dict[str, str]:
-    """The event-time window ``[start, end)`` of steps ``first..last`` (ISO-8601, ``Z``)."""
-    start = origin + timedelta(seconds=first * step_seconds)
-    end = origin + timedelta(seconds=((first if last is None else last) + 1) * step_seconds)
-    return {"start": _iso(start), "end": _iso(end)}
-
-
-def _iso(moment: datetime) -> str:
-    return moment.isoformat().replace("+00:00", "Z")

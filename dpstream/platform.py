@@ -42,12 +42,12 @@ from dpstream.io.kafka import (
 )
 from dpstream.kind import FlowKind, FlowParts
 from dpstream.kinds.counters.kind import KIND as COUNTERS
-from dpstream.kinds.counters.records import encode_dead_letter, flatten
 from dpstream.kinds.erm.kind import KIND as ERM
 from dpstream.kinds.pmwg.kind import KIND as PMWG
 from dpstream.messages import RawBatch, RawMessage
 from dpstream.metrics import FlowMetrics
 from dpstream.stream.clock import ShardUpdate
+from dpstream.stream.encoded import encode_dead_letter, flatten
 from dpstream.stream.operators import assign_steps
 from dpstream.stream.quarantine import Quarantine, SkippedRecord
 
@@ -274,7 +274,7 @@ def build_flow(
         metrics: where to count; nothing is counted if None.
         sink_batches: give the in-memory ``sink`` the kind's encoded items as they are
             (a kind may emit a closed step's records as one
-            :class:`~dpstream.kinds.counters.records.EncodedBatch`) instead of one triple per record
+            :class:`~dpstream.stream.encoded.EncodedBatch`) instead of one triple per record
             (``bench/``). The Kafka sink always takes both.
         skip_records: records the operator quarantined, as (topic, partition of that topic,
             offset): each becomes a dead letter (reason "quarantined by the operator")

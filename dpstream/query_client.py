@@ -45,17 +45,19 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 import kafka.errors
+import msgspec
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from dpstream.errors import DpstreamError
 from dpstream.io import retry
+from dpstream.schemas import Answer
 
-__all__ = ["ANSWER_SCHEMA", "QUERY_SCHEMA", "QueryClient", "describe_answer",
+__all__ = ["QUERY_SCHEMA", "QueryClient", "describe_answer",
            "kafka_python_settings"]
 
 log = logging.getLogger("dpstream")
 
-ANSWER_SCHEMA: Final = "dpstream.answer/1"
+_ANSWER: Final = msgspec.json.Decoder(Answer)
 QUERY_SCHEMA: Final = "dpstream.query/1"
 MAX_QUERY_ID: Final = 256
 """The longest id the flow accepts (longer ones become dead letters)."""
@@ -287,15 +289,12 @@ class QueryClient:
         if value is None:
             return None
         try:
-            body = json.loads(value)
-        except (ValueError, UnicodeDecodeError):
+            answer = _ANSWER.decode(value)  # a dpstream.answer/1 record, or None
+        except msgspec.DecodeError:
             return None
-        if not isinstance(body, dict) or body.get("schema") != ANSWER_SCHEMA \
-                or not isinstance(body.get("id"), str):
+        if self.flow is not None and answer.flow != self.flow:
             return None
-        if self.flow is not None and body.get("flow") != self.flow:
-            return None
-        return body
+        return answer.to_dict()
 
     def close(self) -> None:
         """Close the producer and the consumer (idempotent)."""

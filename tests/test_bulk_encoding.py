@@ -24,8 +24,9 @@ from dpstream.core.counting.outputs import (
 from dpstream.core.noise.keys import NoiseKey
 from dpstream.io.kafka import _OutputPartition
 from dpstream.kinds.counters.metrics import register_metrics as counters_series
-from dpstream.kinds.counters.records import EncodedBatch, EncodedColumn, RecordEncoder, flatten
+from dpstream.kinds.counters.records import RecordEncoder
 from dpstream.platform import build_flow, parse_config
+from dpstream.stream.encoded import EncodedBatch, EncodedColumn, flatten
 
 ORIGIN = datetime(2026, 9, 21, 14, 13, 20, tzinfo=UTC)
 AWKWARD_VALUES = [0.0, -0.0, 1e16, 1e-7, 123456.789, 1e300, -5e-324, 2.0**53 + 1, 0.1]

@@ -36,9 +36,10 @@ from support.cli_flows import finish, iso
 from support.configs import erm, write
 from support.flows import TopicWatch
 
-from dpstream.estimator import MODEL_SCHEMA, ReleasedClassifier
+from dpstream.estimator import ReleasedClassifier
 from dpstream.io.topics import Record, ensure_topics, produce, read_all
 from dpstream.messages import TICK
+from dpstream.schemas import MODEL_SCHEMA
 
 pytestmark = [pytest.mark.integration]
 

@@ -9,9 +9,11 @@ import pytest
 
 from dpstream.errors import ConfigError, DpstreamError
 from dpstream.io.kafka import KafkaClients, RateLimitedLog, probe_api_versions, wait_for_topics
-from dpstream.kinds.counters.records import DeadLetter, RecordEncoder, identity
+from dpstream.kinds.counters.records import RecordEncoder
+from dpstream.messages import DeadLetter
 from dpstream.platform import parse_config
 from dpstream.runner import process_id
+from dpstream.schemas import identity
 
 
 def test_credentials_come_from_the_environment_and_are_masked():
@@ -113,7 +115,7 @@ def test_a_huge_dead_letter_is_truncated_with_its_size_and_digest():
     import hashlib
     from datetime import UTC, datetime
 
-    from dpstream.kinds.counters.records import MAX_ORIGINAL_BYTES
+    from dpstream.stream.encoded import MAX_ORIGINAL_BYTES
 
     original = bytes(range(256)) * 8000  # 2 MB
     encoder = RecordEncoder("f", datetime(2026, 1, 1, tzinfo=UTC), 1.0)

@@ -23,8 +23,8 @@ from support.flows import scrape
 
 from dpstream.io.broker import EmbeddedBroker, free_port
 from dpstream.io.topics import produce, read_all
-from dpstream.kinds.counters.records import MAX_ORIGINAL_BYTES
 from dpstream.messages import TICK
+from dpstream.stream.encoded import MAX_ORIGINAL_BYTES
 
 pytestmark = [pytest.mark.integration]
 

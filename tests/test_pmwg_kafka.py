@@ -25,6 +25,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,15 +35,16 @@ from support import cli_flows
 from support.cli_flows import finish, iso
 from support.configs import pmwg, write
 
+from dpstream import schemas
 from dpstream.errors import DpstreamError
 from dpstream.io.broker import free_port
 from dpstream.io.topics import ensure_topics, produce, read_all
 from dpstream.query_client import (
-    ANSWER_SCHEMA,
     QueryClient,
     describe_answer,
     kafka_python_settings,
 )
+from dpstream.schemas import ANSWER_SCHEMA
 
 pytestmark = [pytest.mark.integration]
 
@@ -412,8 +414,12 @@ def test_the_client_keeps_the_first_answer_and_reads_only_new_ones(broker):
     topics = make_topics(broker.bootstrap, "pmwg-client")
 
     def answer(qid: str, value: float, flow: str = "f1", schema: str = ANSWER_SCHEMA) -> bytes:
-        return json.dumps({"schema": schema, "flow": flow, "id": qid, "kind": "easy",
-                           "value": value}).encode()
+        record = schemas.Answer(
+            flow=flow, instance="", histogram=HISTOGRAM, mechanism="pmw", id=qid, step=3,
+            window=schemas.Window.of_steps(datetime(2026, 1, 1, tzinfo=UTC), 1.0, 3), t=0,
+            kind="easy", value=value, reason=None, hard_queries=0,
+            privacy=schemas.Privacy(unit="event", accounting="pure", spent=0.0, budget=1.0))
+        return schemas.encode(record).replace(ANSWER_SCHEMA.encode(), schema.encode())
 
     produce(broker.bootstrap, topics["answers"], [(None, answer("old", 0.5))])
     with QueryClient([broker.bootstrap], queries_topic=topics["queries"],

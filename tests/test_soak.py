@@ -68,7 +68,7 @@ from support.flows import scrape
 
 from dpstream.io.broker import EmbeddedBroker, free_port
 from dpstream.io.topics import ensure_topics, read_all
-from dpstream.kinds.counters.records import MAX_ORIGINAL_BYTES
+from dpstream.stream.encoded import MAX_ORIGINAL_BYTES
 
 pytestmark = [pytest.mark.soak, pytest.mark.slow]
 

@@ -14,10 +14,12 @@ The consumer side of dpstream, on kafka-python::
                 print(record.key, "stopped:", record.reason)
         consumer.latest.release("demo", "page-007")   # the latest value of one key
 
-* **Typed records** (:mod:`dpstream.client.records`): :class:`Release`, :class:`Status`,
-  :class:`Alert`, :class:`Answer` (PMWG), :class:`Model` (ERM; ``.classifier()``) and
-  :class:`DeadLetter` (operators only), immutable, decoded by :func:`decode` with schema-version
-  checks (:class:`SchemaVersionError`, :class:`UnknownRecordError`).
+* **Typed records** (defined in :mod:`dpstream.schemas`): :class:`Release`, :class:`Status`,
+  :class:`Alert`, :class:`Answer` (PMWG), :class:`Model` (ERM; a classifier with
+  :meth:`dpstream.estimator.ReleasedClassifier.from_record`) and
+  :class:`DeadLetter` (operators only), immutable, decoded by :func:`decode`
+  (:mod:`dpstream.client.records`) with schema-version checks (:class:`SchemaVersionError`,
+  :class:`UnknownRecordError`).
 * **The latest value per key** (:class:`LatestValues`), with replayed copies recognised.
 * **A live consumer** (:class:`RecordConsumer`): records that are not dpstream's are counted
   and skipped, never raised.
@@ -33,7 +35,8 @@ from dpstream.client.budget import from_metrics as budget_from_metrics
 from dpstream.client.budget import from_prometheus as budget_from_prometheus
 from dpstream.client.consumer import ReadStats, Received, RecordConsumer
 from dpstream.client.latest import LatestValues, StoreCounts
-from dpstream.client.records import (
+from dpstream.client.records import RecordError, SchemaVersionError, UnknownRecordError, decode
+from dpstream.schemas import (
     SUPPORTED_SCHEMAS,
     Alert,
     Answer,
@@ -42,13 +45,9 @@ from dpstream.client.records import (
     Model,
     Privacy,
     Record,
-    RecordError,
     Release,
-    SchemaVersionError,
     Status,
-    UnknownRecordError,
     Window,
-    decode,
 )
 
 __all__ = [

@@ -31,9 +31,10 @@ import orjson
 from kafka import KafkaConsumer, TopicPartition
 
 from dpstream.client.latest import LatestValues
-from dpstream.client.records import Record, SchemaVersionError, UnknownRecordError, decode
+from dpstream.client.records import SchemaVersionError, UnknownRecordError, decode
 from dpstream.errors import DpstreamError
 from dpstream.io import retry
+from dpstream.schemas import Record
 
 __all__ = ["ReadStats", "Received", "RecordConsumer"]
 

@@ -54,7 +54,7 @@ from typing import Any, Final, Generic, TypeVar
 
 import msgspec
 
-from dpstream.client.records import (
+from dpstream.schemas import (
     Alert,
     Answer,
     DeadLetter,

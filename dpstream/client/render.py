@@ -21,10 +21,11 @@ from typing import Final
 from dpstream.client.budget import BudgetRow
 from dpstream.client.consumer import ReadStats
 from dpstream.client.latest import LatestValues
-from dpstream.client.records import (
+from dpstream.schemas import (
     Alert,
     Answer,
     Model,
+    ModelHoldout,
     Privacy,
     Record,
     Release,
@@ -78,7 +79,7 @@ def _cells(record: Record, key: str) -> Cells:
         return ("answer", key, _answer_value(record), "", str(record.step),
                 _time(record.window.end), _spend(record.privacy), _answer_note(record))
     if isinstance(record, Model):
-        return ("model", key, "" if record.holdout is None else
+        return ("model", key, "" if not isinstance(record.holdout, ModelHoldout) else
                 f"acc {record.holdout.accuracy:.3f}",
                 "" if record.noise is None else _number(record.noise.std, 3), str(record.step),
                 _time(record.released.end), _spend(record.privacy), _model_note(record))

@@ -60,9 +60,9 @@ from confluent_kafka.admin import AdminClient
 
 from dpstream.errors import ConfigError, DpstreamError
 from dpstream.io import retry
-from dpstream.kinds.counters.records import EncodedBatch
 from dpstream.messages import TICK, Encoded, RawBatch
 from dpstream.stream import stopping
+from dpstream.stream.encoded import EncodedBatch
 
 __all__ = [
     "Heartbeat",
@@ -816,7 +816,7 @@ class _OutputPartition(StatelessSinkPartition[Encoded | EncodedBatch]):
 class KafkaOutput(DynamicSink[Encoded | EncodedBatch]):
     """Write ``(role, key, value)`` records to the topic of their role, delivery-checked.
 
-    Items are records, or :class:`~dpstream.kinds.counters.records.EncodedBatch` sequences of them.
+    Items are records, or :class:`~dpstream.stream.encoded.EncodedBatch` sequences of them.
 
     Args:
         clients: the flow's Kafka settings.

@@ -42,11 +42,12 @@ from dpstream.kinds.counters.events import EventRules, PartitionClock
 from dpstream.kinds.counters.layout import DeclaredLayout
 from dpstream.kinds.counters.metrics import register_metrics
 from dpstream.kinds.counters.operator import keyed_statistics
-from dpstream.kinds.counters.records import EncodedBatch, RecordEncoder
+from dpstream.kinds.counters.records import RecordEncoder
 from dpstream.kinds.counters.shard import ShardState
 from dpstream.messages import Encoded
 from dpstream.stream.barrier import end_step_of
 from dpstream.stream.clock import ShardUpdate
+from dpstream.stream.encoded import EncodedBatch
 
 __all__ = ["AdmissionConfig", "CountersConfig", "KIND", "PrivacyConfig", "event_rules",
            "statistics_spec"]
@@ -385,7 +386,7 @@ class CountersKind:
              ) -> Stream[Encoded | EncodedBatch]:
         """Keyed statistics per shard, encoded as release, alert and status records.
 
-        One :class:`~dpstream.kinds.counters.records.EncodedBatch` per closed step of a shard.
+        One :class:`~dpstream.stream.encoded.EncodedBatch` per closed step of a shard.
         """
         config = parts.config
         spec = statistics_spec(config, parts.instance)

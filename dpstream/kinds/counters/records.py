@@ -1,49 +1,46 @@
-"""The versioned JSON records dpstream publishes (documented in docs/records.md).
+"""The counters' encoder: releases, alerts and statuses as their JSON records.
 
-* ``dpstream.release/1`` — one private count for one key and time step.
-* ``dpstream.alert/1`` — a key's threshold monitor fired.
-* ``dpstream.status/1`` — budget exhaustion (on the releases topic, so its consumers see it).
-* ``dpstream.dead_letter/1`` — a record that could not be used, with the reason and the original
-  bytes (base64; at most :data:`MAX_ORIGINAL_BYTES` of them, with the full size and a SHA-256
-  digest, so a huge bad record never makes a dead letter the broker refuses). Dead letters hold
-  raw data: give the dead-letter topic to operators only, never to the audience of the releases.
+The records are ``dpstream.release/1``, ``dpstream.alert/1`` and ``dpstream.status/1``
+(:class:`dpstream.schemas.Release`, :class:`~dpstream.schemas.Alert`,
+:class:`~dpstream.schemas.Status`: their fields, order and change rules are defined there).
+:meth:`RecordEncoder.encode` builds one record's Struct and encodes it; the bulk encoder
+(:meth:`RecordEncoder.encode_step`) builds one Struct per column, with markers in place of the
+key and the value, and derives the column's byte template from it, so the template's fields
+come from the one definition too.
 
 **Delivery is at least once.** Records are written before the snapshot that covers them is
 committed, and a restart replays the open epoch, so a record may appear twice; a replay
 reproduces it byte for byte (same noise). Consumers de-duplicate releases and statuses on
 ``(flow, instance, key, step, schema)``, alerts on ``(flow, instance, key, step)`` and dead
-letters on ``(flow, instance, source)``; :func:`identity` gives that identity for any record.
+letters on ``(flow, instance, source)``; :func:`dpstream.schemas.identity` gives that
+identity for any record.
 
 **Every record names its flow instance** (``instance``, the 32 hex digits of
 :mod:`dpstream.instance`: random at the instance's creation, or given by the operator, so it
 tells nothing about the data). Two instances of one ``flow.name`` (a reprocessing, a second
 deployment) publish the same coordinates with independent noise; the field tells them apart.
-It was added to the ``/1`` schemas (an additive field: readers ignore fields they do not
-know). In the bulk encoders it is part of the constant template every record of a column
-shares, so it costs no per-record work.
+In the bulk encoders it is part of the constant template every record of a column shares, so
+it costs no per-record work.
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import io
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
 from datetime import datetime
-from itertools import accumulate, chain, pairwise, repeat
-from operator import eq
-from typing import TYPE_CHECKING, Any, Final, NamedTuple
+from itertools import accumulate, pairwise, repeat
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, cast
 
 import numpy as np
 import orjson
 
+from dpstream import schemas
 from dpstream.core.accounting.ledger import approx_dp
 from dpstream.core.counting.outputs import Alert, AlertColumns, BudgetExhausted, Release
 from dpstream.core.noise.coordinates import JoinedNames
-from dpstream.core.sequences import IndexedSequence
-from dpstream.messages import DeadLetter, Encoded, step_window
+from dpstream.messages import DeadLetter, Encoded
+from dpstream.stream.encoded import EncodedBatch, EncodedColumn, Texts, encode_dead_letter
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -53,160 +50,7 @@ if TYPE_CHECKING:
 
     ByteArray = npt.NDArray[np.uint8]
 
-__all__ = [
-    "ALERT_SCHEMA",
-    "DEAD_LETTER_SCHEMA",
-    "DeadLetter",
-    "EncodedBatch",
-    "EncodedColumn",
-    "MAX_ORIGINAL_BYTES",
-    "RELEASE_SCHEMA",
-    "RecordEncoder",
-    "encode_dead_letter",
-    "STATUS_SCHEMA",
-    "Texts",
-    "identity",
-]
-
-RELEASE_SCHEMA: Final = "dpstream.release/1"
-ALERT_SCHEMA: Final = "dpstream.alert/1"
-STATUS_SCHEMA: Final = "dpstream.status/1"
-DEAD_LETTER_SCHEMA: Final = "dpstream.dead_letter/1"
-MAX_ORIGINAL_BYTES: Final = 64 * 1024
-"""The most of a bad record's bytes a dead letter carries (base64 makes it 4/3 larger)."""
-
-
-class EncodedBatch(IndexedSequence[Encoded]):
-    """The encoded records of one closed step of one shard: ``(role, key, value)`` triples.
-
-    A sink that gets one writes every triple it holds, in order (see
-    :class:`~dpstream.io.kafka.KafkaOutput`); :func:`flatten` turns a mixed stream of triples
-    and batches back into triples. It holds parts: lists of triples, and
-    :class:`EncodedColumn` blocks (the records of a release column, or of alerts that share
-    their fields), built in bulk when the step was encoded, whose triples are sliced out of
-    their buffers only when read. Built from triples (``EncodedBatch([...])``,
-    :meth:`append`, :meth:`extend`), it compares equal to the list of the same triples, and
-    it pickles with its parts.
-    """
-
-    __slots__ = ("_parts",)
-
-    def __init__(self, records: Iterable[Encoded] = ()) -> None:
-        self._parts: list[list[Encoded] | EncodedColumn] = []
-        self.extend(records)
-
-    def append(self, record: Encoded) -> None:
-        """Add one triple at the end."""
-        self._open_list().append(record)
-
-    def extend(self, records: Iterable[Encoded]) -> None:
-        """Add records at the end: triples, a column (kept whole) or another batch's."""
-        if isinstance(records, EncodedBatch):
-            for part in records._parts:
-                self.extend(part)
-        elif isinstance(records, EncodedColumn):
-            self._parts.append(records)
-        else:
-            triples = list(records)
-            if triples:
-                self._open_list().extend(triples)
-
-    def _open_list(self) -> list[Encoded]:
-        """The list of triples at the end (a new one after a column)."""
-        if not self._parts or not isinstance(self._parts[-1], list):
-            self._parts.append([])
-        return self._parts[-1]  # type: ignore[return-value]
-
-    def __len__(self) -> int:
-        return sum(map(len, self._parts))
-
-    def __iter__(self) -> Iterator[Encoded]:
-        return chain.from_iterable(self._parts)
-
-    def _item(self, index: int) -> Encoded:
-        position = index
-        for part in self._parts:
-            if 0 <= position < len(part):
-                return part[position]
-            position -= len(part)
-        raise IndexError("EncodedBatch index out of range")
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, (list, EncodedBatch)):
-            return NotImplemented
-        return len(self) == len(other) and all(map(eq, self, other))
-
-    __hash__ = None  # type: ignore[assignment]  # mutable, like a list
-
-    def __repr__(self) -> str:
-        return f"EncodedBatch({list(self)!r})"
-
-    def __getstate__(self) -> list[list[Encoded] | EncodedColumn]:
-        return self._parts
-
-    def __setstate__(self, parts: list[list[Encoded] | EncodedColumn]) -> None:
-        self._parts = parts
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class Texts:
-    """Byte strings in one buffer: text ``i`` is ``data[starts[i]:ends[i]]``."""
-
-    data: bytes
-    starts: IntArray
-    ends: IntArray
-
-    def __len__(self) -> int:
-        return len(self.starts)
-
-    def text(self, i: int) -> bytes:
-        """Text ``i``."""
-        return self.data[self.starts[i]:self.ends[i]]
-
-    def texts(self) -> list[bytes]:
-        """Every text, in order (one slice each)."""
-        data = self.data
-        return [data[a:b] for a, b in zip(self.starts.tolist(), self.ends.tolist(),
-                                           strict=True)]
-
-    def lengths(self) -> IntArray:
-        """The length of every text."""
-        return self.ends - self.starts
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class EncodedColumn(IndexedSequence[Encoded]):
-    """The records of one column encoded in bulk, as ``(role, key, value)`` triples.
-
-    Triple ``i`` is ``(role, keys.text(i), records.text(i))``. The records' bytes are built
-    when the step is encoded (:meth:`RecordEncoder.encode_step`), all at once, into one
-    buffer; reading the column only slices each key and record out of its buffer. ``len``
-    costs nothing.
-    """
-
-    role: str
-    keys: Texts
-    """The Kafka message keys (each key's UTF-8 bytes) in ``data``: the keys' JSON strings
-    joined by commas, none of them escaped (so no key holds a quote)."""
-    records: Texts
-    """The Kafka message values (each record's JSON)."""
-
-    def __len__(self) -> int:
-        return len(self.records)
-
-    def __iter__(self) -> Iterator[Encoded]:
-        keys = self.keys.data[1:-1].split(b'","')  # the keys' slices, as no key holds a quote
-        role = self.role
-        return ((role, key, record)
-                for key, record in zip(keys, self.records.texts(), strict=True))
-
-    def _item(self, index: int) -> Encoded:
-        return self.role, self.keys.text(index), self.records.text(index)
-
-
-def flatten(item: Encoded | EncodedBatch) -> list[Encoded]:
-    """The triples of a stream item: a batch's, or the single triple itself."""
-    return list(item) if isinstance(item, EncodedBatch) else [item]
+__all__ = ["RecordEncoder"]
 
 
 _KEY_CACHE: Final = 64
@@ -261,44 +105,39 @@ class RecordEncoder:
                     del cache[next(iter(cache))]
         return None if text is None else _quoted_texts(text, len(keys))
 
-    def window(self, step: int) -> dict[str, str]:
-        """The event-time window [start, end) of a global step."""
-        return step_window(self.origin, self.step_seconds, step)
+    def _window(self, step: int) -> schemas.Window:
+        return schemas.Window.of_steps(self.origin, self.step_seconds, step)
 
-    def _release_body(self, key: object, step: int, value: object, std: float, mechanism: str,
-                      spent: float, budget: float, unit: str, delta: float) -> dict[str, Any]:
-        privacy: dict[str, object] = {"unit": "event", "accounting": unit, "spent": spent,
-                                      "budget": budget, "delta": delta}
+    def _release(self, key: str, step: int, value: float, std: float, mechanism: str,
+                 spent: float, budget: float, unit: str, delta: float) -> schemas.Release:
+        approx = None
         if unit == "rho" and self.conversion_delta > 0:
             epsilon, total_delta = approx_dp(spent, self.conversion_delta, delta)
-            privacy["approx_dp"] = {"epsilon": epsilon, "delta": total_delta}
-        return {"schema": RELEASE_SCHEMA, "flow": self.flow, "instance": self.instance,
-                "mechanism": mechanism,
-                "key": key, "step": step, "window": self.window(step), "value": value,
-                "std": std, "privacy": privacy}
+            approx = schemas.ApproxDp(epsilon=epsilon, delta=total_delta)
+        privacy = schemas.Privacy(unit="event", accounting=unit, spent=spent, budget=budget,
+                                  delta=delta, approx_dp=approx)
+        return schemas.Release(flow=self.flow, instance=self.instance, mechanism=mechanism,
+                               key=key, step=step, window=self._window(step), value=value,
+                               std=std, privacy=privacy)
 
-    def _alert_body(self, key: object, step: int, threshold: int,
-                    epsilon: float) -> dict[str, Any]:
-        return {"schema": ALERT_SCHEMA, "flow": self.flow, "instance": self.instance,
-                "key": key, "step": step,
-                "window": self.window(step), "threshold": threshold, "epsilon": epsilon}
+    def _alert(self, key: str, step: int, threshold: int, epsilon: float) -> schemas.Alert:
+        return schemas.Alert(flow=self.flow, instance=self.instance, key=key, step=step,
+                             window=self._window(step), threshold=threshold, epsilon=epsilon)
 
     def encode(self, item: Release | Alert | BudgetExhausted) -> tuple[str, bytes, bytes]:
         """Encode one output; the first element names the topic role."""
         if isinstance(item, Release):
-            return "releases", item.key.encode(), orjson.dumps(self._release_body(
+            return "releases", item.key.encode(), schemas.encode(self._release(
                 item.key, item.step, item.value, item.std, item.mechanism, item.spent,
-                item.budget, item.unit, item.delta), option=_NUMPY)
+                item.budget, item.unit, item.delta))
         if isinstance(item, Alert):
-            return "alerts", item.key.encode(), orjson.dumps(self._alert_body(
-                item.key, item.step, item.threshold, item.epsilon), option=_NUMPY)
-        return "releases", item.key.encode(), orjson.dumps({
-            "schema": STATUS_SCHEMA, "flow": self.flow, "instance": self.instance,
-            "status": "budget_exhausted",
-            "key": item.key, "step": item.step, "window": self.window(item.step),
-            "refused": item.label, "reason": item.reason, "spent": item.spent,
-            "budget": item.budget, "accounting": item.unit,
-        })
+            return "alerts", item.key.encode(), schemas.encode(self._alert(
+                item.key, item.step, item.threshold, item.epsilon))
+        return "releases", item.key.encode(), schemas.encode(schemas.Status(
+            flow=self.flow, instance=self.instance, status="budget_exhausted",
+            key=item.key, step=item.step, window=self._window(item.step),
+            refused=item.label, reason=item.reason, spent=item.spent,
+            budget=item.budget, accounting=item.unit))
 
     def encode_item(self, item: Any) -> Encoded | EncodedBatch:
         """Encode a stream item: a closed step's outputs as a batch, else one output."""
@@ -334,7 +173,7 @@ class RecordEncoder:
                 if not all((a.step, a.threshold, a.epsilon) == shared for a in alerts):
                     keys = []
             if keys:
-                records = _bulk("alerts", self._alert_body(_KEY_MARK, *shared), keys, None,
+                records = _bulk("alerts", self._alert(_KEY_MARK, *shared), keys, None,
                                 _key_texts(keys))
                 if records is not None:
                     return records
@@ -350,8 +189,8 @@ class RecordEncoder:
             raise ValueError(f"a release column has {len(keys)} keys and values of shape "
                              f"{values.shape}")
         c = columns
-        body = self._release_body(_KEY_MARK, c.step, _VALUE_MARK, c.std, c.mechanism, c.spent,
-                                  c.budget, c.unit, c.delta)
+        body = self._release(_KEY_MARK, c.step, cast(float, _VALUE_MARK), c.std, c.mechanism,
+                             c.spent, c.budget, c.unit, c.delta)
         records = _bulk("releases", body, keys, values, self._keys_texts(keys))
         if records is None:
             return [self.encode(release) for release in _releases(c)]
@@ -362,16 +201,18 @@ class RecordEncoder:
         return encode_dead_letter(self.flow, letter, instance=self.instance)
 
 
-def _bulk(role: str, body: dict[str, Any], keys: Sequence[str], values: FloatArray | None,
+def _bulk(role: str, body: schemas.Record, keys: Sequence[str], values: FloatArray | None,
           key_texts: Texts | None) -> EncodedColumn | list[Encoded] | None:
-    """Records whose JSON is ``body`` with each key (and value) in place of the markers.
+    """Records whose JSON is ``body``'s with each key (and value) in place of the markers.
 
-    ``body`` holds :data:`_KEY_MARK` as the key and, if ``values`` is given,
-    :data:`_VALUE_MARK` as the value. The bytes are those :meth:`RecordEncoder.encode` writes:
+    ``body`` is the column's record (a :mod:`dpstream.schemas` Struct) with :data:`_KEY_MARK`
+    as the key and, if ``values`` is given, :data:`_VALUE_MARK` as the value. The bytes are
+    those :meth:`RecordEncoder.encode` writes:
 
-    * ``body`` is encoded once by ``orjson``, as :meth:`~RecordEncoder.encode` encodes a
-      record's dict, and cut at the markers' JSON into the constant pieces of every record
-      (the template);
+    * ``body`` is encoded once by :func:`dpstream.schemas.encode`, as
+      :meth:`~RecordEncoder.encode` encodes a record, and cut at the markers' JSON into the
+      constant pieces of every record (the template: its fields and their order are the
+      Struct's);
     * all keys are encoded by one ``orjson.dumps(keys)``: when it escaped nothing (no
       backslash), each key's JSON is its UTF-8 bytes (the Kafka key) in quotes, which go into
       the template, and every ``"`` is a delimiter, found with numpy;
@@ -391,7 +232,7 @@ def _bulk(role: str, body: dict[str, Any], keys: Sequence[str], values: FloatArr
     ``orjson`` refuses): encode one by one then.
     """
     marks = [orjson.dumps(_KEY_MARK)] + ([] if values is None else [orjson.dumps(_VALUE_MARK)])
-    pieces = _cut(orjson.dumps(body, option=_NUMPY), marks)
+    pieces = _cut(schemas.encode(body), marks)
     if pieces is None:
         return None
     if key_texts is None:
@@ -614,35 +455,3 @@ def _releases(c: ReleaseColumns) -> Iterable[Release]:
     for key, value in zip(c.keys, values, strict=True):
         yield Release(key, c.step, value, c.std, c.mechanism, c.spent, c.budget, c.unit,
                       c.delta)
-
-
-def encode_dead_letter(flow: str, letter: DeadLetter, *, instance: str = ""
-                       ) -> tuple[str, bytes | None, bytes]:
-    """Encode a dead letter of flow ``flow`` (instance ``instance``) for the dead-letter topic."""
-    return "dead_letters", None, orjson.dumps({
-        "schema": DEAD_LETTER_SCHEMA, "flow": flow, "instance": instance,
-        "reason": letter.reason,
-        "source": {"topic": letter.topic, "partition": letter.partition,
-                   "offset": letter.offset},
-        "original_base64": base64.b64encode(letter.original[:MAX_ORIGINAL_BYTES]).decode(),
-        "original_size": len(letter.original),
-        "original_sha256": hashlib.sha256(letter.original).hexdigest(),
-        "original_truncated": len(letter.original) > MAX_ORIGINAL_BYTES,
-    })
-
-
-def identity(body: Mapping[str, Any]) -> tuple[Any, ...]:
-    """What identifies a published record, for consumers that de-duplicate.
-
-    Delivery is at least once; a replayed record is byte-identical to the first copy, so
-    keeping the first record of each identity loses nothing.
-    """
-    schema = body.get("schema")
-    if schema == DEAD_LETTER_SCHEMA:
-        source = body.get("source") or {}
-        return (schema, body.get("flow"), body.get("instance"), source.get("topic"),
-                source.get("partition"), source.get("offset"))
-    if schema in (RELEASE_SCHEMA, ALERT_SCHEMA, STATUS_SCHEMA):
-        return (schema, body.get("flow"), body.get("instance"), body.get("key"),
-                body.get("step"))
-    raise ValueError(f"not a dpstream record: schema {schema!r}")

@@ -40,6 +40,7 @@ import numpy as np
 import orjson
 from bytewax.dataflow import Stream
 
+from dpstream import schemas
 from dpstream.config import FlowConfig, Section, build_spec, parse_common, positive
 from dpstream.core._checks import fraction_text
 from dpstream.core.counting.statistics_spec import parameter_digest
@@ -49,16 +50,15 @@ from dpstream.core.erm.schedules.spec import ScheduleSpec
 from dpstream.core.erm.spec import Block, ErmSpec
 from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import BudgetExhaustedError, ConfigError
-from dpstream.estimator import MODEL_SCHEMA
 from dpstream.kind import ClockFactory, FlowKind, FlowParts
 from dpstream.kinds.erm.metrics import register_metrics
-from dpstream.messages import DeadLetter, Encoded, RawBatch, step_window
+from dpstream.messages import DeadLetter, Encoded, RawBatch
 from dpstream.stream.barrier import MechanismShard
 from dpstream.stream.clock import ShardUpdate, StepClock, bad_time, event_seconds
 from dpstream.stream.operators import stepped_shards
 from dpstream.stream.sharding import shard_of
 
-__all__ = ["KIND", "MODEL_SCHEMA", "ErmConfig", "ModelRecord"]
+__all__ = ["KIND", "ErmConfig", "ModelRecord"]
 
 TOPICS: Final = {"input_topic": "events", "models_topic": "models",
                  "dead_letter_topic": "dead-letters"}
@@ -582,39 +582,39 @@ class ModelEncoder:
     def __init__(self, config: ErmConfig, instance: str = "") -> None:
         self.config, self.instance = config, instance
 
-    def _window(self, first: int, last: int) -> dict[str, Any]:
-        return {"first_step": first, "last_step": last,
-                **step_window(self.config.origin, self.config.step_seconds, first, last)}
+    def _window(self, first: int, last: int) -> schemas.Window:
+        return schemas.Window.of_steps(self.config.origin, self.config.step_seconds, first, last,
+                                       steps=True)
 
     def encode(self, m: ModelRecord) -> Encoded:
         """One model record on the models topic."""
         config = self.config
-        privacy: dict[str, Any] = {"unit": "event", "accounting": config.accounting,
-                                   "cost": m.cost, "spent": m.spent, "budget": m.budget}
         if config.algorithm == "ermg":  # BBImprover charges rho; spent and budget are the
-            privacy.update(accounting="approx_dp", delta=config.delta)  # epsilon of (eps, delta)
-        body: dict[str, Any] = {
-            "schema": MODEL_SCHEMA, "flow": config.name, "instance": self.instance,
-            "stream": m.stream,
-            "algorithm": config.algorithm, "role": m.role, "level": m.level, "step": m.step,
-            "released": self._window(m.step, m.step),
-            "window": self._window(m.first_step, m.last_step),
-            "depends_on": [list(pair) for pair in m.depends_on],
-            "classes": list(config.model.classes), "privacy": privacy}
+            accounting, delta = "approx_dp", config.delta  # epsilon of (eps, delta)
+        else:
+            accounting, delta = config.accounting, None
+        privacy = schemas.Privacy(unit="event", accounting=accounting, cost=m.cost,
+                                  spent=m.spent, budget=m.budget, delta=delta)
+        shared: dict[str, Any] = dict(
+            flow=config.name, instance=self.instance, stream=m.stream,
+            algorithm=config.algorithm, role=m.role, level=m.level, step=m.step,
+            released=self._window(m.step, m.step),
+            window=self._window(m.first_step, m.last_step),
+            depends_on=tuple(tuple(pair) for pair in m.depends_on),
+            classes=tuple(config.model.classes), privacy=privacy)
         if m.model is None:
-            body["reason"] = m.reason
+            record = schemas.Model(**shared, reason=m.reason)
         else:
             coef, intercept = config.model.linear_model(m.model.params)
-            body.update({
-                "coef": coef.tolist(), "intercept": intercept.tolist(),
-                "features": {"dimension": config.model.dimension,
-                             "clip_norm": float(config.model.clip_norm)},
-                "noise": {"std": float(m.model.noise_std), "grid": fraction_text(m.model.grid)},
-                "holdout": (None if m.accuracy is None else
-                            {"accuracy": m.accuracy, "rows": config.holdout.rows})})  # type: ignore[union-attr]
-        return "models", m.stream.encode(), orjson.dumps(body)
-
-
+            record = schemas.Model(
+                **shared, coef=coef.tolist(), intercept=intercept.tolist(),
+                features=schemas.ModelFeatures(dimension=config.model.dimension,
+                                               clip_norm=float(config.model.clip_norm)),
+                noise=schemas.ModelNoise(std=float(m.model.noise_std),
+                                         grid=fraction_text(m.model.grid)),
+                holdout=(None if m.accuracy is None else schemas.ModelHoldout(
+                    accuracy=m.accuracy, rows=config.holdout.rows)))  # type: ignore[union-attr]
+        return "models", m.stream.encode(), schemas.encode(record)
 
 
 # -- the kind --------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ import numpy as np
 import orjson
 from bytewax.dataflow import Stream
 
+from dpstream import schemas
 from dpstream.config import FlowConfig, Section, build_spec, parse_common, positive
 from dpstream.core.accounting.ledger import PrivacyCharge, PrivacyLedger, approx_dp
 from dpstream.core.counting.blt_counter import BltCounter, BltCounterSpec
@@ -59,16 +60,15 @@ from dpstream.core.pmwg.universe import Universe
 from dpstream.errors import ConfigError, InvalidParameterError
 from dpstream.kind import ClockFactory, FlowKind, FlowParts
 from dpstream.kinds.pmwg.metrics import register_metrics
-from dpstream.messages import DeadLetter, Encoded, RawBatch, RawMessage, step_window
+from dpstream.messages import DeadLetter, Encoded, RawBatch, RawMessage
 from dpstream.metrics import FlowMetrics
 from dpstream.stream.barrier import MechanismShard
 from dpstream.stream.clock import ShardUpdate, StepClock, bad_time, event_seconds
 from dpstream.stream.operators import stepped_shards
 from dpstream.stream.sharding import shard_of
 
-__all__ = ["ANSWER_SCHEMA", "HistogramConfig", "KIND", "PmwgConfig"]
+__all__ = ["HistogramConfig", "KIND", "PmwgConfig"]
 
-ANSWER_SCHEMA: Final = "dpstream.answer/1"
 _SIZE_FLOOR_SLACK: Final = 1e-9  # see _Histogram.add
 TOPICS: Final = {"input_topic": "events", "queries_topic": "queries",
                  "answers_topic": "answers", "dead_letter_topic": "dead-letters"}
@@ -616,28 +616,27 @@ class AnswerEncoder:
 
     def encode(self, a: AnswerRecord) -> Encoded:
         """One answer record on the answers topic."""
-        privacy: dict[str, Any] = {"unit": "event", "accounting": self.config.accounting,
-                                   "spent": a.spent, "budget": a.budget}
-        if self.config.accounting == "zcdp":
-            epsilon, delta = approx_dp(a.spent, self.config.delta)  # as check-config prints
-            privacy["approx_dp"] = {"epsilon": epsilon, "delta": delta}
-        body: dict[str, Any] = {
-            "schema": ANSWER_SCHEMA, "flow": self.config.name, "instance": self.instance,
-            "histogram": a.histogram,
-            "mechanism": a.mechanism, "id": a.query_id, "step": a.step,
-            "window": step_window(self.config.origin, self.config.step_seconds, a.step),
-            "t": a.t, "kind": a.kind,
-            "value": _clamp(a.value), "reason": a.reason, "hard_queries": a.hard_queries,
-            "privacy": privacy}
-        if a.kinds is not None:
-            body["kinds"] = a.kinds
-        return "answers", a.histogram.encode(), orjson.dumps(body)
+        config = self.config
+        approx = None
+        if config.accounting == "zcdp":
+            epsilon, delta = approx_dp(a.spent, config.delta)  # as check-config prints
+            approx = schemas.ApproxDp(epsilon=epsilon, delta=delta)
+        record = schemas.Answer(
+            flow=config.name, instance=self.instance, histogram=a.histogram,
+            mechanism=a.mechanism, id=a.query_id, step=a.step,
+            window=schemas.Window.of_steps(config.origin, config.step_seconds, a.step),
+            t=a.t, kind=a.kind, value=_clamp(a.value), reason=a.reason,
+            hard_queries=a.hard_queries,
+            privacy=schemas.Privacy(unit="event", accounting=config.accounting, spent=a.spent,
+                                    budget=a.budget, approx_dp=approx),
+            kinds=None if a.kinds is None else tuple(a.kinds))
+        return "answers", a.histogram.encode(), schemas.encode(record)
 
 
 def _clamp(value: Any) -> Any:
     """Answers are fractions: clamping into [0, 1] is post-processing (free, never worse)."""
     if isinstance(value, list):
-        return [_clamp(v) for v in value]
+        return tuple(_clamp(v) for v in value)
     return None if value is None else min(1.0, max(0.0, float(value)))
 
 
