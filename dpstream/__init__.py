@@ -32,7 +32,7 @@ __all__ = [
     "PrivacyLedger",
     "load_config",
 ]
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 def load_config(path: str | os.PathLike[str] | None = None,
