@@ -1,5 +1,16 @@
 """BBImprover (Algorithm 5): rerun a static black box at every observed database size.
 
+**Stated as OpenDP states a measurement**
+
+* input domain: a growing database (count histograms, public size ``t >= n``) and a stream of
+  linear queries; input metric: add or remove one event (``d_in = 1``).
+* function: Algorithm 5 of paper 003: at every observed ``t >= n``, one run of the static
+  black box at ``epsilon_t``; queries are answered from the latest synopsis.
+* output measure: rho-zCDP, reported as ``(epsilon, delta)``-DP (BS16, Proposition 1.3);
+  privacy map: ``1 ↦ sum_t epsilon_t^2 / 2 <= epsilon^2 / (18 log(1/delta))`` over the
+  ``t`` run (Theorem 29, D.2). The ledger (``zcdp``, that budget) charges
+  ``run_charge(t) = PrivacyCharge(epsilon=epsilon_t)``, i.e. ``epsilon_t^2 / 2``, per run.
+
 Both schedulers come from Cummings, Krehbiel, Lai, Tantipongpipat 2018, "Differential Privacy
 for Growing Databases", Section 4 and appendix D. The database grows by one row per unit of its
 public size ``t`` (``t = n, n + 1, ...``); a stream of linear queries must be answered at every
