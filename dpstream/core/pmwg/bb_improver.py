@@ -22,8 +22,7 @@ with ``epsilon_t = sqrt(c) / (3 sqrt(log(1/delta))) epsilon / t^(1/2 + c)``,
 ``beta_t = beta / (2 t^2)`` and
 ``alpha_t = g (1 / (epsilon_t t))^p log^p''(t) log^p'(1/beta_t)``.
 *Privacy* (D.2): ``sum_{t >= n} epsilon_t^2 <= epsilon^2 / (9 log(1/delta))``
-(this needs ``n >= 2c``, checked). The ledger (``zcdp``) charges
-``epsilon_t^2 / 2`` per run with budget ``epsilon^2 / (18 log(1/delta))``.
+(this needs ``n >= 2c``, checked), which gives the privacy map above.
 BBImprover requires ``delta > 0``: Theorem 29 is ``(epsilon, delta)``-DP
 only, and the paper gives no pure version. In a flow, ``t`` grows in jumps,
 so the box runs at each *observed* ``t``. The sum over the ``t`` actually run
