@@ -1,5 +1,12 @@
 """The BLT counters of many keys as columns: one group, stepped together.
 
+**Stated as OpenDP states a measurement**
+
+Not a mechanism of its own: ``n`` keys' copies of the measurement of
+:mod:`dpstream.core.counting.blt_counter` (same input domain, metric, function and privacy map
+``d_in ↦ rho d_in^2`` per key), each on its own key's events. It charges nothing; the key
+table's stage ledgers charge ``BltCounterSpec.charge`` per key.
+
 :class:`BltColumns` is the columnar equivalent of ``n`` independent
 :class:`~dpstream.core.counting.blt_counter.BltCounter` objects that started at the same step (the
 buffered linear Toeplitz mechanism of Dvijotham, McMahan, Pillutla, Steinke and Thakurta 2024,

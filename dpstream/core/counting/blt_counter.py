@@ -1,5 +1,19 @@
 """A near-optimal continual counter in O(1) memory: a buffered linear Toeplitz mechanism.
 
+**Stated as OpenDP states a measurement**
+
+* input domain: unbounded streams of integer increments ``x_0, x_1, ... >= 0``, one per
+  step; input metric: event level, ``d_in = sum_t |x_t - x'_t|`` (``d_in = 1``: one event).
+* function: per epoch of ``n = horizon`` steps, the integers ``Y_t + Z_t``: ``Y`` the
+  grid-rounded ``C x`` on ``Z / G`` (``G = 2^40``), ``Z_t ~ N_Z(0, sigma_G^2)`` exact, with
+  ``sigma_G^2 = ceil(Delta_G^2 / (2 rho (1 - 10^-12)))``; the estimate ``B (Y + Z) / G`` is
+  post-processing.
+* output measure: rho-zCDP; privacy map: ``d_in ↦ rho d_in^2``. An epoch costs
+  ``Delta_G^2 / (2 sigma_G^2) <= rho (1 - 10^-12)`` plus CKS 2020 Theorem 14's discreteness
+  term (checked below ``10^-12 rho``); epochs hold disjoint events (parallel composition).
+  The ledger charges ``BltCounterSpec.charge = PrivacyCharge(rho=rho)`` once for the whole
+  stream; a pure ledger refuses it.
+
 The counter releases, at every step t, an estimate of the prefix count
 ``x_0 + ... + x_t`` under rho-zero-concentrated DP (event level: neighbouring
 streams differ by one in a single increment). It is the *matrix factorization*

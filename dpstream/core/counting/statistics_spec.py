@@ -1,5 +1,23 @@
 """What to compute for every key of a counters flow, and the digests that bind its noise.
 
+**Stated as OpenDP states a measurement**
+
+* input domain: a flow's event stream, split by key (declared keys, or an open universe);
+  input metric: event level, one event of one key (``d_in = 1``); other keys' outputs do
+  not depend on it.
+* function: per key, in order: in the open universe, one threshold monitor per window of
+  ``W`` steps until admission; the initial count (``DLap(1 / epsilon_initial)`` or
+  ``N_Z(0, 1 / (2 rho_initial))``); the continual counter (tree or BLT).
+* output measure: the flow's accounting, pure epsilon-DP or rho-zCDP, plus an additive
+  ``delta``; privacy map: ``1 ↦ (sum of the key's charges, admission_delta)``: pure
+  ``epsilon_monitor + epsilon_initial + epsilon_counter`` (basic composition, Dwork & Roth
+  2014, Theorem 3.16; one window's monitor by parallel composition), zCDP the sum of the
+  ``rho`` charges plus ``epsilon^2 / 2`` for each epsilon charge (BS16, Proposition 1.4);
+  ``admission_delta`` the lazy start's delta
+  (:func:`~dpstream.core.counting.admission_bounds.lazy_start_delta`). That sum is what
+  :class:`~dpstream.core.counting.stage_ledgers.StageLedgers` holds for a key that paid
+  every charge; releases report its delta plus ``admission_delta``.
+
 :class:`StatisticsSpec` is the frozen specification shared by all keys of a flow: the key
 universe (declared or open), the accounting (pure or zCDP), the budget, the continual counter
 (the binary tree mechanism, Dwork, Naor, Pitassi, Rothblum 2010 and Chan, Shi, Song 2011,

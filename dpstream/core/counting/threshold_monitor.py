@@ -1,5 +1,17 @@
 """The threshold monitor: say once, privately, when a running count crosses a threshold.
 
+**Stated as OpenDP states a measurement**
+
+* input domain: streams of integer increments ``>= 0`` whose prefix counts ``c_t`` are
+  tested at steps ``0 .. horizon - 1`` (unbounded without a horizon); input metric: event
+  level, ``d_in = sum_t |x_t - x'_t|`` (one event moves every ``c_t`` by at most one).
+* function: AboveThreshold: the bits ``[c_t + nu_t >= threshold + rho]`` up to and including
+  the first ``True``, then ``False`` without reading the data; ``rho ~ DLap(2 / epsilon)`` once,
+  ``nu_t ~ DLap(4 / epsilon)`` fresh per step, exact, on the integers.
+* output measure: pure epsilon-DP; privacy map: ``d_in ↦ epsilon d_in`` (Dwork & Roth 2014,
+  Theorem 3.23, with integer shifts; paper 002, Observation 1.8). The ledger charges
+  ``ThresholdMonitorSpec.charge = PrivacyCharge(epsilon=epsilon)`` once per run.
+
 This solves the threshold monitor problem (Problem 1.6 of paper 002) with
 the AboveThreshold algorithm (Dwork, Naor, Reingold, Rothblum, Vadhan 2009;
 Dwork & Roth 2014, Algorithm 1), as paper 002's Observation 1.8 suggests: at

@@ -1,5 +1,20 @@
 """The binary tree counter: pure epsilon-DP continual counting, unbounded horizon.
 
+**Stated as OpenDP states a measurement**
+
+* input domain: unbounded streams of integer increments ``x_0, x_1, ... >= 0``, one per
+  step; input metric: event level, ``d_in = sum_t |x_t - x'_t|`` (add or remove one event:
+  ``d_in = 1``).
+* function: at every step ``t``, the prefix-count estimate, a fixed post-processing
+  (Honaker combining) of binary-tree node counts, each node plus exact discrete Laplace
+  noise ``DLap((m_j + 1) / epsilon)`` on the integers, ``m_j + 1`` the levels of epoch
+  ``j``'s tree.
+* output measure: pure epsilon-DP; privacy map: ``d_in ↦ epsilon d_in``. One event moves
+  ``m_j + 1`` nodes of one epoch by one (L1 sensitivity ``m_j + 1``, Laplace mechanism,
+  Dwork & Roth 2014, Theorem 3.6), epochs hold disjoint events (parallel composition). The
+  ledger charges ``TreeCounterSpec.charge = PrivacyCharge(epsilon=epsilon)`` once for the
+  whole stream (a zCDP ledger counts it as ``epsilon^2 / 2``, BS16 Proposition 1.4).
+
 The counter releases, after every time step, a private estimate of the number
 of events seen so far (the prefix count).
 

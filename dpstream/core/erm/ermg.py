@@ -1,5 +1,17 @@
 """ERMG: private ERM on a growing database, by rerunning output perturbation (paper 003, §E.2).
 
+**Stated as OpenDP states a measurement**
+
+* input domain: a stream of blocks of labelled, clipped rows, public size ``t = j b0`` after
+  ``j`` blocks; input metric: add or remove one row (``d_in = 1``).
+* function: BBImprover (Algorithm 5) with output perturbation as its box: at every block
+  with ``t >= n``, :func:`~dpstream.core.erm.output_noise.private_erm` on all blocks so far
+  at a noise level that costs exactly ``ε_t`` at ``Δ(t) = L/(λt)``.
+* output measure: ρ-zCDP, reported as ``(ε, δ)``-DP (BS16, Proposition 1.3); privacy map:
+  ``1 ↦ Σ_t ε_t²/2 <= ε²/(18 log(1/δ))`` over the runs (Theorem 29, D.2; Theorem 31). The
+  ledger charges ``run_charge(t) = PrivacyCharge(epsilon=ε_t)`` per run; the events of block
+  ``s`` have paid :meth:`Ermg.block_rho`, the ``ε_t²/2`` of the runs from ``s`` on.
+
 Cummings, Krehbiel, Lai, Tantipongpipat 2018, "Differential Privacy for Growing Databases",
 Theorem 31: ERMG is BBImprover (their Algorithm 5, Theorem 29;
 :class:`dpstream.core.pmwg.bb_improver.BBImprover`) run with a static ε-DP ERM algorithm as its

@@ -1,5 +1,22 @@
 """Output perturbation: exact integer noise on the grid (ERM paper 004, Algorithms 1, 3 and 7).
 
+**Stated as OpenDP states a measurement**
+
+(:func:`private_erm` at a :class:`NoiseLevel`)
+
+* input domain: a block of labelled, clipped rows (:class:`~dpstream.core.erm.spec.ErmSpec`)
+  with a public normaliser ``n̄``; input metric: add or remove one row (``d_in = 1``), which
+  moves the regularised minimiser by at most ``Delta = L / (lambda n̄)`` in L2.
+* function: the certified minimiser, rounded onto the grid ``g = c_g Delta``, plus iid exact
+  ``DLap(t)`` (pure) or ``N_Z(0, sigma^2)`` (zCDP) per coordinate; the model is
+  ``g (r + Y)``.
+* output measure: pure epsilon-DP or rho-zCDP; privacy map: ``1 ↦ D1 / t =
+  cost_ref Delta / Delta_ref`` (pure; ``D1`` the grid's L1 sensitivity, Laplace mechanism)
+  resp. ``1 ↦ (1 + 10^-12) D2^2 / (2 sigma^2) = cost_ref (Delta / Delta_ref)^2`` (zCDP, CKS
+  2020 Theorem 14, the ``10^-12`` its discreteness term). Paper 004, Algorithm 1 and Lemma
+  A.2, with the L1 correction below. :meth:`NoiseLevel.cost_at` is that map; the model's
+  ``cost`` carries it, and the schedules charge it.
+
 This is the static building block of the release schedules of Watson et al., "Continual and
 Sliding Window Release for Private ERM" (paper 004; the schedules live in
 :mod:`dpstream.core.erm.schedules`): **Algorithm 1** (PSGD, output perturbation, Wu et al. 2017),

@@ -1,5 +1,15 @@
 """Exact discrete Laplace and discrete Gaussian samplers (CKS 2020, Algorithms 1-3).
 
+**Stated as OpenDP states a measurement**
+
+The samplers are no measurement (they have no privacy map); they are the exact noise the
+mechanisms' maps assume. Given exactly uniform ``randbelow``: :func:`discrete_laplace` at a
+rational scale ``t`` returns ``y`` with probability ``(e^(1/t) - 1) / (e^(1/t) + 1)
+e^(-|y|/t)`` (CKS 2020, Algorithm 2); :func:`discrete_gaussian` at a rational ``sigma^2``
+returns ``y`` with probability proportional to ``e^(-y^2 / (2 sigma^2))`` (Algorithm 3);
+:func:`bernoulli_exp` is ``True`` with probability exactly ``e^(-gamma)`` (Algorithm 1). No
+float enters a draw.
+
 Canonne, Kamath and Steinke 2020, "The Discrete Gaussian for Differential Privacy": Algorithm 1
 (Bernoulli(exp(-gamma))), Algorithm 2 (discrete Laplace) and Algorithm 3 (discrete Gaussian, by
 rejection from discrete Laplace proposals). They use only uniform integers and rational

@@ -1,5 +1,16 @@
 """BBImprover (Algorithm 5): rerun a static black box at every observed database size.
 
+**Stated as OpenDP states a measurement**
+
+* input domain: a growing database (count histograms, public size ``t >= n``) and a stream of
+  linear queries; input metric: add or remove one event (``d_in = 1``).
+* function: Algorithm 5 of paper 003: at every observed ``t >= n``, one run of the static
+  black box at ``epsilon_t``; queries are answered from the latest synopsis.
+* output measure: rho-zCDP, reported as ``(epsilon, delta)``-DP (BS16, Proposition 1.3);
+  privacy map: ``1 ↦ sum_t epsilon_t^2 / 2 <= epsilon^2 / (18 log(1/delta))`` over the
+  ``t`` run (Theorem 29, D.2). The ledger (``zcdp``, that budget) charges
+  ``run_charge(t) = PrivacyCharge(epsilon=epsilon_t)``, i.e. ``epsilon_t^2 / 2``, per run.
+
 Both schedulers come from Cummings, Krehbiel, Lai, Tantipongpipat 2018, "Differential Privacy
 for Growing Databases", Section 4 and appendix D. The database grows by one row per unit of its
 public size ``t`` (``t = n, n + 1, ...``); a stream of linear queries must be answered at every
@@ -11,8 +22,7 @@ with ``epsilon_t = sqrt(c) / (3 sqrt(log(1/delta))) epsilon / t^(1/2 + c)``,
 ``beta_t = beta / (2 t^2)`` and
 ``alpha_t = g (1 / (epsilon_t t))^p log^p''(t) log^p'(1/beta_t)``.
 *Privacy* (D.2): ``sum_{t >= n} epsilon_t^2 <= epsilon^2 / (9 log(1/delta))``
-(this needs ``n >= 2c``, checked). The ledger (``zcdp``) charges
-``epsilon_t^2 / 2`` per run with budget ``epsilon^2 / (18 log(1/delta))``.
+(this needs ``n >= 2c``, checked), which gives the privacy map above.
 BBImprover requires ``delta > 0``: Theorem 29 is ``(epsilon, delta)``-DP
 only, and the paper gives no pure version. In a flow, ``t`` grows in jumps,
 so the box runs at each *observed* ``t``. The sum over the ``t`` actually run

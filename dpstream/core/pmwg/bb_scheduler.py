@@ -1,5 +1,19 @@
 """BBScheduler (Algorithm 4): rerun a static black box at geometrically spaced epochs.
 
+**Stated as OpenDP states a measurement**
+
+* input domain: a growing database (count histograms, public size ``t >= n``) and a stream of
+  linear queries; input metric: add or remove one event (``d_in = 1``).
+* function: Algorithm 4 of paper 003: at each epoch start ``ceil((1 + gamma)^i n)`` reached,
+  one run of the static black box at ``epsilon_i``; queries are answered from the latest
+  synopsis.
+* output measure: pure epsilon-DP (``delta = 0``) or rho-zCDP reported as
+  ``(epsilon, delta)``-DP (``delta > 0``); privacy map: ``1 ↦ sum_i epsilon_i <= epsilon``
+  over the epochs run (basic composition, Theorem 27) resp.
+  ``1 ↦ sum_i epsilon_i^2 / 2 <= rho = epsilon^2 / (9 log(1/delta))`` (BS16, Proposition
+  1.4, and Theorem 27's proof). The ledger charges ``epoch_charge(i) =
+  PrivacyCharge(epsilon=epsilon_i)`` per epoch run, ``epsilon_i`` rounded down for ``delta = 0``.
+
 Both schedulers come from Cummings, Krehbiel, Lai, Tantipongpipat 2018, "Differential Privacy
 for Growing Databases", Section 4 and appendix D. The database grows by one row per unit of its
 public size ``t`` (``t = n, n + 1, ...``); a stream of linear queries must be answered at every

@@ -1,5 +1,17 @@
 """Static black boxes for the black-box schedulers: the interface and the noisy histogram.
 
+**Stated as OpenDP states a measurement**
+
+(:class:`NoisyHistogram`)
+
+* input domain: ``int64`` count histograms over ``N`` cells with a public size ``n``; input
+  metric: add or remove one event, ``d_in = ||counts - counts'||_1`` (``d_in = 1``).
+* function: ``counts + Z``, ``Z_i ~ DLap(1 / epsilon)`` iid and exact; the synopsis
+  ``(counts + Z) / n`` is post-processing.
+* output measure: pure epsilon-DP; privacy map: ``d_in ↦ epsilon d_in`` (Laplace mechanism
+  of L1 sensitivity 1, Dwork & Roth 2014, Theorem 3.6; a replaced row is ``d_in = 2``). The
+  box charges nothing: its scheduler charges the ``epsilon`` it runs it at.
+
 A *black box* in the sense of Cummings, Krehbiel, Lai, Tantipongpipat 2018,
 "Differential Privacy for Growing Databases" (Definition 4 of the main body,
 and its ``(p, p', p'', g)`` form in appendix D.2) is a static algorithm

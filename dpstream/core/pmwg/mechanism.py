@@ -1,5 +1,22 @@
 """Private multiplicative weights for growing databases (PMWG), on exact-noise sparse vector.
 
+**Stated as OpenDP states a measurement**
+
+* input domain: count histograms over ``N`` cells of a growing database with a public,
+  non-decreasing size ``t >= n``, and adaptively chosen linear queries; input metric: add
+  or remove one event (``d_in = 1``: one cell moves by one).
+* function: Algorithm 1 of paper 003: each query's two differences go to NSG
+  (:mod:`dpstream.core.pmwg.sparse_vector`); an easy query is answered ``f(y)``, a hard one
+  by NSG's noisy answer, followed by a multiplicative-weights step; bottom after the
+  hard-query cap.
+* output measure: pure epsilon-DP (``pure``) or rho-zCDP (``zcdp``, reported as
+  ``(epsilon, delta)``-DP, Theorem 4); privacy map: ``1 ↦`` the sum over rounds of each
+  round's cost, pure ``S_t0 + S_t1 / 8`` and zCDP ``(S_t0^2 + (S_t1 / 8)^2) / 2``, bounded by
+  (B.1) (Theorem 11) resp. ``tau / 2`` (Theorems 16 and 19). Modes paper/solved charge
+  ``PmwgSpec.worst_case_charge()``, ``SIGMA (1 + 10^-9)`` times (B.1) resp. ``tau / 2``, once
+  when the mechanism starts; practical mode charges ``PmwgSpec.round_charge(t0)``,
+  ``(9/8) S_t0`` resp. ``(S_t0^2 + (S_t0 / 8)^2) / 2``, per round (a filter).
+
 PMWG answers an adaptively chosen stream of linear queries on a database that grows over
 time, under pure epsilon-DP or, for the ``delta > 0`` version, zCDP (event level: neighbouring
 streams differ by one event).

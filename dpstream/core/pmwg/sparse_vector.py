@@ -1,5 +1,18 @@
 """The numeric sparse vector for growing databases (NSG over NATG rounds), with exact noise.
 
+**Stated as OpenDP states a measurement**
+
+* input domain: the queries' values ``f'(D_t)`` on a growing database of public size ``t``;
+  input metric: add or remove one event (``d_in = 1``), which moves every ``f'(D_t)`` by at
+  most ``Delta_t = 1/t``.
+* function: one NSG round (Algorithm 3 over Algorithm 2 of paper 003) on the grid
+  ``g_t0``: ``K_eta ~ DLap(2/g)`` once, ``K_nu ~ DLap(4/g)`` per comparison, "below" until
+  ``z + K_nu >= K_eta``, then the numeric answer with fresh ``K_a ~ DLap(8/g1)``.
+* output measure: pure epsilon-DP; privacy map: ``1 ↦ eps_A + eps_L <= S_t0 + S_t1 / 8
+  <= (9/8) S_t0``, ``S_t = xi_t Delta_t (1 + 10^-12) + g_t`` (Theorem 20 of paper 003, Dwork &
+  Roth 2014, Theorem 3.23; derived below). The sparse vector charges nothing itself: PMWG
+  charges its rounds (:meth:`~dpstream.core.pmwg.spec.PmwgSpec.round_charge`).
+
 PMWG (:mod:`dpstream.core.pmwg.mechanism`) sends every query's two differences ``f'`` to
 this sparse vector; it answers "below" (the query is easy) until one comparison halts the
 round, then releases one noisy numeric answer and ends the round.

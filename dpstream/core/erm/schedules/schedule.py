@@ -1,5 +1,20 @@
 """Runs an ERM release schedule over a stream of blocks: the ledger, training, noise, state.
 
+**Stated as OpenDP states a measurement**
+
+* input domain: a stream of blocks (one per step) of labelled, clipped rows; input metric:
+  add or remove one row of one block (``d_in = 1``).
+* function: the plan's computations, each
+  :func:`~dpstream.core.erm.output_noise.private_erm` on a range of blocks (maybe Poisson
+  sampled), and the models the plan releases.
+* output measure: pure ε-DP or ρ-zCDP, per event; privacy map: ``1 ↦`` the largest, over
+  blocks, sum of the charges of the computations whose range holds the block (basic
+  composition resp. zCDP addition; disjoint ranges compose in parallel), at most
+  ``ScheduleSpec.budget()``: ``2ε`` for continual (Theorem 4 and the remark after it), ``ε``
+  otherwise (Theorems 1 and 7; B.1, B.3). A computation's charge is its
+  ``NoiseLevel.cost_at``, or ``ln(1 + q(e^cost − 1))`` when sampled at rate ``q`` (Balle,
+  Barthe, Gaboardi 2018); :meth:`ReleaseSchedule.block_spend` is the block's sum.
+
 The schedules of Watson et al., "Continual and Sliding Window Release for Private Empirical Risk
 Minimization" (paper 004) (Algorithms 2 and 4-8): a :class:`ReleaseSchedule` takes the blocks one
 step at a time, asks its plan (:mod:`~dpstream.core.erm.schedules.multi_resolution`,
