@@ -220,6 +220,8 @@ def _resume(directory: Path, manifest: Path, fixed: dict[str, Any],
     try:
         recorded = json.loads(manifest.read_text())
         instance, settings = recorded["instance"], recorded["fixed"]
+        if not isinstance(settings, dict):
+            raise TypeError(f"'fixed' is a {type(settings).__name__}, not a table")
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise RecoveryMismatchError(
             f"cannot read the flow instance manifest {manifest}: {exc}") from None

@@ -69,9 +69,8 @@ def flow_kind(name: object) -> FlowKind[Any, Any, Any]:
     Raises:
         ConfigError: no kind has that name (the message lists them).
     """
-    if name not in KINDS:
+    if not isinstance(name, str) or name not in KINDS:
         raise ConfigError(f"flow.kind must be one of {', '.join(sorted(KINDS))}, got {name!r}")
-    assert isinstance(name, str)  # every key of KINDS is
     return KINDS[name]
 
 

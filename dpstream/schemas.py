@@ -24,6 +24,13 @@ version, ``<name>/<major>`` (``dpstream.release/1``): the Struct's tag.
   keeps writing the old major version for at least one minor release of dpstream after the
   new one exists (the release notes say which), so consumers can upgrade first; then the
   old Struct is deleted.
+* **Presence is public.** Whether a field is written, and every value but the noisy ones
+  (``value``, a model's weights, an answer's value), must be a function of public things only:
+  the configuration, the flow instance, the step, public ledger events (``role =
+  "exhausted"``). A field left out for some data and written for other data publishes which
+  one it is (privacy-pitfalls.md, item 12); so is a field whose type or precision depends on
+  the data. Producers build records from public inputs and the noisy outputs; review any new
+  optional field against this rule.
 * **The field order is the order on the topic.** :func:`encode` writes the fields in the
   order they are declared here (the tag first) and the counters' bulk encoder derives its
   byte templates from it: moving a field changes the bytes every flow writes (a replay is no

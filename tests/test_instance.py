@@ -71,6 +71,21 @@ def test_a_manifest_from_before_the_clock_was_pinned_still_resumes(tmp_path):
     assert bind(config(), tmp_path).id == made.id
 
 
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda m: m.update(schema="dpstream.instance/0"), "has format 'dpstream.instance/0'"),
+    (lambda m: m.pop("schema"), "has format None"),
+    (lambda m: m.update(fixed=["flow.shards", 4]), "'fixed' is a list, not a table"),
+])
+def test_a_manifest_of_another_format_or_shape_is_refused(tmp_path, edit, message):
+    bind(config(), tmp_path)
+    path = tmp_path / MANIFEST_NAME
+    manifest = json.loads(path.read_text())
+    edit(manifest)
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(RecoveryMismatchError, match=message.replace("(", r"\(")):
+        bind(config(), tmp_path)
+
+
 def test_another_noise_key_or_other_mechanisms_are_refused(tmp_path):
     bind(config(), tmp_path)
     with pytest.raises(RecoveryMismatchError, match="noise key fingerprint"):

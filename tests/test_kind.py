@@ -46,6 +46,12 @@ def test_an_unknown_kind_is_refused_with_the_known_ones() -> None:
     assert str(caught.value) == "flow.kind must be one of counters, erm, pmwg, got 'histogram'"
 
 
+@pytest.mark.parametrize("value", [["counters"], {"name": "counters"}, 3])
+def test_a_kind_that_is_not_a_string_is_refused_as_configuration(value: object) -> None:
+    with pytest.raises(ConfigError, match="flow.kind must be one of counters, erm, pmwg"):
+        parse_config({"flow": {"kind": value}})
+
+
 @pytest.mark.parametrize(("example", "expected"), [
     ("counters.example.toml", CountersConfig), ("pmwg.example.toml", PmwgConfig),
     ("erm.example.toml", ErmConfig)])

@@ -48,6 +48,7 @@ import hashlib
 import html
 import json
 import math
+import re
 import threading
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
@@ -442,5 +443,7 @@ _CSP: Final = ("default-src 'none'; script-src " + _hash(_SCRIPT_TEXT) + "; styl
 
 def _page(title: str) -> bytes:
     """The whole page for ``title`` (escaped), with the inline style and script."""
-    page = _TEMPLATE.replace("__STYLE__", _STYLE).replace("__SCRIPT__", _SCRIPT_TEXT)
-    return page.replace("__TITLE__", html.escape(title)).encode()
+    values = {"TITLE": html.escape(title), "STYLE": _STYLE, "SCRIPT": _SCRIPT_TEXT}
+    # one pass over the template: nothing substituted is searched again (a title or an
+    # asset holding a placeholder's text stays as it is)
+    return re.sub(r"__(TITLE|STYLE|SCRIPT)__", lambda m: values[m.group(1)], _TEMPLATE).encode()
