@@ -23,26 +23,8 @@ increment for that step and returns what may be published for it:
   end without firing is forgotten entirely (no state, no retirement): its next
   event, in a later window, starts that window's monitor.
 
-**Privacy of the open universe** (event-level, per key; other keys' outputs
-do not depend on the key's events). The windows hold disjoint events and each
-window's monitor depends only on its own window's events given what was
-published before, so by (adaptive) parallel composition one event pays for one
-window's monitor: ``epsilon_monitor``. The monitor's start is data-dependent
-but its end is not, and its noise is keyed by the window and the step's index
-in the window, so it decides exactly like a monitor started at the window's
-beginning unless that one fires on a count of 0 before the key's first event:
-:func:`~dpstream.core.counting.admission_bounds.lazy_start_delta` bounds the resulting
-delta, which the configuration keeps within ``privacy.delta``. After admission
-(a published, private output) the initial count and the counter are
-``epsilon_initial`` and ``epsilon_counter`` DP with respect to one event.
-Basic composition of the three gives the per-key charge the ledger holds.
-
-**Presence and structure.** Nothing is published about a key before its
-admission, and every field of a release but ``value`` is a function of public
-things (the configuration and the admission step): the ledger's spend at the
-first release is the sum of the configured charges. A charge refused before
-admission is never announced (it would name the key); the configuration is
-validated so that it cannot be refused.
+The privacy of the open universe (per key, event-level) and why every field but ``value``
+is public are argued once, in :mod:`dpstream.core.counting.statistics_spec`.
 
 **Noise coordinates** bind every draw to the flow instance, the key, the
 mechanism and a digest of the mechanism's parameters (pitfall 13): the lanes
