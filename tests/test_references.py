@@ -14,12 +14,14 @@ What counts as a reference (the rules, few and precise):
 * **a path** ``dpstream/…`` to a directory (it ends in ``/``) or to a file with an extension
   the package's own files have (``.py``, ``.json``, ``.html``…; a ``dpstream/x.yml`` in a
   container's configuration is not in the package).
-* **a qualified short role** in a dpstream module's docstring or comment: a role target that
-  does not start with ``dpstream.`` but starts with ``.`` or has a dot, ``:meth:`Class.method```
-  or ``:class:`~.module.Class```. It resolves against the module (its own and imported names),
-  or its package, or one above. A target whose first part is a module outside dpstream
-  (``datetime.datetime``, ``msgspec.Struct``: found with :func:`importlib.util.find_spec`,
-  never imported) is not checked, nor is a bare ``:meth:`name``` (it needs the class around it).
+* **a short role** in a dpstream module's docstring or comment: the target of a Python role
+  (``:mod:``, ``:class:``, ``:func:``, ``:data:``, ``:meth:``, ``:attr:``, ``:exc:``) that
+  does not start with ``dpstream.``: ``:meth:`update```, ``:meth:`Class.method```,
+  ``:class:`~.module.Class```. It resolves against the class the text is in (and the classes
+  around it), the module (its own and imported names), or its package, or one above. A target
+  whose first part is a builtin (``int``) or a module outside dpstream (``datetime.datetime``,
+  ``msgspec.Struct``: found with :func:`importlib.util.find_spec`, never imported) is not
+  checked.
 
 In a ``.py`` file only its comments and its bare string statements (module, class, function
 and attribute docstrings) are read; Markdown and the other text files are read whole.
@@ -35,6 +37,7 @@ the file or directory exists.
 from __future__ import annotations
 
 import ast
+import builtins
 import importlib.util
 import io
 import re
@@ -49,7 +52,8 @@ PACKAGE = ROOT / "dpstream"
 
 DOTTED = re.compile(r"(?<![\w./-])dpstream((?:\.[A-Za-z_]\w*)++)(?!/)")
 PATH = re.compile(r"(?<![\w./-])dpstream/((?:[\w.-]+/)*[\w-]+\.\w+|(?:[\w.-]+/)+)")
-SHORT = re.compile(r":[a-z]+:`~?(\.?[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+|\.[A-Za-z_]\w*)`")
+SHORT = re.compile(r":(?:mod|class|func|data|meth|attr|exc):`~?"
+                   r"(\.?[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)`")
 
 # History, not prose to keep current.
 EXCLUDED = ("NOTES.md", "bench/results/")
@@ -90,7 +94,7 @@ def prose_lines(path: Path) -> Iterator[tuple[int, str]]:
     if path.suffix != ".py":
         yield from enumerate(lines, start=1)
         return
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(parsed(path)):
         if (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
                 and isinstance(node.value.value, str)):
             end = node.end_lineno or node.lineno
@@ -103,7 +107,7 @@ def prose_lines(path: Path) -> Iterator[tuple[int, str]]:
 
 def references(path: Path) -> Iterator[tuple[Reference, str]]:
     """Each reference in ``path`` with its kind, ``dotted``, ``path`` or ``short``."""
-    relative = path.relative_to(ROOT).as_posix()
+    relative = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else str(path)
     in_package = path.suffix == ".py" and path.is_relative_to(PACKAGE)
     for number, text in prose_lines(path):
         for match in DOTTED.finditer(text):
@@ -119,7 +123,8 @@ def references(path: Path) -> Iterator[tuple[Reference, str]]:
                 target = match.group(1)
                 if target.startswith("dpstream."):
                     continue  # a dotted name, checked above
-                if not target.startswith(".") and outside(target.split(".")[0]):
+                first = target.split(".")[0]
+                if not target.startswith(".") and (hasattr(builtins, first) or outside(first)):
                     continue
                 yield Reference(relative, number, target), "short"
 
@@ -256,6 +261,39 @@ def resolves_in_class(node: ast.ClassDef, names: list[str], module: tuple[str, .
 
 
 @cache
+def class_spans(path: Path) -> tuple[tuple[int, int, tuple[str, ...]], ...]:
+    """Each class of ``path`` (nested ones too) as (first line, last line, qualified name)."""
+    spans = []
+
+    def visit(node: ast.AST, outer: tuple[str, ...]) -> None:
+        for child in ast.iter_child_nodes(node):
+            name = outer
+            if isinstance(child, ast.ClassDef):
+                name = outer + (child.name,)
+                spans.append((child.lineno, child.end_lineno or child.lineno, name))
+            visit(child, name)
+
+    visit(parsed(path), ())
+    return tuple(spans)
+
+
+def enclosing_class(path: Path, line: int) -> tuple[str, ...]:
+    """The qualified name of the innermost class of ``path`` whose text holds ``line``."""
+    around = [name for first, last, name in class_spans(path) if first <= line <= last]
+    return max(around, key=len, default=())
+
+
+def short_resolves(path: Path, line: int, target: str) -> bool:
+    """Whether a short role ``target`` at ``line`` of ``path`` resolves (see the docstring)."""
+    module = module_parts(path)
+    classes = enclosing_class(path, line)
+    names = tuple(target.lstrip(".").split("."))
+    candidates = [module + classes[:n] + names for n in range(len(classes), -1, -1)]
+    candidates += [module[:n] + names for n in range(len(module) - 1, -1, -1)]
+    return any(resolves(candidate) for candidate in candidates)
+
+
+@cache
 def resolves(parts: tuple[str, ...]) -> bool:
     """Whether ``dpstream.<parts>`` names a module, or something defined in one."""
     for split in range(len(parts), -1, -1):
@@ -278,9 +316,7 @@ def unresolved() -> list[Reference]:
                 target = ROOT / reference.text
                 ok = target.is_dir() if reference.text.endswith("/") else target.is_file()
             elif kind == "short":
-                here = module_parts(ROOT / reference.file)
-                names = tuple(reference.text.lstrip(".").split("."))
-                ok = any(resolves(here[:n] + names) for n in range(len(here), -1, -1))
+                ok = short_resolves(ROOT / reference.file, reference.line, reference.text)
             else:
                 ok = resolves(tuple(reference.text.split(".")[1:]))
             if not ok:
@@ -319,6 +355,13 @@ def test_the_rules_find_and_resolve_what_they_should() -> None:
     coordinates = PACKAGE / "core" / "noise" / "coordinates.py"
     assert (".NoiseKey.lane", "short") in {(r.text, k) for r, k in references(coordinates)}
     assert outside("msgspec") and not outside("NoiseKey")
+    # a bare method name resolves inside its class, not at the module's top level
+    barrier = PACKAGE / "stream" / "barrier.py"
+    inside = next(first for first, _, name in class_spans(barrier) if name == ("StepBarrier",))
+    assert short_resolves(barrier, inside + 1, "update")
+    assert not short_resolves(barrier, 1, "update")
+    assert short_resolves(barrier, 1, "StepBarrier.update")
+    assert not short_resolves(barrier, 1, "StepBarrier.no_such_method")
 
 
 def test_schema_tags_and_other_names_are_not_references(tmp_path: Path) -> None:
@@ -327,9 +370,6 @@ def test_schema_tags_and_other_names_are_not_references(tmp_path: Path) -> None:
                      "`dpstream.tick`; mydpstream.core.x, a.dpstream.core.y, dpstream.core.z/2\n"
                      "but dpstream.core.nowhere and dpstream/core/nowhere.py are.\n",
                      encoding="utf-8")
-    found = []
-    for number, text in prose_lines(prose):
-        found += [(number, m.group(0)) for m in DOTTED.finditer(text)
-                  if top_level_module(m.group(1)[1:].split(".")[0])]
-        found += [(number, m.group(0)) for m in PATH.finditer(text)]
-    assert found == [(2, "dpstream.core.nowhere"), (2, "dpstream/core/nowhere.py")]
+    found = [(r.line, r.text, kind) for r, kind in references(prose)]
+    assert found == [(2, "dpstream.core.nowhere", "dotted"),
+                     (2, "dpstream/core/nowhere.py", "path")]
