@@ -1,9 +1,8 @@
 """A read-only sequence given by its length and its items, for columns read item by item.
 
-Released columns (:class:`~dpstream.core.counting.key_table.StepOutputs`, the encoded records of
+Released columns (:class:`~dpstream.core.counting.outputs.StepOutputs`, the encoded records of
 :mod:`dpstream.kinds.counters.records`) hold their items as arrays and make an item object only
-when it
-is read; they share this one typed ``__getitem__``.
+when it is read; they share this one typed ``__getitem__``.
 """
 
 from __future__ import annotations

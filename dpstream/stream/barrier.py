@@ -4,8 +4,9 @@ A shard learns every input partition's frontier (the first step that partition h
 closed) from the :class:`~dpstream.stream.clock.ShardUpdate` values it receives, collects
 each step's buckets, and closes step ``s`` once all ``partitions`` input partitions have moved
 past it. At the end of a bounded input (EOF) every partition closes its steps through ``flow.end``'s
-step, or else through its trusted clock's, and says so (see :meth:`StepClock.end_of_input`); a
-partition that never had a record is then no longer waited for.
+step, or else through its trusted clock's, and says so (see
+:meth:`~dpstream.stream.clock.StepClock.end_of_input`); a partition that never had a record is
+then no longer waited for.
 
 **What a step holds is a function of the input alone.** A step's buckets are merged from
 every partition's updates and the step is closed only once every partition's frontier has
@@ -194,9 +195,10 @@ class StepBarrier:
         """The whole bounded input ended: stop waiting for partitions that had no record.
 
         Every partition that had records has sent its final frontier before this (see
-        :meth:`StepClock.end_of_input`), so the steps closed now are exactly those every
-        partition with data has closed; with ``flow.end`` (:attr:`end_step`) that is every
-        step before its step, which is also closed if no partition had a record.
+        :meth:`~dpstream.stream.clock.StepClock.end_of_input`), so the steps closed now are
+        exactly those every partition with data has closed; with ``flow.end``
+        (:attr:`end_step`) that is every step before its step, which is also closed if no
+        partition had a record.
         ``whole``: as in :meth:`update`.
         """
         self.ended_empty.update(p for p in range(self.partitions) if p not in self.frontiers)

@@ -144,9 +144,10 @@ class EncodedColumn(IndexedSequence[Encoded]):
     """The records of one column encoded in bulk, as ``(role, key, value)`` triples.
 
     Triple ``i`` is ``(role, keys.text(i), records.text(i))``. The records' bytes are built
-    when the step is encoded (:meth:`RecordEncoder.encode_step`), all at once, into one
-    buffer; reading the column only slices each key and record out of its buffer. ``len``
-    costs nothing.
+    when the step is encoded
+    (:meth:`~dpstream.kinds.counters.records.RecordEncoder.encode_step`), all at once, into
+    one buffer; reading the column only slices each key and record out of its buffer.
+    ``len`` costs nothing.
     """
 
     role: str

@@ -28,7 +28,7 @@ count's charge.
 
 **Noise coordinates** bind every draw to the flow instance, the key, the mechanism and a
 digest of the mechanism's parameters (pitfall 13): :func:`parameter_digest` is that digest
-(explicitly encoded, :func:`~dpstream.core.noise.samplers.encode_coordinates`), and
+(explicitly encoded, :func:`~dpstream.core.noise.coordinates.encode_coordinates`), and
 :attr:`StatisticsSpec.mechanisms_digest` is the one a resume must not change. The digests are
 part of every lane: changing how one is computed would change every noise value.
 

@@ -133,7 +133,8 @@ class ThresholdMonitor:
             the steps before it are not tested. Query noise is drawn at the step's index
             within the horizon, so a monitor started late makes exactly the decisions of one
             started at step 0 unless that one would have fired on a count of 0 before
-            ``first_step`` (see :func:`lazy_start_delta`).
+            ``first_step`` (see
+            :func:`~dpstream.core.counting.admission_bounds.lazy_start_delta`).
 
     Raises:
         InvalidParameterError: bad coordinates, or a malformed or mismatched state.

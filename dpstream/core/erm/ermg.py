@@ -189,7 +189,7 @@ class OutputPerturbation:
         beta: float,
         rng_for: RngFor,
     ) -> ErmSynopsis:
-        """Train on the database ``counts`` (a :class:`~.perturbation.Block`) at ``ε``-DP.
+        """Train on the database ``counts`` (a :class:`~dpstream.core.erm.spec.Block`) at ``ε``-DP.
 
         Raises:
             InvalidParameterError: the database is not a Block, or the trainer reported a

@@ -27,11 +27,11 @@ the ledger; the black box runs only if it fits, and the charge is committed
 before the synopsis is returned. A run past the budget raises
 :class:`~dpstream.errors.BudgetExhaustedError` and changes nothing.
 
-**State** (:meth:`BBScheduler.to_state`): the spec, the black box's name,
-the current epoch (or last run ``t``) and the ``t`` it ran at, the last
-observed ``t``, the released synopsis and the ledger. It holds no true
-counts and no key. It must still be bound to the same spec, black box and
-key when it is loaded (:meth:`BBScheduler.from_state` checks the first two).
+**State** (:meth:`~dpstream.core.pmwg.bb_scheduler.BBScheduler.to_state`): the spec, the
+black box's name, the current epoch (or last run ``t``) and the ``t`` it ran at, the last
+observed ``t``, the released synopsis and the ledger. It holds no true counts and no key. It
+must still be bound to the same spec, black box and key when it is loaded
+(:meth:`~dpstream.core.pmwg.bb_scheduler.BBScheduler.from_state` checks the first two).
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ costs at most ``S_t0 + S_t1 / 8`` (``S_t <= sigma c t^(p-1)`` with
 practical mode's round charge are derived in :mod:`dpstream.core.pmwg.worst_case` (Theorem
 11's sum (B.1), Lemma 18's ``tau``, privacy filters for the practical mode).
 
-**Randomness and state.** The spec draws no noise and holds no state; its :attr:`digest`
+**Randomness and state.** The spec draws no noise and holds no state; its :attr:`PmwgSpec.digest`
 is part of every noise coordinate of the mechanism.
 """
 

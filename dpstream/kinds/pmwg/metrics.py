@@ -68,7 +68,8 @@ class PmwgMetrics:
 
         Also counts, per mechanism, the answers that carry a value as releases and the
         bottom answers as refusals (the mechanism is exhausted for good after one), and
-        updates the flow-wide spend series of a mechanism declared by :meth:`set_budget`.
+        updates the flow-wide spend series of a mechanism declared by
+        :meth:`~dpstream.metrics.FlowMetrics.set_budget`.
         """
         self._answer_series()
         flow = self.metrics.flow
