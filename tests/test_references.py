@@ -58,7 +58,7 @@ SHORT = re.compile(r":(?:mod|class|func|data|meth|attr|exc):`~?"
                    r"(\.?[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)`")
 
 # History, not prose to keep current.
-EXCLUDED = ("NOTES.md", "bench/results/")
+EXCLUDED = ("NOTES.md", "bench/results/", "docs/upgrading.md")  # history: names old homes
 TEXT_SUFFIXES = frozenset({".md", ".toml", ".yml", ".yaml", ".sh", ".json", ".txt", ".cfg"})
 
 
