@@ -12,16 +12,8 @@ noise function ``xi_t = c t^p``, the NSG grid, the per-round sensitivity bound `
 charges, the hard-query cap and the digest that binds the noise to the parameters. The
 mechanism itself is :class:`~dpstream.core.pmwg.mechanism.Pmwg`.
 
-**Time and sensitivity.** The caller passes the true count histogram and a **public size**
-``t >= n``, non-decreasing between calls (in the flow: a privately released, monotone
-estimate of the database size, paid for elsewhere; it must never be the true size, whose
-changes would then be published by the uniform update and the noise scale). The query value is
-``f(D_t) = weighted_count(counts) / (2^16 t)`` exactly (weights are multiples of
-``2^-16``). Adding or removing one event changes ``weighted_count`` by at most ``2^16``,
-so ``f(D_t)`` has sensitivity ``Delta_t = 1/t``, and ``f(y)`` is public: that is all the
-proofs use (privacy does not need ``t`` to equal the true size; accuracy does, as ``f(D_t)``
-is then the fraction the theorems speak of). ``xi_t = c t^p`` is non-decreasing and
-``xi_t Delta_t = c t^(p-1)`` is non-increasing, the assumptions of Theorem 20.
+**Time and sensitivity** (the public size ``t``, the query value's sensitivity ``1/t``, the
+assumptions of Theorem 20) are stated once, in :mod:`dpstream.core.pmwg.mechanism`.
 
 **Noise functions.** ``delta = 0`` (``accounting="pure"``): Algorithm 1's
 ``xi_t = alpha^2 n^(1/2) eps t^(1/2) / (162 log(Nn))`` at ``p = 1/2``, otherwise (B.5)'s

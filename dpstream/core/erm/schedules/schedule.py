@@ -23,20 +23,9 @@ step at a time, asks its plan (:mod:`~dpstream.core.erm.schedules.multi_resoluti
 against the per-block ledger, trains them with the output perturbation of
 :mod:`dpstream.core.erm.output_noise` and commits the step.
 
-**Time and data.** The unit of time is one *block*: the events of one flow step (block index = step
-number, public). Blocks arrive through :meth:`ReleaseSchedule.add_block` with consecutive steps
-``0, 1, 2, ...``; ``t`` below is the number of blocks seen (``t = step + 1``). A block may hold any
-number of events, including none: an empty block still advances the schedule. The paper's ``b0`` is
-the public *nominal* block size (``ScheduleSpec.block_size``), ``B = base_blocks`` blocks and
-``w = window_blocks`` blocks (``w0`` = one block). A computation over ``j`` blocks is normalised by
-``n̄ = j·b0``, never by the private count, so one event added or removed changes one block and
-moves that computation's minimiser by at most ``Δ(n̄) = L/(λ n̄)`` (add/remove neighbours; the
-paper's Lemma A.1 uses replace-one, ``2L/(λ n̄)``; :mod:`dpstream.core.erm.spec`). The noise of a
-computation is a :class:`~dpstream.core.erm.output_noise.NoiseLevel` fixed by a *reference* (a
-normaliser and the cost at it); at another normaliser the same real noise costs exactly
-``cost_ref·Δ/Δ_ref`` (pure ε) or ``cost_ref·(Δ/Δ_ref)²`` (zCDP ρ). That is how the paper's
-"constant noise, decreasing cost" sums are reproduced exactly: its noise constants ``4L/(λBε)``,
-``12L/(λw0ε)``, ... appear here as the cost fractions they stand for.
+**Time and data** (blocks, the nominal block size ``b0``, why a computation over ``j`` blocks is
+normalised by ``j·b0`` and what its noise costs at another normaliser) are stated once, in
+:mod:`dpstream.core.erm.schedules.spec`.
 
 **The per-block ledger.** Every computation charges each block of its own data range its
 actual cost (amplified when sampled); :meth:`ReleaseSchedule.block_spend` and
