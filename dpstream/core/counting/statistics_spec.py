@@ -72,7 +72,6 @@ No noise is drawn and no state is held here.
 from __future__ import annotations
 
 import functools
-import hashlib
 from dataclasses import dataclass
 from typing import Literal
 
@@ -80,18 +79,12 @@ from dpstream.core.accounting.ledger import PrivacyCharge, exact
 from dpstream.core.counting.blt_counter import BltCounterSpec
 from dpstream.core.counting.threshold_monitor import ThresholdMonitorSpec
 from dpstream.core.counting.tree_counter import TreeCounterSpec
-from dpstream.core.noise.coordinates import encode_coordinates
+from dpstream.core.noise.coordinates import parameter_digest
 from dpstream.errors import InvalidParameterError
 
-__all__ = ["CounterSpec", "StatisticsSpec", "parameter_digest"]
+__all__ = ["CounterSpec", "StatisticsSpec"]
 
 CounterSpec = TreeCounterSpec | BltCounterSpec
-
-
-def parameter_digest(*fields: str | int) -> str:
-    """A short digest of a mechanism's parameters (explicitly encoded; see noise coordinates)."""
-    return hashlib.blake2b(encode_coordinates(fields), digest_size=8,
-                           person=b"dpstream-params").hexdigest()
 
 
 def _fraction(value: float | None) -> str:

@@ -16,12 +16,14 @@ coordinates) always does.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 from typing import Any, Final
 
 from dpstream.errors import InvalidParameterError
 
 __all__ = [
+    "parameter_digest",
     "COORDINATES_VERSION",
     "Coordinate",
     "JoinedNames",
@@ -205,3 +207,12 @@ def _units_matrix(data: bytes, starts: Any, lengths: Any, rows: Any, size: int) 
     return units.view(np.uint8).reshape(rows.size, width)
 
 
+def parameter_digest(*fields: str | int) -> str:
+    """A short digest of a mechanism's parameters, bound into its noise coordinates.
+
+    BLAKE2b (8 bytes, personalised ``dpstream-params``) of the fields' explicit encoding
+    (:func:`encode_coordinates`): every kind's mechanisms digest their parameters with it, so a
+    resume under other parameters draws other noise and is refused (pitfall 13).
+    """
+    return hashlib.blake2b(encode_coordinates(fields), digest_size=8,
+                           person=b"dpstream-params").hexdigest()

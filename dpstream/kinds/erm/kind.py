@@ -43,11 +43,11 @@ from bytewax.dataflow import Stream
 from dpstream import schemas
 from dpstream.config import FlowConfig, Section, build_spec, parse_common, positive
 from dpstream.core._checks import fraction_text
-from dpstream.core.counting.statistics_spec import parameter_digest
 from dpstream.core.erm.model import PrivateModel, predict
 from dpstream.core.erm.schedules.schedule import ReleaseSchedule
 from dpstream.core.erm.schedules.spec import ScheduleSpec
 from dpstream.core.erm.spec import Block, ErmSpec
+from dpstream.core.noise.coordinates import parameter_digest
 from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import BudgetExhaustedError, ConfigError
 from dpstream.kind import ClockFactory, FlowKind, FlowParts

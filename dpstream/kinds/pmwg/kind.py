@@ -44,8 +44,8 @@ from dpstream import schemas
 from dpstream.config import FlowConfig, Section, build_spec, parse_common, positive
 from dpstream.core.accounting.ledger import PrivacyCharge, PrivacyLedger, approx_dp
 from dpstream.core.counting.blt_counter import BltCounter, BltCounterSpec
-from dpstream.core.counting.statistics_spec import parameter_digest
 from dpstream.core.counting.tree_counter import TreeCounter, TreeCounterSpec
+from dpstream.core.noise.coordinates import parameter_digest
 from dpstream.core.noise.keys import NoiseKey
 from dpstream.core.pmwg.attributes import UniverseError
 from dpstream.core.pmwg.bb_scheduler import BBScheduler, BBSchedulerSpec
