@@ -199,7 +199,7 @@ def _mechanism_step_seconds(config: Any) -> tuple[float | None, str]:
     """Seconds per step of every histogram or model stream (one worker)."""
     noise = NoiseKey(secrets.token_bytes(32))
     if config.kind == "pmwg":
-        from dpstream.kinds.pmwg.kind import PmwgShard as Shard
+        from dpstream.kinds.pmwg.shard import PmwgShard as Shard
     else:
         from dpstream.kinds.erm.kind import ErmShard as Shard  # type: ignore[assignment]
     shards = []

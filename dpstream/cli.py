@@ -217,7 +217,7 @@ def _query(args: argparse.Namespace) -> int:
     from kafka import KafkaConsumer
 
     from dpstream.io.kafka import KafkaClients
-    from dpstream.kinds.pmwg.kind import PmwgConfig
+    from dpstream.kinds.pmwg.config import PmwgConfig
     from dpstream.platform import load_config
     from dpstream.query_client import (
         QUERY_SCHEMA,

@@ -37,7 +37,8 @@ from dpstream.estimator import ReleasedClassifier
 from dpstream.io.topics import produce, read_all
 from dpstream.kinds.counters.records import RecordEncoder
 from dpstream.kinds.erm.kind import ModelEncoder, ModelRecord
-from dpstream.kinds.pmwg.kind import AnswerEncoder, AnswerRecord
+from dpstream.kinds.pmwg.records import AnswerEncoder
+from dpstream.kinds.pmwg.shard import AnswerRecord
 from dpstream.messages import DeadLetter as RawDeadLetter
 from dpstream.platform import load_config
 

@@ -13,8 +13,8 @@ import pytest
 
 from dpstream.kinds.erm.kind import ModelRecord
 from dpstream.kinds.erm.metrics import register_metrics as erm_series
-from dpstream.kinds.pmwg.kind import AnswerRecord
 from dpstream.kinds.pmwg.metrics import register_metrics as pmwg_series
+from dpstream.kinds.pmwg.shard import AnswerRecord
 from dpstream.metrics import FlowMetrics
 
 DEPLOY = Path(__file__).parent.parent / "deploy"

@@ -16,7 +16,7 @@ from support.messages import raw
 
 from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import ConfigError
-from dpstream.kinds.pmwg.kind import PmwgShard
+from dpstream.kinds.pmwg.shard import PmwgShard
 from dpstream.metrics import FlowMetrics
 from dpstream.platform import build_flow, parse_config
 
@@ -249,7 +249,7 @@ def test_the_example_configuration_loads_and_reports_its_guarantees():
 
 
 def test_check_config_says_which_mechanism_suits_the_universe():
-    from dpstream.kinds.pmwg.kind import which_mechanism
+    from dpstream.kinds.pmwg.config import which_mechanism
 
     assert "'histogram'" in which_mechanism(2**10, 10**6, 1.0, 0.05)  # sqrt(N) << alpha eps t
     assert "'pmwg'" in which_mechanism(2**40, 10**6, 1.0, 0.05)

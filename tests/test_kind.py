@@ -15,7 +15,7 @@ import dpstream.kind
 from dpstream.errors import ConfigError
 from dpstream.kinds.counters.kind import CountersConfig
 from dpstream.kinds.erm.kind import ErmConfig
-from dpstream.kinds.pmwg.kind import PmwgConfig
+from dpstream.kinds.pmwg.config import PmwgConfig
 from dpstream.platform import KINDS, flow_kind, load_config, parse_config
 
 DEPLOY = Path(__file__).parent.parent / "deploy"

@@ -257,7 +257,7 @@ def test_existing_metrics_are_unchanged():
 # -- every flow kind: kind, budgets, releases, refusals, exhaustion ---------------------------
 
 from dpstream.kinds.erm.kind import ModelRecord  # noqa: E402
-from dpstream.kinds.pmwg.kind import AnswerRecord  # noqa: E402
+from dpstream.kinds.pmwg.shard import AnswerRecord  # noqa: E402
 
 
 def answer(kind, spent, histogram="h", mechanism="pmwg", kinds=None, reason=None, budget=1.0,

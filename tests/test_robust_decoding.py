@@ -321,7 +321,8 @@ _queries = st.one_of(
 @FUZZ
 @given(st.lists(_queries, min_size=1, max_size=4))
 def test_fuzz_pmwg_questions_are_answered_or_refused_never_raise(queries):
-    from dpstream.kinds.pmwg.kind import AnswerEncoder, _Histogram
+    from dpstream.kinds.pmwg.records import AnswerEncoder
+    from dpstream.kinds.pmwg.shard import _Histogram
 
     cfg = pmwg_config()
     histogram = _Histogram(cfg.histograms[0], KEY, ("i", "p", "h"), None)
@@ -333,7 +334,7 @@ def test_fuzz_pmwg_questions_are_answered_or_refused_never_raise(queries):
 
 
 def test_a_question_nested_past_the_recursion_limit_is_an_error_answer():
-    from dpstream.kinds.pmwg.kind import _Histogram
+    from dpstream.kinds.pmwg.shard import _Histogram
 
     cfg = pmwg_config()
     histogram = _Histogram(cfg.histograms[0], KEY, ("i", "p", "h"), None)
@@ -347,7 +348,7 @@ def test_a_question_nested_past_the_recursion_limit_is_an_error_answer():
 def test_a_question_the_compiler_cannot_read_is_an_error_answer_naming_only_the_type(
         monkeypatch):
     from dpstream.core.pmwg.query_compiler import QueryCompiler
-    from dpstream.kinds.pmwg.kind import _Histogram
+    from dpstream.kinds.pmwg.shard import _Histogram
 
     def broken(self, query):
         raise RecursionError(f"deep in {query!r}")

@@ -25,7 +25,8 @@ from dpstream.core.counting.outputs import ReleaseColumns, StepOutputs
 from dpstream.core.erm.model import PrivateModel
 from dpstream.kinds.counters.records import RecordEncoder
 from dpstream.kinds.erm.kind import Holdout, ModelEncoder, ModelRecord
-from dpstream.kinds.pmwg.kind import AnswerEncoder, AnswerRecord
+from dpstream.kinds.pmwg.records import AnswerEncoder
+from dpstream.kinds.pmwg.shard import AnswerRecord
 from dpstream.messages import DeadLetter as RawDeadLetter
 from dpstream.platform import load_config
 from dpstream.stream.encoded import MAX_ORIGINAL_BYTES, encode_dead_letter

@@ -40,8 +40,8 @@ from dpstream.core.counting import outputs as core
 from dpstream.io.broker import free_port
 from dpstream.io.topics import produce, read_all
 from dpstream.kinds.counters.records import RecordEncoder
-from dpstream.kinds.pmwg.kind import AnswerRecord
 from dpstream.kinds.pmwg.metrics import register_metrics as pmwg_series
+from dpstream.kinds.pmwg.shard import AnswerRecord
 from dpstream.metrics import FlowMetrics
 
 pytestmark = [pytest.mark.integration]

@@ -26,7 +26,8 @@ from bytewax.testing import TestingSink, TestingSource, run_main
 from harness import epsilon_lower_bound
 
 from dpstream.core.noise.keys import NoiseKey
-from dpstream.kinds.pmwg.kind import PmwgClock, PmwgShard
+from dpstream.kinds.pmwg.events import PmwgClock
+from dpstream.kinds.pmwg.shard import PmwgShard
 from dpstream.messages import TIMESTAMP_LOG_APPEND_TIME
 from dpstream.platform import build_flow, parse_config
 

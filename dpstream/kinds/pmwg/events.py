@@ -1,0 +1,158 @@
+"""The PMWG flow's records in: events and questions decoded for the shared step clock.
+
+:class:`PmwgClock` is the kind's :class:`~dpstream.stream.clock.StepClock`: an event on the
+events topic becomes its cell in every histogram (a dead letter if it fits a universe of none),
+a question on the queries topic becomes a pending question placed at its record timestamp,
+and both are routed to the shard of their histogram. Placing records in steps, trusting
+timestamps and detecting late records is the shared clock's job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+import numpy as np
+import orjson
+
+from dpstream.kinds.pmwg.config import PmwgConfig
+from dpstream.messages import DeadLetter, RawBatch, RawMessage
+from dpstream.stream.clock import StepClock, bad_time, event_seconds
+from dpstream.stream.sharding import shard_of
+
+__all__ = ["MAX_QUERY_ID", "PmwgClock"]
+
+MAX_QUERY_ID: Final = 256
+
+
+class PmwgClock(StepClock):
+    """Decodes events into one cell per histogram, and queries into pending questions."""
+
+    def __init__(self, config: PmwgConfig, bases: Mapping[str, int],
+                 state: dict[str, Any] | None = None) -> None:
+        super().__init__(config, state)
+        self.config = config
+        self.queries_topic = config.kafka.topic("queries_topic")
+        self.bases = bases
+        self.first_query_partition = bases.get(self.queries_topic, 1 << 30)
+        self.shard_of = [shard_of(h.name, config.shards) for h in config.histograms]
+        self.names = {h.name: i for i, h in enumerate(config.histograms)}
+        self._cells: np.ndarray = np.empty((len(config.histograms), 0), dtype=np.int64)
+
+    def dead_letter(self, reason: str, message: RawMessage) -> DeadLetter:
+        """Dead letters name the Kafka partition of their topic."""
+        partition, raw, offset, topic, _, _ = message
+        return DeadLetter(reason, raw or b"", topic, partition - self.bases.get(topic or "", 0),
+                          offset)
+
+    def decode(self, partition: int, messages: RawBatch, dead: list[DeadLetter]
+               ) -> tuple[list[Any] | np.ndarray, np.ndarray | list[float], range | list[int]]:
+        """Events: their cells in every histogram; queries: id, histogram and body."""
+        if partition >= self.first_query_partition:
+            return self._decode_queries(messages, dead)
+        return self._decode_events(messages, dead)
+
+    def _decode_events(self, messages: RawBatch, dead: list[DeadLetter]
+                       ) -> tuple[list[Any], np.ndarray | list[float], list[int]]:
+        time_field = self.config.time_field
+        records: list[dict[str, Any]] = []
+        times: list[float] = []
+        refs: list[int] = []
+        for i, message in enumerate(messages):
+            try:
+                record = orjson.loads(message[1]) if message[1] is not None else None
+            except orjson.JSONDecodeError:
+                dead.append(self.dead_letter("invalid JSON", message))
+                continue
+            if not isinstance(record, dict):
+                dead.append(self.dead_letter("not a JSON object", message))
+                continue
+            ts = event_seconds(record.get(time_field))
+            if ts is None:
+                dead.append(self.dead_letter(bad_time(time_field), message))
+                continue
+            records.append(record)
+            times.append(ts)
+            refs.append(i)
+        fits = np.ones(len(records), dtype=bool)
+        columns = []
+        reasons: dict[int, str] = {}
+        for h in self.config.histograms:
+            cells, failures = h.universe.cells(records)
+            full = np.full(len(records), -1, dtype=np.int64)
+            bad = np.zeros(len(records), dtype=bool)
+            for j, reason in failures:
+                bad[j] = True
+                reasons.setdefault(j, f"histogram {h.name!r}: {reason}")
+            full[~bad] = cells
+            fits &= ~bad
+            columns.append(full)
+        for j in np.flatnonzero(~fits).tolist():
+            dead.append(self.dead_letter(
+                f"the event does not fit the universe of {reasons[j]}", messages[refs[j]]))
+        keep = np.flatnonzero(fits)
+        self._cells = (np.stack(columns)[:, keep] if columns
+                       else np.empty((0, len(keep)), dtype=np.int64))
+        return (list(range(len(keep))), [times[j] for j in keep.tolist()],
+                [refs[j] for j in keep.tolist()])
+
+    def _decode_queries(self, messages: RawBatch, dead: list[DeadLetter]
+                        ) -> tuple[list[Any], np.ndarray | list[float], list[int]]:
+        payloads: list[Any] = []
+        times: list[float] = []
+        refs: list[int] = []
+        for i, message in enumerate(messages):
+            partition, raw, offset, _, broker_ms, _ = message
+            try:
+                body: Any = orjson.loads(raw) if raw is not None else None
+            except orjson.JSONDecodeError:
+                dead.append(self.dead_letter("invalid JSON", message))
+                continue
+            reason = _query_envelope_problem(body, self.names)
+            if reason is not None:
+                dead.append(self.dead_letter(reason, message))
+                continue
+            payloads.append(("q", partition, offset, body["histogram"], body["id"],
+                             body["query"]))
+            times.append(broker_ms / 1000.0)  # asked at its record timestamp (broker or producer)
+            refs.append(i)
+        return payloads, times, refs
+
+    def route(self, payloads: list[Any] | np.ndarray, steps: int | list[int]
+              ) -> list[dict[int, Any]]:
+        """Per shard and step: cell counts per histogram, and the questions asked."""
+        per_shard: list[dict[int, Any]] = [{} for _ in range(self.config.shards)]
+        if not payloads:
+            return per_shard
+        step_array = (np.full(len(payloads), steps, dtype=np.int64) if isinstance(steps, int)
+                      else np.asarray(steps, dtype=np.int64))
+        if isinstance(payloads[0], tuple):  # questions
+            for payload, step in zip(payloads, step_array.tolist(), strict=True):
+                shard = self.shard_of[self.names[payload[3]]]
+                bucket = per_shard[shard].setdefault(step, {"cells": {}, "queries": []})
+                bucket["queries"].append(payload[1:])
+            return per_shard
+        rows = np.asarray(payloads, dtype=np.int64)
+        for h, (name, shard) in enumerate(zip(self.names, self.shard_of, strict=True)):
+            cells = self._cells[h, rows]
+            for step in np.unique(step_array).tolist():
+                values, counts = np.unique(cells[step_array == step], return_counts=True)
+                bucket = per_shard[shard].setdefault(step, {"cells": {}, "queries": []})
+                bucket["cells"][name] = dict(zip(values.tolist(), counts.tolist(),
+                                                 strict=True))
+        return per_shard
+
+
+def _query_envelope_problem(body: Any, names: dict[str, int]) -> str | None:
+    """Why a record cannot be a question at all (a dead letter), or None."""
+    if not isinstance(body, dict):
+        return "not a JSON object"
+    qid = body.get("id")
+    if not isinstance(qid, str) or not qid or len(qid) > MAX_QUERY_ID:
+        return f"field 'id' missing or not a non-empty string of at most {MAX_QUERY_ID} characters"
+    histogram = body.get("histogram")
+    if not isinstance(histogram, str) or histogram not in names:  # a list is unhashable
+        return f"field 'histogram' must name a configured histogram ({', '.join(names)})"
+    if not isinstance(body.get("query"), dict):
+        return "field 'query' missing or not a JSON object (dpstream.query/1)"
+    return None
