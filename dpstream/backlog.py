@@ -201,7 +201,7 @@ def _mechanism_step_seconds(config: Any) -> tuple[float | None, str]:
     if config.kind == "pmwg":
         from dpstream.kinds.pmwg.shard import PmwgShard as Shard
     else:
-        from dpstream.kinds.erm.kind import ErmShard as Shard  # type: ignore[assignment]
+        from dpstream.kinds.erm.shard import ErmShard as Shard  # type: ignore[assignment]
     shards = []
     for index in range(config.shards):
         shard = Shard(config, noise, _INSTANCE, 1)

@@ -36,7 +36,8 @@ from dpstream.errors import DpstreamError
 from dpstream.estimator import ReleasedClassifier
 from dpstream.io.topics import produce, read_all
 from dpstream.kinds.counters.records import RecordEncoder
-from dpstream.kinds.erm.kind import ModelEncoder, ModelRecord
+from dpstream.kinds.erm.records import ModelEncoder
+from dpstream.kinds.erm.shard import ModelRecord
 from dpstream.kinds.pmwg.records import AnswerEncoder
 from dpstream.kinds.pmwg.shard import AnswerRecord
 from dpstream.messages import DeadLetter as RawDeadLetter

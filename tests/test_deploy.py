@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from dpstream.kinds.erm.kind import ModelRecord
 from dpstream.kinds.erm.metrics import register_metrics as erm_series
+from dpstream.kinds.erm.shard import ModelRecord
 from dpstream.kinds.pmwg.metrics import register_metrics as pmwg_series
 from dpstream.kinds.pmwg.shard import AnswerRecord
 from dpstream.metrics import FlowMetrics

@@ -18,7 +18,7 @@ from support.messages import raw
 from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import ConfigError
 from dpstream.estimator import ReleasedClassifier, SchemaError
-from dpstream.kinds.erm.kind import ErmShard
+from dpstream.kinds.erm.shard import ErmShard
 from dpstream.metrics import FlowMetrics
 from dpstream.platform import build_flow, parse_config
 

@@ -23,7 +23,8 @@ from dpstream.core.counting import outputs as core
 from dpstream.core.noise.keys import NoiseKey
 from dpstream.kinds.counters.metrics import register_metrics as counters_series
 from dpstream.kinds.counters.records import RecordEncoder
-from dpstream.kinds.erm.kind import ModelEncoder, ModelRecord
+from dpstream.kinds.erm.records import ModelEncoder
+from dpstream.kinds.erm.shard import ModelRecord
 from dpstream.kinds.pmwg.records import AnswerEncoder
 from dpstream.kinds.pmwg.shard import AnswerRecord
 from dpstream.platform import build_flow, load_config, parse_config

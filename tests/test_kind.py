@@ -14,7 +14,7 @@ import dpstream
 import dpstream.kind
 from dpstream.errors import ConfigError
 from dpstream.kinds.counters.kind import CountersConfig
-from dpstream.kinds.erm.kind import ErmConfig
+from dpstream.kinds.erm.config import ErmConfig
 from dpstream.kinds.pmwg.config import PmwgConfig
 from dpstream.platform import KINDS, flow_kind, load_config, parse_config
 

@@ -256,7 +256,7 @@ def test_existing_metrics_are_unchanged():
 
 # -- every flow kind: kind, budgets, releases, refusals, exhaustion ---------------------------
 
-from dpstream.kinds.erm.kind import ModelRecord  # noqa: E402
+from dpstream.kinds.erm.shard import ModelRecord  # noqa: E402
 from dpstream.kinds.pmwg.shard import AnswerRecord  # noqa: E402
 
 

@@ -24,7 +24,9 @@ from dpstream.core.counting import outputs as core
 from dpstream.core.counting.outputs import ReleaseColumns, StepOutputs
 from dpstream.core.erm.model import PrivateModel
 from dpstream.kinds.counters.records import RecordEncoder
-from dpstream.kinds.erm.kind import Holdout, ModelEncoder, ModelRecord
+from dpstream.kinds.erm.config import Holdout
+from dpstream.kinds.erm.records import ModelEncoder
+from dpstream.kinds.erm.shard import ModelRecord
 from dpstream.kinds.pmwg.records import AnswerEncoder
 from dpstream.kinds.pmwg.shard import AnswerRecord
 from dpstream.messages import DeadLetter as RawDeadLetter

@@ -54,8 +54,10 @@ from prometheus_client import CollectorRegistry
 from dpstream.core.erm import output_noise as core_erm
 from dpstream.core.erm.schedules.schedule import ReleaseSchedule
 from dpstream.core.noise.keys import NoiseKey
-from dpstream.kinds.erm.kind import ErmClock, ErmShard, ModelEncoder
+from dpstream.kinds.erm.events import ErmClock
 from dpstream.kinds.erm.metrics import register_metrics as erm_series
+from dpstream.kinds.erm.records import ModelEncoder
+from dpstream.kinds.erm.shard import ErmShard
 from dpstream.messages import TIMESTAMP_LOG_APPEND_TIME
 from dpstream.metrics import FlowMetrics
 from dpstream.platform import build_flow, parse_config

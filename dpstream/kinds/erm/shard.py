@@ -1,0 +1,143 @@
+"""One shard of the ERM kind's model streams: each closed step is one block of each stream.
+
+Model streams are spread over shards by name. When a step closes, each stream's block (its
+events sorted by input partition and offset, so a replay trains on the very same rows in the
+very same order) goes to its release schedule, and every model the schedule releases comes out
+as a :class:`ModelRecord` (encoded by :mod:`dpstream.kinds.erm.records`). A stream whose
+budget is spent says so once and releases no further model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dpstream.core.erm.model import PrivateModel, predict
+from dpstream.core.erm.schedules.schedule import ReleaseSchedule
+from dpstream.core.erm.spec import Block
+from dpstream.core.noise.keys import NoiseKey
+from dpstream.errors import BudgetExhaustedError
+from dpstream.kinds.erm.config import ErmConfig
+from dpstream.stream.barrier import MechanismShard
+
+__all__ = ["ErmShard", "ModelRecord"]
+
+
+@dataclass(frozen=True)
+class ModelRecord:
+    """One published model (before encoding)."""
+
+    stream: str
+    algorithm: str
+    step: int
+    role: str
+    level: int | None
+    first_step: int
+    last_step: int
+    depends_on: tuple[tuple[int, int], ...]
+    model: PrivateModel | None
+    cost: float
+    spent: float
+    budget: float
+    accuracy: float | None
+    reason: str | None = None
+
+
+def _make_schedule(config: ErmConfig, noise: NoiseKey, coords: tuple[Any, ...],
+                   state: dict[str, Any] | None, train: Any = None) -> Any:
+    if config.algorithm == "ermg":
+        from dpstream.core.erm.ermg import Ermg  # noqa: PLC0415
+
+        if state is None:
+            return Ermg(config.schedule, config.model, noise, coords)
+        return Ermg.from_state(state, config.schedule, config.model, noise, coords)
+    if state is None:
+        return ReleaseSchedule(config.schedule, config.model, noise, coords, train=train)
+    return ReleaseSchedule.from_state(state, config.schedule, config.model, noise, coords,
+                                      train=train)
+
+
+class _Stream:
+    """One model stream: its schedule, fed one block per step."""
+
+    def __init__(self, config: ErmConfig, name: str, noise: NoiseKey, coords: tuple[Any, ...],
+                 state: dict[str, Any] | None, train: Any = None) -> None:
+        self.config, self.name = config, name
+        self.exhausted: bool = bool(state and state.get("exhausted"))
+        self.schedule = _make_schedule(config, noise, coords,
+                                       None if state is None else state["schedule"], train)
+
+    def to_state(self) -> dict[str, Any]:
+        return {"schedule": self.schedule.to_state(), "exhausted": self.exhausted}
+
+    def step(self, step: int, block: Block) -> list[ModelRecord]:
+        config = self.config
+        if self.exhausted:
+            return []
+        try:
+            releases = self.schedule.add_block(step, block)
+        except BudgetExhaustedError:
+            self.exhausted = True
+            return [ModelRecord(self.name, config.algorithm, step, "exhausted", None, step, step,
+                                (), None, 0.0, float(self.schedule.max_block_spend()),
+                                config.budget, None,
+                                "the privacy budget of this model stream is spent: no "
+                                "further models")]
+        spent = float(self.schedule.max_block_spend())
+        out = []
+        for r in releases:
+            accuracy = None
+            if config.holdout is not None:
+                guess = predict(config.model, r.model.params, config.holdout.z)
+                accuracy = float(np.mean(guess == config.holdout.y))
+            out.append(ModelRecord(self.name, config.algorithm, step, r.role, r.level,
+                                   r.first_step, r.last_step, tuple(r.depends_on), r.model,
+                                   float(r.cost), spent, config.budget, accuracy))
+        return out
+
+
+class ErmShard(MechanismShard):
+    """The model streams of one shard: each closed step is one block of each stream."""
+
+    members_key = "streams"
+    mechanism = "erm"
+
+    def __init__(self, config: ErmConfig, noise: NoiseKey, instance: str, partitions: int,
+                 state: dict[str, Any] | None = None, train: Any = None) -> None:
+        self.train = train  # None: private training (another trainer only for bench/)
+        super().__init__(config, noise, instance, partitions, state)
+
+    def names(self) -> list[str]:
+        """The configured model streams."""
+        return list(self.config.streams)
+
+    def build(self, name: str, coordinates: tuple[Any, ...],
+              state: dict[str, Any] | None) -> _Stream:
+        """A model stream and its schedule (new, or from its snapshot)."""
+        return _Stream(self.config, name, self.noise, coordinates, state, self.train)
+
+    def merge(self, step: int, bucket: dict[str, Any]) -> None:
+        """Add one partition's rows for ``step``."""
+        pending = self.pending.setdefault(step, {})
+        for name, parts in bucket.items():
+            pending.setdefault(name, []).extend(parts)
+
+    def close(self, step: int, bucket: dict[str, Any] | None) -> list[ModelRecord]:
+        """Give every stream of this shard its block (rows in partition, offset order)."""
+        bucket = bucket or {}
+        columns = self.config.model.columns
+        out = []
+        for name in sorted(self.members):
+            parts = bucket.get(name)
+            if parts:
+                z = np.concatenate([p[0] for p in parts])
+                y = np.concatenate([p[1] for p in parts])
+                where = np.concatenate([p[2] for p in parts])
+                order = np.lexsort((where[:, 1], where[:, 0]))
+                block = Block(z[order], y[order])
+            else:
+                block = Block(np.empty((0, columns)), np.empty(0, dtype=np.int64))
+            out.extend(self.members[name].step(step, block))
+        return out
