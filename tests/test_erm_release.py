@@ -12,11 +12,11 @@ from __future__ import annotations
 import copy
 import pickle
 from collections import Counter, defaultdict
-from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
 import pytest
+from support.fakes import FakeTrain
 from support.recording import RecordingKey
 
 from dpstream.core.erm.model import PrivateModel
@@ -45,32 +45,6 @@ def a_block(rows: int, seed: int, spec: ErmSpec | None = None) -> Block:
     x = rng.normal(size=(rows, spec.dimension))
     y = (x[:, 0] > 0).astype(np.int64) if rows else np.empty(0, dtype=np.int64)
     return Block(spec.features(x) if rows else np.empty((0, spec.columns)), y)
-
-
-@dataclass
-class Call:
-    size: int
-    normalizer: float
-    center: np.ndarray | None
-    cost: Fraction
-
-
-class FakeTrain:
-    """Records each call; returns a model at exactly the level's cost (no solver)."""
-
-    def __init__(self) -> None:
-        self.calls: list[Call] = []
-
-    def __call__(self, spec, block, *, normalizer, center, level, rng):
-        sensitivity = spec.sensitivity(normalizer)
-        cost = level.cost_at(spec, sensitivity)
-        draw = rng.randbelow(1 << 32) / float(1 << 32)
-        base = np.zeros((spec.rows, spec.columns)) if center is None else np.array(center)
-        params = np.round((base + draw + 0.001 * block.size) * (1 << 20)) / (1 << 20)  # on the grid
-        self.calls.append(Call(block.size, normalizer, None if center is None
-                               else np.array(center), cost))
-        return PrivateModel(params=params, grid=Fraction(1, 1 << 20), noise_std=1.0, cost=cost,
-                            sensitivity=sensitivity, normalizer=normalizer, size=block.size)
 
 
 def schedule(algorithm: str, *, eps: float = 1.0, b0: int = 10, base: int = 1, window: int = 7,

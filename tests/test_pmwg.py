@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.fakes import DenseQuery
 from support.recording import RecordingKey
 
 from dpstream.core.accounting.ledger import exact, zcdp_to_approx_dp
@@ -19,7 +20,6 @@ from dpstream.core.pmwg.hard_query_sums import hard_query_increment
 from dpstream.core.pmwg.mechanism import (
     HARD_BUDGET_EXCEEDED,
     PRIVACY_BUDGET_EXHAUSTED,
-    WEIGHT_UNIT,
     LinearQueryLike,
     Pmwg,
 )
@@ -28,30 +28,6 @@ from dpstream.core.pmwg.spec import PmwgSpec
 from dpstream.errors import InvalidParameterError
 
 COORDS = ("flow-instance", "pmwg", "key-1")
-
-
-class DenseQuery:
-    """A tiny dense implementation of the LinearQueryLike protocol (tests only)."""
-
-    def __init__(self, weights, key: str = "q") -> None:
-        self.units = np.round(np.asarray(weights, dtype=np.float64) * WEIGHT_UNIT).astype(np.int64)
-        assert self.units.min() >= 0 and self.units.max() <= WEIGHT_UNIT
-        self.support = np.flatnonzero(self.units)
-        self.support_units = self.units[self.support]
-        self.support_size = int(self.support.size)
-        self.key = key
-
-    def weighted_count(self, counts: np.ndarray) -> int:
-        return int(np.dot(self.units, counts))
-
-    def weighted_sum(self, values: np.ndarray) -> float:
-        return float(np.dot(self.units, values)) / WEIGHT_UNIT
-
-    def multiply(self, values: np.ndarray, log_factor: float) -> float:
-        old = values[self.support]
-        new = old * np.exp(log_factor * (self.support_units / WEIGHT_UNIT))
-        values[self.support] = new
-        return float(np.sum(new) - np.sum(old))
 
 
 def _protocol_check(q: LinearQueryLike) -> LinearQueryLike:  # mypy-style structural check

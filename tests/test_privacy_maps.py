@@ -14,6 +14,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+from support.fakes import DenseQuery, FakeTrain
 
 from dpstream.core.accounting.ledger import PrivacyCharge, PrivacyLedger, exact
 from dpstream.core.counting.blt_counter import _RHO_RESERVE, BltCounterSpec
@@ -23,7 +24,6 @@ from dpstream.core.counting.statistics_spec import StatisticsSpec
 from dpstream.core.counting.threshold_monitor import ThresholdMonitorSpec
 from dpstream.core.counting.tree_counter import TreeCounterSpec
 from dpstream.core.erm.ermg import Ermg, ErmgSpec
-from dpstream.core.erm.model import PrivateModel
 from dpstream.core.erm.output_noise import NoiseLevel
 from dpstream.core.erm.sampling import amplified_epsilon
 from dpstream.core.erm.schedules.schedule import ReleaseSchedule
@@ -35,7 +35,6 @@ from dpstream.core.pmwg.bb_improver import BBImproverSpec
 from dpstream.core.pmwg.bb_scheduler import BBScheduler, BBSchedulerSpec
 from dpstream.core.pmwg.blackboxes import NoisyHistogram
 from dpstream.core.pmwg.mechanism import Pmwg
-from dpstream.core.pmwg.queries import WEIGHT_UNIT
 from dpstream.core.pmwg.spec import PmwgSpec
 from dpstream.core.pmwg.worst_case import SIGMA, SUM_SLACK
 
@@ -121,30 +120,6 @@ def test_statistics_spec_map_is_the_sum_of_the_key_charges() -> None:
 # --- PMWG -----------------------------------------------------------------------------------
 
 
-class _Query:
-    """A dense linear query (the LinearQueryLike protocol)."""
-
-    def __init__(self, weights: list[float]) -> None:
-        units = np.round(np.asarray(weights) * WEIGHT_UNIT).astype(np.int64)
-        self.support = np.flatnonzero(units)
-        self.support_units = units[self.support]
-        self.support_size = int(self.support.size)
-        self.units = units
-        self.key = "q"
-
-    def weighted_count(self, counts: np.ndarray) -> int:
-        return int(np.dot(self.units, counts))
-
-    def weighted_sum(self, values: np.ndarray) -> float:
-        return float(np.dot(self.units, values)) / WEIGHT_UNIT
-
-    def multiply(self, values: np.ndarray, log_factor: float) -> float:
-        old = values[self.support]
-        new = old * np.exp(log_factor * (self.support_units / WEIGHT_UNIT))
-        values[self.support] = new
-        return float(np.sum(new) - np.sum(old))
-
-
 def _practical(accounting: str) -> PmwgSpec:
     return PmwgSpec(epsilon=2.0, delta=0.0 if accounting == "pure" else 1e-6, alpha=0.1,
                     beta=0.05, n=1000, universe_size=64, accounting=accounting,
@@ -158,7 +133,7 @@ def test_sparse_vector_round_map_is_what_pmwg_charges_at_the_round_start(account
     pm = Pmwg(spec, KEY, COORDS)
     counts = np.zeros(64, dtype=np.int64)
     counts[0] = 1000
-    pm.answer(_Query([1.0] + [0.0] * 63), counts, 1000)  # the first query opens a round
+    pm.answer(DenseQuery([1.0] + [0.0] * 63), counts, 1000)  # the first query opens a round
     s = spec.sensitivity_bound(1000)
     expected = s * Fraction(9, 8) if accounting == "pure" else (s * s + (s / 8) ** 2) / 2
     charged = spent(pm.ledger)
@@ -249,21 +224,6 @@ def test_output_noise_map_scales_with_the_sensitivity(accounting: str) -> None:
                 2 * level.integer_variance(spec, delta))
 
 
-class _FakeTrain:
-    """Returns a model at exactly the level's cost, without solving (the maps need no data)."""
-
-    def __init__(self) -> None:
-        self.costs: list[Fraction] = []
-
-    def __call__(self, spec, block, *, normalizer, center, level, rng):
-        sensitivity = spec.sensitivity(normalizer)
-        cost = level.cost_at(spec, sensitivity)
-        self.costs.append(cost)
-        params = np.full((spec.rows, spec.columns), rng.randbelow(1 << 20) / float(1 << 20))
-        return PrivateModel(params=params, grid=Fraction(1, 1 << 20), noise_std=1.0, cost=cost,
-                            sensitivity=sensitivity, normalizer=normalizer, size=block.size)
-
-
 def _block(rows: int, seed: int, spec: ErmSpec) -> Block:
     x = np.random.default_rng(seed).normal(size=(rows, spec.dimension))
     return Block(spec.features(x), (x[:, 0] > 0).astype(np.int64))
@@ -273,7 +233,7 @@ def test_ermg_map_is_the_sum_of_its_runs_squared_epsilons_over_two() -> None:
     erm = ErmSpec(classes=("no", "yes"), dimension=2, clip_norm=2.0, regularization=0.2,
                   accounting="pure")
     spec = ErmgSpec(epsilon=1.0, delta=1e-6, block_size=10, beta=0.05, first_blocks=3, c=0.1)
-    train = _FakeTrain()
+    train = FakeTrain()
     ermg = Ermg(spec, erm, KEY, COORDS, train=train)
     improver = ermg.improver_spec
     expected = Fraction(0)
@@ -282,7 +242,7 @@ def test_ermg_map_is_the_sum_of_its_runs_squared_epsilons_over_two() -> None:
         t = (step + 1) * 10
         if t >= 30:
             eps_t = exact(improver.run_epsilon(t))
-            assert train.costs[-1] == eps_t  # the box's noise costs exactly epsilon_t
+            assert train.calls[-1].cost == eps_t  # the box's noise costs exactly epsilon_t
             expected += eps_t * eps_t / 2
     assert ermg.block_rho(0) == expected == spent(ermg.ledger)
     assert ermg.block_rho(5) == sum(
@@ -294,7 +254,7 @@ def test_schedule_map_is_the_block_sum_of_its_computations(accounting: str) -> N
     erm = _erm(accounting)
     spec = ScheduleSpec(algorithm="multi-resolution", epsilon=1.0, block_size=10,
                         base_blocks=1, accounting=accounting)
-    s = ReleaseSchedule(spec, erm, KEY, COORDS, train=_FakeTrain())
+    s = ReleaseSchedule(spec, erm, KEY, COORDS, train=FakeTrain())
     for step in range(4):
         s.add_block(step, _block(3, step, erm))
     # block 0 is in the level-0, 1 and 2 computations: references (B b0, eps/2) resp. 3 rho/4
@@ -304,7 +264,7 @@ def test_schedule_map_is_the_block_sum_of_its_computations(accounting: str) -> N
     assert s.max_block_spend() <= spec.budget()
     independent = ScheduleSpec(algorithm="independent", epsilon=0.7, block_size=10,
                                accounting=accounting)
-    ind = ReleaseSchedule(independent, erm, KEY, COORDS, train=_FakeTrain())
+    ind = ReleaseSchedule(independent, erm, KEY, COORDS, train=FakeTrain())
     ind.add_block(0, _block(3, 0, erm))
     assert ind.block_spend(0) == exact(0.7) == independent.budget()
 
@@ -313,7 +273,7 @@ def test_sampled_schedule_charges_the_amplified_cost() -> None:
     erm = _erm("pure")
     spec = ScheduleSpec(algorithm="multi-resolution", epsilon=1.0, block_size=10,
                         base_blocks=1, sampling=True)
-    s = ReleaseSchedule(spec, erm, KEY, COORDS, train=_FakeTrain())
+    s = ReleaseSchedule(spec, erm, KEY, COORDS, train=FakeTrain())
     releases = [r for step in range(2) for r in s.add_block(step, _block(3, step, erm))]
     level1 = next(r for r in releases if r.level == 1)
     # level 1 is sampled at its rate q: its charge is ln(1 + q (e^(eps/2) - 1)) <= eps/4
