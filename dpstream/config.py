@@ -26,6 +26,8 @@ from dpstream.errors import ConfigError, InvalidParameterError
 
 __all__ = [
     "CONFIG_ENV",
+    "EVENT_LEVEL",
+    "ContributionConfig",
     "FlowConfig",
     "KafkaConfig",
     "Section",
@@ -40,7 +42,65 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
 _UNITS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 CLOCKS: Final = ("broker", "producer")
-COMMON_TABLES: Final = frozenset({"flow", "events", "kafka", "metrics"})
+COMMON_TABLES: Final = frozenset({"flow", "events", "kafka", "metrics", "contribution"})
+UNITS: Final = ("event", "user")
+CAPS: Final = ("max_keys", "max_per_key", "max_rows", "max_rows_per_block", "max_blocks")
+"""Every contribution cap a kind may take (each kind names the ones it takes)."""
+MAX_CAP: Final = 65_535
+"""The largest value of any cap (the bounding state counts in 16-bit columns)."""
+
+
+@dataclass(frozen=True)
+class ContributionConfig:
+    """The privacy unit and, at the user level, how much one person may contribute.
+
+    ``[contribution]`` is shared by every kind: ``unit = "event"`` (the default: one event
+    is protected) or ``unit = "user"`` with ``user_field`` (the event field naming the
+    person; a record without it is a dead letter), ``period`` (``"lifetime"``, the default,
+    or a duration that is a whole number of steps: a person's events within one period of
+    the step clock are the unit, and a person active in k periods is protected at k times
+    the per-period level) and the kind's caps, per period (all required with ``unit =
+    "user"``): counters ``max_keys`` (L0) and ``max_per_key`` (Linf); PMWG ``max_rows``; ERM
+    ``max_rows_per_block`` and ``max_blocks``.
+
+    Attributes:
+        unit: ``event`` or ``user``.
+        user_field: the event field that names the person (``user`` only).
+        period_steps: the period in steps (None: lifetime).
+        caps: the kind's caps as ``(name, value)`` pairs (empty at the event level).
+    """
+
+    unit: Literal["event", "user"] = "event"
+    user_field: str = ""
+    period_steps: int | None = None
+    caps: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def user_level(self) -> bool:
+        """Whether a person (not an event) is the unit."""
+        return self.unit == "user"
+
+    def cap(self, name: str) -> int:
+        """One cap (at the event level every cap is 1: one event contributes once)."""
+        return dict(self.caps).get(name, 1) if self.user_level else 1
+
+    def period_of(self, step: int) -> int:
+        """The period a step lies in (0 for every step with a lifetime period)."""
+        return 0 if self.period_steps is None else step // self.period_steps
+
+    def describe(self) -> str:
+        """One line: the unit, the period and the caps (no secrets)."""
+        if not self.user_level:
+            return "privacy unit: one event"
+        period = ("lifetime" if self.period_steps is None
+                  else f"per period of {self.period_steps} steps (a person active in k periods "
+                       "is protected at k times the per-period level)")
+        caps = ", ".join(f"{name} = {value}" for name, value in self.caps)
+        return f"privacy unit: one person (field {self.user_field!r}), {period}; caps {caps}"
+
+
+EVENT_LEVEL: Final = ContributionConfig()
+"""The default unit: one event."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +166,8 @@ class FlowConfig:
     latest tick) a record's own time may place it; later times are clamped to it."""
     end: datetime | None = None
     """The public end of a bounded run (``flow.end``): steps from its step on never close."""
+    contribution: ContributionConfig = EVENT_LEVEL
+    """``[contribution]``: the privacy unit and a person's caps."""
     source: str = "<dict>"
 
     @property
@@ -241,7 +303,8 @@ def build_spec(builder: Callable[..., SpecT], where: str, **kwargs: Any) -> Spec
 
 
 def parse_common(raw: dict[str, Any], source: str, *, kind_tables: frozenset[str],
-                 topics: dict[str, str], origin_required: str | None = None
+                 topics: dict[str, str], origin_required: str | None = None,
+                 caps: tuple[str, ...] = ()
                  ) -> tuple[dict[str, Any], dict[str, Section]]:
     """Read the shared tables; return :class:`FlowConfig`'s fields and the kind's tables.
 
@@ -253,6 +316,7 @@ def parse_common(raw: dict[str, Any], source: str, *, kind_tables: frozenset[str
             dead-letter topics included).
         origin_required: if set, ``flow.origin`` is required and this explains why; else it
             defaults to the Unix epoch.
+        caps: the ``[contribution]`` caps the kind takes (:data:`CAPS`).
     """
     known = COMMON_TABLES | kind_tables
     unknown = sorted(set(raw) - known)
@@ -282,8 +346,57 @@ def parse_common(raw: dict[str, Any], source: str, *, kind_tables: frozenset[str
                           f"(every interface), got {host!r}")
     fields["metrics_host"] = host
     metrics.finish()
+    fields["contribution"] = parse_contribution(
+        Section(raw.get("contribution", {}), "contribution"), caps, fields["step_seconds"],
+        fields["kind"])
     fields["source"] = source
     return fields, kind_sections
+
+
+def parse_contribution(table: Section, caps: tuple[str, ...], step_seconds: float,
+                       kind: str) -> ContributionConfig:
+    """Read ``[contribution]`` (see :class:`ContributionConfig`)."""
+    unit = table.get("unit", "event", str)
+    if unit not in UNITS:
+        raise ConfigError(f"contribution.unit must be 'event' or 'user', got {unit!r}")
+    if unit == "event":
+        given = sorted(set(table.data) - {"unit"})
+        if given:
+            raise ConfigError(f"contribution.{given[0]} is only used with contribution.unit = "
+                              "'user' (the event level protects one event: nothing to cap)")
+        return EVENT_LEVEL
+    user_field = table.get("user_field", None, str)
+    if not user_field:
+        raise ConfigError("contribution.unit = 'user' needs contribution.user_field: the event "
+                          "field that names the person (e.g. user_field = 'user')")
+    period_raw = table.get("period", "lifetime")
+    period_steps: int | None = None
+    if period_raw != "lifetime":
+        seconds = parse_duration(period_raw, table.where("period"))
+        steps = seconds / step_seconds
+        if seconds <= 0 or abs(steps - round(steps)) > 1e-9 * max(1.0, steps) or round(steps) < 1:
+            raise ConfigError(f"contribution.period must be 'lifetime' or a whole number of "
+                              f"steps (flow.step = {step_seconds:g} s), got {period_raw!r}")
+        period_steps = round(steps)
+    values: dict[str, int] = {}
+    for name in caps:
+        value = table.get(name, None, int)
+        if value is None:
+            raise ConfigError(
+                f"contribution.{name} is required with contribution.unit = 'user' ({kind} "
+                f"takes {', '.join(caps)}); `dpstream bounds` shows, per candidate cap, the "
+                "events kept against the noise")
+        if not 1 <= value <= MAX_CAP:
+            raise ConfigError(f"contribution.{name} must be an integer in 1..{MAX_CAP}, "
+                              f"got {value!r}")
+        values[name] = value
+    others = sorted((set(table.data) & set(CAPS)) - set(caps))
+    if others:
+        raise ConfigError(f"contribution.{others[0]} does not apply to flow.kind = {kind!r} "
+                          f"(it takes {', '.join(caps) or 'no caps'})")
+    table.finish()
+    return ContributionConfig(unit="user", user_field=user_field, period_steps=period_steps,
+                              caps=tuple(values.items()))
 
 
 def _flow_section(flow: Section, origin_required: str | None) -> dict[str, Any]:

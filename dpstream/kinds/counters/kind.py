@@ -300,7 +300,7 @@ def parse_config(raw: dict[str, Any], source: str = "<dict>") -> CountersConfig:
     fields, tables = parse_common(
         raw, source,
         kind_tables=frozenset({"privacy", "counter", "monitor", "admission", "release"}),
-        topics=TOPICS,
+        topics=TOPICS, caps=("max_keys", "max_per_key"),
         origin_required=(
             "with admission.mode = 'declared': declared keys are released from step 0, which "
             "starts at the origin (set it near the deployment time, e.g. origin = "

@@ -168,7 +168,7 @@ def parse_config(raw: dict[str, Any], source: str = "<dict>") -> ErmConfig:
     """Validate an ERM configuration (as read from TOML)."""
     fields, tables = parse_common(
         raw, source, kind_tables=frozenset({"privacy", "model", "release", "holdout"}),
-        topics=TOPICS,
+        topics=TOPICS, caps=("max_rows_per_block", "max_blocks"),
         origin_required=("for an erm flow: every model stream's schedule steps from block 0, "
                          "which starts at the origin (set it near the deployment time, e.g. "
                          "origin = '2026-11-20T00:00:00Z')"))

@@ -204,7 +204,7 @@ def _histogram(section: Section, accounting: str, delta: float) -> HistogramConf
 def parse_config(raw: dict[str, Any], source: str = "<dict>") -> PmwgConfig:
     """Validate a PMWG configuration (as read from TOML)."""
     fields, tables = parse_common(
-        raw, source, kind_tables=frozenset({"privacy", "histograms"}), topics=TOPICS,
+        raw, source, kind_tables=frozenset({"privacy", "histograms"}), topics=TOPICS, caps=("max_rows",),
         origin_required=("for a pmwg flow: every histogram's size counter steps from step 0, "
                          "which starts at the origin (set it near the deployment time, e.g. "
                          "origin = '2026-11-20T00:00:00Z')"))
