@@ -329,14 +329,16 @@ def test_integer_group_arrays_are_interned_like_lists() -> None:
 def test_the_delta_merges_and_chunked_lookups_decide_nothing(rule: BoundingRule,
                                                              steps: list[Step],
                                                              cut: int) -> None:
-    """With a delta merged after every few new people and tiny comparison chunks."""
+    """With a delta merged after every few new people, tiny comparison chunks, and (for odd
+    cuts) the lexsort that replaces the composite sort when it would overflow."""
     from unittest import mock
 
     from dpstream.core.contribution import bounder as module
 
     with mock.patch.object(module, "_DELTA_MIN", 2), \
             mock.patch.object(module, "_DELTA_GROWTH", 1), \
-            mock.patch.object(module, "_CHUNK", 3):
+            mock.patch.object(module, "_CHUNK", 3), \
+            mock.patch.object(module, "_COMPOSITE_LIMIT", 2 if cut % 2 else 1 << 62):
         bounder = ContributionBounder(rule)
         got = []
         for i, (step, events) in enumerate(steps):

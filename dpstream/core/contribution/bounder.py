@@ -272,13 +272,13 @@ class ContributionBounder:
         local, where = self._gather(uhi, ulo)
         if grouping == "key":
             assert groups is not None
-            gid = self._intern(groups)
-            pair_of, pair_person, pair_group = _pairs(pid, gid, len(self._keys))
+            order, sorted_pair, pair_person, pair_group = _by_pair(
+                pid, self._intern(groups), len(self._keys), rank)
         else:
-            pair_of, pair_person = pid, np.arange(uhi.size, dtype=np.int64)
+            order = np.argsort(pid * n + rank)
+            sorted_pair = pid[order]
+            pair_person = np.arange(uhi.size, dtype=np.int64)
             pair_group = np.zeros(uhi.size, np.int64)
-        order = np.argsort(pair_of * n + rank)
-        sorted_pair = pair_of[order]
         starts = np.flatnonzero(np.concatenate(([True], sorted_pair[1:] != sorted_pair[:-1])))
         sizes = np.diff(np.append(starts, n))
         rank_in_pair = np.arange(n, dtype=np.int64) - starts[sorted_pair]
@@ -338,8 +338,10 @@ class ContributionBounder:
             ids = np.array([table.setdefault(k, len(table)) for k in distinct.tolist()],
                            dtype=np.int64)
             return ids[inverse.reshape(-1)]
-        setdefault = table.setdefault
-        return np.fromiter([setdefault(k, len(table)) for k in groups], np.int64, len(groups))
+        for key in dict.fromkeys(groups):  # the distinct keys, in order of first appearance
+            if key not in table:
+                table[key] = len(table)
+        return np.fromiter(map(table.__getitem__, groups), np.int64, len(groups))
 
     def _allowances(self, step: int, local: Columns, pair_person: Ints, pair_group: Ints,
                     first_rank: Ints, n: int) -> tuple[Ints, Bools, Ints]:
@@ -403,11 +405,11 @@ class ContributionBounder:
             local["last"][person] = step
             local["count"][person] = kept[start]
         else:
-            old = np.flatnonzero(~new_group)
-            local["counts"][pair_person[old], slot[old]] += kept[old].astype(np.uint16)
-            start = np.flatnonzero(new_group & (allowance > 0))
-            local["groups"][pair_person[start], slot[start]] = pair_group[start]
-            local["counts"][pair_person[start], slot[start]] = kept[start]
+            held = np.flatnonzero(~new_group)
+            local["counts"][pair_person[held], slot[held]] += kept[held].astype(np.uint16)
+            added = np.flatnonzero(new_group & (allowance > 0))
+            local["groups"][pair_person[added], slot[added]] = pair_group[added]
+            local["counts"][pair_person[added], slot[added]] = kept[added]
 
 
 def _ranks(partition: Ints, offset: Ints) -> Ints:
@@ -459,18 +461,26 @@ def _locate(hi: Words, lo: Words, qhi: Words, qlo: Words) -> tuple[Ints, Bools]:
     return position, found
 
 
-def _pairs(pid: Ints, gid: Ints, groups: int) -> tuple[Ints, Ints, Ints]:
-    """Dense ids of the events' (person, group) pairs, in that order, and each pair's parts."""
-    people = int(pid.max()) + 1
-    if people * max(groups, 1) < _COMPOSITE_LIMIT:
-        distinct, pair_of = np.unique(pid * groups + gid, return_inverse=True)
-        return pair_of.reshape(-1).astype(np.int64), distinct // groups, distinct % groups
-    order = np.lexsort((gid, pid))
-    p, g = pid[order], gid[order]
+def _by_pair(pid: Ints, gid: Ints, groups: int, rank: Ints) -> tuple[Ints, Ints, Ints, Ints]:
+    """The events in (person, group, rank) order, their pairs' dense ids, each pair's parts.
+
+    One sort of the composite ``(pid groups + gid) n + rank`` when it fits in 62 bits (ranks
+    are distinct, so no two events tie), else a lexsort of the three.
+    """
+    n = pid.size
+    span = (int(pid.max()) + 1) * max(groups, 1)
+    if span * n < _COMPOSITE_LIMIT:
+        composite = (pid * groups + gid) * n + rank
+        order = np.argsort(composite)
+        pair_key = composite[order] // n
+        p = pair_key // max(groups, 1)
+        g = pair_key - p * groups
+    else:
+        order = np.lexsort((rank, gid, pid))
+        p, g = pid[order], gid[order]
     begins = np.concatenate(([True], (p[1:] != p[:-1]) | (g[1:] != g[:-1])))
-    pair_of = np.empty(pid.size, np.int64)
-    pair_of[order] = np.cumsum(begins) - 1
-    return pair_of, p[begins], g[begins]
+    sorted_pair = np.cumsum(begins) - 1
+    return order, sorted_pair, p[begins], g[begins]
 
 
 assert HASH_BYTES == 16  # two uint64 words a person
