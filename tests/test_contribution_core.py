@@ -28,6 +28,7 @@ from dpstream.core.contribution import (
     collision_delta,
     person_shards,
 )
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import InvalidParameterError
 
 KEY = bytes(range(32))
@@ -290,6 +291,17 @@ def test_the_hasher_is_keyed_deterministic_and_sixteen_bytes() -> None:
     with pytest.raises(InvalidParameterError):
         PersonHasher(b"short")
     assert PersonHasher(KEY).hash_many([]).shape == (0,)
+
+
+def test_a_flows_hasher_is_keyed_by_its_people_lane() -> None:
+    noise = NoiseKey(bytes(range(32)))
+    ids = ["u1", "u2"]
+    flow = PersonHasher.for_flow(noise, "instance-a", "flow").hash_many(ids)
+    lane = PersonHasher(noise.lane("instance-a", "flow", "people")).hash_many(ids)
+    assert flow.tobytes() == lane.tobytes()
+    other = PersonHasher.for_flow(noise, "instance-b", "flow").hash_many(ids)
+    assert not set(flow.tobytes()[i:i + 16] for i in (0, 16)) & \
+        set(other.tobytes()[i:i + 16] for i in (0, 16))
 
 
 def test_v16_sorts_as_the_big_endian_integer_and_shards_by_it() -> None:
