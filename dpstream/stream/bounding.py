@@ -140,7 +140,8 @@ class BoundingShard(StepBarrier):
         if not bucket:
             return []
         events = PersonEvents.merge(bucket).in_order()
-        groups = events.payloads if self._groups is None else self._groups(events.payloads)
+        groups: Any = (events.payloads if self._groups is None  # keys, or declared positions
+                       else self._groups(events.payloads))
         keep, first = self.bounder.keep(step, events.people, groups, events.partitions,
                                         events.offsets)
         kept = np.flatnonzero(keep)
