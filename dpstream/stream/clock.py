@@ -512,11 +512,14 @@ class StepClock:
             return per_shard
         hashes = (np.zeros(n, dtype="V16") if public
                   else self.hasher.hash_many(people))
-        offsets = messages.offsets
-        events = PersonEvents(
-            hashes, np.full(n, messages.partition, dtype=np.int64),
-            np.fromiter((-1 if o is None else o for o in map(offsets.__getitem__, refs)),
-                        dtype=np.int64, count=n), payloads, public)
+        try:  # offsets are ints from Kafka; a source without them gives None (-1)
+            offsets = np.array(messages.offsets, dtype=np.int64)
+        except TypeError:
+            offsets = np.array([-1 if o is None else o for o in messages.offsets], np.int64)
+        if not (isinstance(refs, range) and len(refs) == len(offsets)):
+            offsets = offsets[np.asarray(refs, dtype=np.int64)]
+        events = PersonEvents(hashes, np.full(n, messages.partition, dtype=np.int64), offsets,
+                              payloads, public)
         owner = (np.full(n, messages.partition % shards, dtype=np.int64) if public
                  else person_shards(hashes, shards).astype(np.int64))
         step_of = (np.full(n, steps, dtype=np.int64) if isinstance(steps, int)
