@@ -36,7 +36,7 @@ from dpstream.kinds.counters.shard import ShardState
 from dpstream.metrics import FlowMetrics
 from dpstream.platform import KINDS, build_flow, parse_config
 from dpstream.stream.bounding import BoundingShard, person_clocks
-from dpstream.stream.clock import PersonEvents, ShardUpdate, bad_person
+from dpstream.stream.clock import PassThrough, PersonEvents, ShardUpdate, bad_person
 
 ORIGIN = 1_790_000_000  # 2026-09-21T14:13:20Z
 NOISE = NoiseKey.for_tests(24)
@@ -515,11 +515,8 @@ def test_people_stay_aligned_when_a_batch_is_decoded_again(odd):
 class _Questions(PartitionClock):
     """The counters clock, with partition 1 as an input of no person (like PMWG's questions)."""
 
-    def decode(self, partition, messages, dead):
-        out = super().decode(partition, messages, dead)
-        if partition == 1:
-            self.decoded_people = []
-        return out
+    def carries_people(self, partition):
+        return partition != 1
 
 
 class _Forgetful(PartitionClock):
@@ -540,9 +537,10 @@ def test_a_public_input_passes_unbounded_and_a_decoder_that_names_no_one_is_refu
     for partition in (0, 1):  # the same person's 10 events on each partition, in step 0
         batch = [event(partition, i, f"k{i % 3}", SECRET_ID, ORIGIN + i / 20) for i in range(10)]
         mine, _ = clock.process(partition, batch)
-        public = [b for u in mine for b in u.increments.values() if b.public]
+        public = [(u.shard, b) for u in mine for b in u.increments.values()
+                  if isinstance(b, PassThrough)]
         assert bool(public) == (partition == 1)  # partition 1's go to person shard 1 % 3
-        assert all(u.shard == 1 for u in mine if any(b.public for b in u.increments.values()))
+        assert all(shard == 1 for shard, _ in public)
         updates += mine
     updates += [ShardUpdate(s, p, 5, {}) for s in shards for p in (0, 1)]  # steps 0-4 close
     totals: Counter[str] = Counter()
