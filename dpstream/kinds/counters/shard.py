@@ -241,7 +241,7 @@ class ShardState(StepBarrier):
             outputs = self.table.close_declared(
                 step, np.concatenate([b.rows for b in bucket]),
                 np.concatenate([b.counts for b in bucket]))
-        elif isinstance(bucket, PeopleCounts) and bucket:
+        elif isinstance(bucket, PeopleCounts):
             keys = list(bucket.events)
             increments = np.fromiter(bucket.events.values(), dtype=np.int64, count=len(keys))
             people = np.fromiter(map(bucket.people.get, keys, itertools.repeat(0)),
