@@ -196,6 +196,8 @@ def _named(cfg: Any, shard: int, bucket: Any) -> dict[Any, int]:
     """A kind shard's bucket as ``{key: events}`` (declared buckets come by row)."""
     if isinstance(bucket, dict):
         return dict(bucket)
+    if hasattr(bucket, "events"):  # the counters' route_bounded: events and people by name
+        return dict(bucket.events)
     layout = cfg.declared_layout
     return bucket.named(layout.keys_of(shard))
 
@@ -402,8 +404,9 @@ class _Recording(ShardState):
     merged: Counter[str] = Counter()
 
     def merge(self, step: int, bucket: Any) -> None:
-        assert isinstance(bucket, dict)
-        _Recording.merged.update(bucket)
+        events = bucket.events if hasattr(bucket, "events") else bucket  # route_bounded's
+        assert isinstance(events, dict)
+        _Recording.merged.update(events)
         super().merge(step, bucket)
 
 
