@@ -110,7 +110,7 @@ class BoundingShard(StepBarrier):
         self.observe = observe
         rule = BoundingRule.from_contribution(config.contribution)
         self.sent: int | None = None  # the frontier the kind's shards last heard from here
-        self._out: dict[int, dict[int, Any]] = {}  # closed, unsent: {kind shard: {step: bucket}}
+        self._out: dict[int, list[dict[int, Any]]] = {}  # closed, unsent, per kind shard
         self._groups = getattr(router, "contribution_groups", None)
         self._route_bounded = getattr(router, "route_bounded", None)
         if state is None:
@@ -139,6 +139,13 @@ class BoundingShard(StepBarrier):
         """
         if not bucket:
             return []
+        public = [part for part in bucket if part.public]
+        if public:  # no person's payloads (e.g. questions): routed on as they are
+            self._collect(self.router.route(PersonEvents.merge(public).in_order().payloads,
+                                            step))
+            bucket = [part for part in bucket if not part.public]
+            if not bucket:
+                return []
         events = PersonEvents.merge(bucket).in_order()
         groups: Any = (events.payloads if self._groups is None  # keys, or declared positions
                        else self._groups(events.payloads))
@@ -154,10 +161,18 @@ class BoundingShard(StepBarrier):
             per_shard = self._route_bounded(payloads, np.asarray(first)[kept], step)
         else:
             per_shard = self.router.route(payloads, step)
-        for shard, buckets in enumerate(per_shard):
-            if buckets:
-                self._out.setdefault(shard, {}).update(buckets)
+        self._collect(per_shard)
         return []
+
+    def _collect(self, per_shard: list[dict[int, Any]]) -> None:
+        """Hold one routing's ``{step: bucket}`` per kind shard until :meth:`_send`."""
+        for shard, buckets in enumerate(per_shard):
+            held = self._out.setdefault(shard, []) if buckets else []
+            for step, one in buckets.items():  # into the first increments without that step
+                free = next((h for h in held if step not in h), None)
+                if free is None:
+                    held.append(free := {})
+                free[step] = one
 
     def _close_until(self, end: int, seconds: float | None = None,
                      whole: bool = False) -> list[Any]:
@@ -193,9 +208,14 @@ class BoundingShard(StepBarrier):
             return []
         self.sent = frontier
         out, self._out = self._out, {}
-        return [(str(s), ShardUpdate(s, self.shard if self.shard is not None else -1, frontier,
-                                     out.get(s, {})))
-                for s in range(self.kind_shards)]
+        me = self.shard if self.shard is not None else -1
+        updates = []
+        for s in range(self.kind_shards):
+            # a step's public and bounded buckets are two increments of one step: one update
+            # each (the kind's barrier merges them), every one carrying the new frontier
+            increments = out.get(s) or [{}]
+            updates += [(str(s), ShardUpdate(s, me, frontier, one)) for one in increments]
+        return updates
 
     def to_state(self) -> dict[str, Any]:
         """Plain-data snapshot: binding, barrier, pending events (hashes only), bounder."""

@@ -75,13 +75,19 @@ gives the clock a :class:`~dpstream.core.contribution.people.PersonHasher`
 (:attr:`StepClock.hasher`, keyed by the flow's secret lane ``(instance, flow name,
 "people")``). The kind's decoder then also fills :attr:`StepClock.decoded_people`, the person
 of each payload it returns, 1:1 (a record without a non-empty string in the user field is a
-dead letter, reason :func:`bad_person`). :meth:`StepClock.process` hashes the people of the
+dead letter, reason :func:`bad_person`; an input that is no person's, such as PMWG's
+questions, leaves it empty: those payloads bypass the caps, see below). :meth:`StepClock.process`
+hashes the people of the
 accepted records at once (keyed BLAKE2b-128: only the 16-byte hash leaves this method, never
 the id) and sends, instead of the kind's routing, one update per *person shard* whose buckets
 are :class:`PersonEvents` columns (hash, input partition, offset, payload): the bounding
 stage (:mod:`dpstream.stream.bounding`) keeps each person's events within the caps and routes
 the kept ones to the kind's shards. Which person shard an event goes to, and what its bucket
-holds, depends on that record alone, so batching changes nothing here either.
+holds, depends on that record alone, so batching changes nothing here either. Payloads of a
+decode that named no person (``decoded_people`` set to an empty list: the analyst's questions,
+not people's data) go, unbounded, as a *public* :class:`PersonEvents` bucket to the person
+shard ``partition % shards``, which routes them on with the kind's ``route``; a decoder at the
+user level that does not set ``decoded_people`` at all is a bug and stops the batch.
 """
 
 from __future__ import annotations
@@ -109,6 +115,8 @@ __all__ = ["ClockRules", "MAX_SECONDS", "UNDECODABLE", "PersonEvents", "ShardUpd
 
 MAX_SECONDS: Final = 253_402_300_799.0  # 9999-12-31T23:59:59Z: keeps every step index in int64
 UNDECODABLE: Final = "undecodable record"
+_UNSET: Final[list[str]] = []
+"""``decoded_people`` before a decode: a decoder that leaves it so has not named the people."""
 """How the dead-letter reason of every undecodable record starts (:func:`undecodable`)."""
 
 
@@ -254,6 +262,9 @@ class PersonEvents:
     partitions: np.ndarray
     offsets: np.ndarray
     payloads: list[Any] | np.ndarray
+    public: bool = False
+    """Payloads that are no person's (e.g. questions): routed on without bounding (the
+    ``people`` column then holds zero hashes)."""
 
     def __len__(self) -> int:
         return int(self.people.shape[0])
@@ -268,9 +279,11 @@ class PersonEvents:
             payloads = np.concatenate([np.asarray(p.payloads) for p in parts])
         else:
             payloads = [x for p in parts for x in p.payloads]
+        if len({p.public for p in parts}) != 1:
+            raise ValueError("a bucket is either people's events or public payloads")
         return cls(np.concatenate([p.people for p in parts]),
                    np.concatenate([p.partitions for p in parts]),
-                   np.concatenate([p.offsets for p in parts]), payloads)
+                   np.concatenate([p.offsets for p in parts]), payloads, parts[0].public)
 
     def take(self, index: np.ndarray) -> PersonEvents:
         """The events at ``index`` (int positions), in that order."""
@@ -278,7 +291,7 @@ class PersonEvents:
         picked = (payloads[index] if isinstance(payloads, np.ndarray)
                   else [payloads[i] for i in index.tolist()])
         return PersonEvents(self.people[index], self.partitions[index], self.offsets[index],
-                            picked)
+                            picked, self.public)
 
     def in_order(self) -> PersonEvents:
         """The events sorted by (partition, offset): the order the bounder decides in."""
@@ -367,6 +380,7 @@ class StepClock:
         if not index.size:
             return [], [], []
         mark = len(dead)
+        self._fresh_people()
         try:
             payloads, times, refs = self.decode(partition, messages.keep(~raising), dead)
         except Exception:  # records that decode alone but not together (a bug): decode each
@@ -382,13 +396,15 @@ class StepClock:
         refs: list[int] = []
         people: list[str] = []
         for i in indexes:
+            self._fresh_people()
             one, at, _ = self.decode(partition, _alone(messages, i), dead)
             parts.append(one)
             times.extend(float(t) for t in at)
             refs.extend([i] * len(at))
             if self.hasher is not None:
-                people.extend(self.decoded_people)
-        self.decoded_people = people
+                people.extend(self._named_people())
+        if self.hasher is not None:
+            self.decoded_people = people
         if parts and all(isinstance(one, np.ndarray) for one in parts):
             return np.concatenate(parts), times, refs  # the kind's payload type, kept
         return [p for one in parts for p in one], times, refs
@@ -456,6 +472,18 @@ class StepClock:
         return [ShardUpdate(s, self.partition, self.frontier(), {})
                 for s in range(self._targets())]
 
+    def _fresh_people(self) -> None:
+        """Before a decode at the user level: no people named yet."""
+        if self.hasher is not None:
+            self.decoded_people = _UNSET
+
+    def _named_people(self) -> list[str]:
+        """The people the last decode named (a kind's decoder that named none is a bug)."""
+        if self.decoded_people is _UNSET:
+            raise RuntimeError(f"{type(self).__name__}.decode did not set decoded_people at "
+                               "contribution.unit = 'user' (an empty list: no person's data)")
+        return self.decoded_people
+
     def _targets(self) -> int:
         """How many shards this clock's updates go to (person shards at the user level)."""
         return self.person_shards if self.hasher is not None else self.rules.shards
@@ -469,25 +497,31 @@ class StepClock:
         The people are hashed here, at once; the raw ids go no further.
         """
         assert self.hasher is not None
-        people = self.decoded_people
-        if len(people) != len(refs):
+        people = self._named_people()
+        public = not people  # no person's payloads (e.g. questions): unbounded
+        if len(people) != len(refs) and not public:
             raise RuntimeError("the kind's decoder gave a person for "
                                f"{len(people)} of {len(refs)} payloads (decoded_people)")
         shards = self.person_shards
         per_shard: list[dict[int, Any]] = [{} for _ in range(shards)]
         if keep is not None:
-            people = [people[i] for i in keep.tolist()]
+            people = people if public else [people[i] for i in keep.tolist()]
             refs = [refs[i] for i in keep.tolist()]
-        n = len(people)
+        n = len(refs)
         if not n:
             return per_shard
-        hashes = self.hasher.hash_many(people)
-        offsets = messages.offsets
-        events = PersonEvents(
-            hashes, np.full(n, messages.partition, dtype=np.int64),
-            np.fromiter((-1 if o is None else o for o in map(offsets.__getitem__, refs)),
-                        dtype=np.int64, count=n), payloads)
-        owner = person_shards(hashes, shards).astype(np.int64)
+        hashes = (np.zeros(n, dtype="V16") if public
+                  else self.hasher.hash_many(people))
+        try:  # offsets are ints from Kafka; a source without them gives None (-1)
+            offsets = np.array(messages.offsets, dtype=np.int64)
+        except TypeError:
+            offsets = np.array([-1 if o is None else o for o in messages.offsets], np.int64)
+        if not (isinstance(refs, range) and len(refs) == len(offsets)):
+            offsets = offsets[np.asarray(refs, dtype=np.int64)]
+        events = PersonEvents(hashes, np.full(n, messages.partition, dtype=np.int64), offsets,
+                              payloads, public)
+        owner = (np.full(n, messages.partition % shards, dtype=np.int64) if public
+                 else person_shards(hashes, shards).astype(np.int64))
         step_of = (np.full(n, steps, dtype=np.int64) if isinstance(steps, int)
                    else np.asarray(steps, dtype=np.int64))
         order = np.lexsort((owner, step_of))  # by step, then shard; stable within
@@ -548,6 +582,7 @@ class StepClock:
             before_all, at_all = before_all[keep], at_all[keep]
             self.ticks += n - len(messages)
             n = len(messages)
+        self._fresh_people()
         payloads, times, refs = self._decode_guarded(partition, messages, dead) if n \
             else ([], [], [])
         accepted: Any = []
