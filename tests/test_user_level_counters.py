@@ -489,3 +489,14 @@ def test_a_user_level_flow_admits_keys_by_people_and_reports_the_person() -> Non
                                      "caps": [["max_keys", 2], ["max_per_key", 3]],
                                      "epsilon": person.epsilon, "delta": person.delta}
     assert person.epsilon == pytest.approx(2 * (20.0 + 2.0 + 5.0))
+
+
+def test_a_user_level_shard_takes_buckets_that_name_no_person_as_events_only() -> None:
+    """A bucket by name without people (an input no person is named in) adds events only."""
+    spec = _open_user_spec()
+    shard = ShardState(spec, 2, None, KEY)
+    shard.merge(0, PeopleCounts({"k": 3}, {"k": 3}))
+    shard.merge(0, {"k": 50})
+    pending = shard.pending[0]
+    assert isinstance(pending, PeopleCounts)
+    assert pending.events == {"k": 53} and pending.people == {"k": 3}
