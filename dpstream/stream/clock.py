@@ -104,8 +104,9 @@ from dpstream.messages import (
     RawMessage,
 )
 
-__all__ = ["ClockRules", "MAX_SECONDS", "UNDECODABLE", "PersonEvents", "ShardUpdate", "StepClock",
-           "bad_person", "bad_time", "event_seconds", "iso_seconds", "undecodable"]
+__all__ = ["ClockRules", "MAX_SECONDS", "UNDECODABLE", "PassThrough", "PersonEvents",
+           "ShardUpdate", "StepClock", "bad_person", "bad_time", "event_seconds", "iso_seconds",
+           "undecodable"]
 
 MAX_SECONDS: Final = 253_402_300_799.0  # 9999-12-31T23:59:59Z: keeps every step index in int64
 UNDECODABLE: Final = "undecodable record"
@@ -286,6 +287,35 @@ class PersonEvents:
         return self.take(order)
 
 
+@dataclass
+class PassThrough:
+    """A bucket of records that are no person's, at the user level: passed on unbounded.
+
+    A kind's input can hold records that are not data about people (PMWG's questions, asked
+    by the analyst): :meth:`StepClock.carries_people` says so per partition, and the bounding
+    stage hands them to the kind's ``route`` as they are, after the step's kept events, in
+    (partition, offset) order (so their order does not depend on the batching either). They
+    cost no one's cap and are not counted as kept or dropped.
+
+    Attributes:
+        partitions: each record's input partition (int64).
+        offsets: each record's offset in its partition (int64; -1 if the source gave none).
+        payloads: each record's payload as the kind's decoder gave it.
+    """
+
+    partitions: np.ndarray
+    offsets: np.ndarray
+    payloads: list[Any]
+
+    @classmethod
+    def merge_in_order(cls, parts: list[PassThrough]) -> list[Any]:
+        """The payloads of every bucket of ``parts``, sorted by (partition, offset)."""
+        payloads = [x for p in parts for x in p.payloads]
+        order = np.lexsort((np.concatenate([p.offsets for p in parts]),
+                            np.concatenate([p.partitions for p in parts])))
+        return [payloads[i] for i in order.tolist()]
+
+
 class StepClock:
     """The broker-time watermark of one input partition, and the placement of its records."""
 
@@ -456,6 +486,40 @@ class StepClock:
         return [ShardUpdate(s, self.partition, self.frontier(), {})
                 for s in range(self._targets())]
 
+    def carries_people(self, partition: int) -> bool:
+        """Whether ``partition``'s records are people's events, bounded at the user level.
+
+        Every partition does unless the kind says otherwise (PMWG: its questions partitions):
+        those records then go to the bounding stage as a :class:`PassThrough`, unbounded.
+        """
+        return True
+
+    def _route_through(self, messages: RawBatch, payloads: Any, refs: range | list[int],
+                       keep: np.ndarray | None, steps: int | list[int]
+                       ) -> list[dict[int, Any]]:
+        """The accepted records of a partition without people, as :class:`PassThrough`.
+
+        They all go to one person shard (the partition's, modulo the person shards): the
+        stage passes them on unbounded, so which shard carries them changes nothing.
+        """
+        per_shard: list[dict[int, Any]] = [{} for _ in range(self.person_shards)]
+        if keep is not None:
+            refs = [refs[i] for i in keep.tolist()]
+        n = len(refs)
+        offsets = messages.offsets
+        offset_column = np.fromiter((-1 if o is None else o for o in map(offsets.__getitem__,
+                                                                         refs)),
+                                    dtype=np.int64, count=n)
+        step_of = (np.full(n, steps, dtype=np.int64) if isinstance(steps, int)
+                   else np.asarray(steps, dtype=np.int64))
+        into = per_shard[messages.partition % self.person_shards]
+        for step in np.unique(step_of).tolist():
+            index = np.flatnonzero(step_of == step)
+            into[int(step)] = PassThrough(np.full(index.size, messages.partition,
+                                                  dtype=np.int64), offset_column[index],
+                                          [payloads[i] for i in index.tolist()])
+        return per_shard
+
     def _targets(self) -> int:
         """How many shards this clock's updates go to (person shards at the user level)."""
         return self.person_shards if self.hasher is not None else self.rules.shards
@@ -616,8 +680,12 @@ class StepClock:
         self.dead_letters += len(dead)
         at_steps = single_step if single_step is not None else accepted_steps
         if self.hasher is not None:
-            per_shard = self._route_people(messages, accepted, refs, chosen, at_steps) \
-                if len(accepted) else [{} for _ in range(self.person_shards)]
+            if not len(accepted):
+                per_shard = [{} for _ in range(self.person_shards)]
+            elif self.carries_people(partition):
+                per_shard = self._route_people(messages, accepted, refs, chosen, at_steps)
+            else:  # no person's records (PMWG's questions): past the bounding, unbounded
+                per_shard = self._route_through(messages, accepted, refs, chosen, at_steps)
         else:
             per_shard = self.route(accepted, at_steps)
         frontier = self.frontier()
