@@ -372,3 +372,174 @@ def test_questions_name_no_person() -> None:
                            "query": {"schema": "dpstream.query/1", "kind": "count"}}).encode()
     payloads, _, _ = clock.decode(2, batch([question], 2), [])
     assert len(payloads) == 1 and clock.decoded_people == []
+
+
+# --- a user-level PMWG flow in memory -----------------------------------------------------
+
+FLOW_NOISE = NoiseKey.for_tests(2424)
+FLOW_PARTITIONS = {"events": 2, "queries": 1}  # the questions are input partition 2
+STEPS = 8
+MAX_ROWS = 3
+DE = {"kind": "count", "where": [{"attr": "country", "eq": "de"}]}
+
+
+def flow_config(max_rows: int = MAX_ROWS, **histogram: Any) -> Any:
+    from dpstream.platform import parse_config as parse_flow
+    # a test's budgets: large enough that a few dozen people give accurate answers
+    h = {"name": "h", "universe": UNIVERSE, "epsilon": 200.0, "size_epsilon": 60.0,
+         "size_horizon": 16, "alpha": 0.1, "n": 40, "mode": "practical", "hard_queries": 4,
+         **histogram}
+    return parse_flow({
+        "flow": {"kind": "pmwg", "name": "pu", "origin": "2026-09-21T14:13:20Z", "step": "1s",
+                 "shards": 2, "end": "2026-09-21T14:13:28Z"},
+        "privacy": {"accounting": "pure", "budget": 261.0},
+        "contribution": {"unit": "user", "user_field": "user", "max_rows": max_rows},
+        "metrics": {"port": 0},
+        "histograms": [h],
+    })
+
+
+def flow_stream(people: int = 60, heavy: int = 40, seed: int = 7
+                ) -> tuple[list[Any], dict[str, int], list[tuple[int, int]]]:
+    """People with 1..12 events each (one with ``heavy``), a question every step.
+
+    Returns the records, each person's events and, per step, the kept rows (each person's
+    first ``MAX_ROWS``) and the kept 'de' rows up to that step.
+    """
+    import random
+    rng = random.Random(seed)
+    rows: list[tuple[float, str, str]] = []
+    for p in range(people):
+        count = heavy if p == 0 else rng.randint(1, 12)
+        rows += [(ORIGIN + rng.random() * (STEPS - 0.1), f"person-{p}",
+                  rng.choice(["de", "de", "fr", "uk"])) for _ in range(count)]
+    rows.sort()
+    items, offsets = [], [0, 0, 0]
+    events: dict[str, int] = {}
+    kept = [[0, 0] for _ in range(STEPS)]
+    placed = []
+    for ts, user, country in rows:
+        part = rng.randrange(2)
+        placed.append((int(ts - ORIGIN), part, offsets[part], user, country))
+        items.append(raw(part, json.dumps({"country": country, "age": 33, "ts": ts,
+                                           "user": user}).encode(), offsets[part], ts))
+        offsets[part] += 1
+    for step, _, _, user, country in sorted(placed):  # the bounder's order
+        events[user] = events.get(user, 0) + 1
+        if events[user] <= MAX_ROWS:
+            for later in range(step, STEPS):
+                kept[later][0] += 1
+                kept[later][1] += country == "de"
+    for step in range(STEPS):
+        ts = ORIGIN + step + 0.95
+        body = json.dumps({"id": f"q{step}", "histogram": "h",
+                           "query": {"schema": "dpstream.query/1", **DE}}).encode()
+        items.append(raw(2, body, offsets[2], ts, topic="queries"))
+        offsets[2] += 1
+    items.sort(key=lambda m: m[4])
+    return items, events, [(rows, de) for rows, de in kept]
+
+
+def run_flow(cfg: Any, items: list[Any], **kwargs: Any) -> list[Any]:
+    from support.flows import run_in_memory
+    return run_in_memory(cfg, items, FLOW_NOISE, instance="pu-1", partitions=FLOW_PARTITIONS,
+                         **kwargs)
+
+
+def flow_answers(sink: list[Any]) -> dict[str, dict[str, Any]]:
+    return {json.loads(v)["id"]: json.loads(v) for role, _k, v in sink if role == "answers"}
+
+
+@pytest.mark.flow
+def test_a_user_level_flow_answers_every_question_on_the_bounded_database() -> None:
+    cfg = flow_config()
+    items, events, kept_by_step = flow_stream()
+    out = flow_answers(run_flow(cfg, items))
+    assert sorted(out) == [f"q{s}" for s in range(STEPS)]
+    kept = sum(min(n, MAX_ROWS) for n in events.values())
+    assert kept == kept_by_step[-1][0]
+    total = sum(events.values())
+    last = out[f"q{STEPS - 1}"]
+    # The public size counts the kept rows: the tree's worst-step std at max_rows = 3 and
+    # size_epsilon = 60 (noise_std) bounds its error; 6 std + 1 (the floor) is a false-alarm
+    # rate below 1e-8 per check. Power: without bounding t would be near the total, which
+    # lies far outside (the heavy person alone adds 37 rows beyond the cap).
+    std = cfg.noise_std()["h.size"]
+    tolerance = 6 * std + 1
+    assert abs(last["t"] - kept) <= tolerance, (last["t"], kept, tolerance)
+    assert total - kept > 3 * tolerance
+    assert last["privacy"]["unit"] == "user"
+    assert last["privacy"]["person"]["caps"] == [["max_rows", MAX_ROWS]]
+    assert last["privacy"]["person"]["period"] == "lifetime"
+    # The answers are about the bounded database. PMWG answers de / t (t public): a hard
+    # answer is de / t + DLap(8/xi_t) (fraction units, xi_t = c t^p at max_rows = 3), an easy
+    # one f(y) with |de/t - f(y)| < T + (nu - eta) (NSG noise of scales 4/xi_t and 2/xi_t);
+    # ten noise scales bound each noise but with probability e^-10; and
+    # |de/t - de/kept| <= |t - kept| / t.
+    spec = cfg.histograms[0].pmwg
+    assert spec is not None
+    hard = 0
+    for step, (rows, de) in enumerate(kept_by_step):
+        answer = out[f"q{step}"]
+        t = answer["t"]
+        assert abs(t - rows) <= tolerance, (step, t, rows)
+        if answer["kind"] not in ("easy", "hard"):
+            assert answer["kind"] == "bottom"  # the hard-query budget ran out (practical)
+            continue
+        hard += answer["kind"] == "hard"
+        xi = spec.xi(t)
+        slack = 10 * (8 if answer["kind"] == "hard" else 6) / xi + abs(t - rows) / t
+        bound = slack + (0 if answer["kind"] == "hard" else float(spec.threshold_value))
+        assert abs(answer["value"] - de / rows) <= bound, (step, answer, de / rows, bound)
+        if answer["kind"] == "hard":
+            assert bound < 0.15  # a meaningful check: 'de' is about half of the rows
+    assert hard >= 3
+    for answer in out.values():
+        assert answer["privacy"]["unit"] == "user" and "person" in answer["privacy"]
+
+
+@pytest.mark.flow
+def test_removing_a_heavy_person_moves_the_public_size_by_at_most_max_rows() -> None:
+    # Coupled noise (the same key and instance): the size counter's estimate is linear in
+    # its node counts, so removing one person moves each estimate by exactly the change of
+    # the kept rows, at most max_rows; t = max(previous t, floor(estimate)) then moves by at
+    # most max_rows + 1. Power: with the heavy person's 40 rows unbounded t would move by 40.
+    cfg = flow_config()
+    items, events, _ = flow_stream()
+    heavy_user = b'"user": "person-0"'
+    without = [m for m in items if heavy_user not in (m[1] or b"")]
+    assert len(items) - len(without) == events["person-0"] == 40
+    with_heavy, no_heavy = flow_answers(run_flow(cfg, items)), flow_answers(run_flow(cfg,
+                                                                                     without))
+    assert sorted(with_heavy) == sorted(no_heavy)
+    moves = [with_heavy[q]["t"] - no_heavy[q]["t"] for q in with_heavy]
+    assert all(0 <= d <= MAX_ROWS + 1 for d in moves), moves
+    assert max(moves) >= 1  # the person is there: their kept rows are counted
+    assert events["person-0"] > 3 * (MAX_ROWS + 1)
+
+
+@pytest.mark.flow
+def test_the_user_level_flow_is_the_same_with_two_workers_and_other_batches() -> None:
+    cfg = flow_config()
+    items, _, _ = flow_stream(people=30, seed=3)
+    one = sorted(map(repr, run_flow(cfg, items)))
+    assert one == sorted(map(repr, run_flow(cfg, items, workers=2, batch=7)))
+
+
+@pytest.mark.flow
+def test_user_level_dead_letters_name_the_field_and_never_the_id() -> None:
+    cfg = flow_config()
+    items, _, _ = flow_stream(people=10)
+    t = ORIGIN + 2.5
+    items += [raw(0, json.dumps({"country": "de", "age": 3, "ts": t}).encode(), 10_000, t),
+              raw(1, json.dumps({"country": "de", "age": 3, "ts": t, "user": ""}).encode(),
+                  10_000, t),
+              raw(1, json.dumps({"country": "xx", "age": 3, "ts": t,
+                                 "user": "secret-person-9"}).encode(), 10_001, t)]
+    items.sort(key=lambda m: m[4])
+    sink = run_flow(cfg, items)
+    dead = [json.loads(v) for role, _k, v in sink if role == "dead_letters"]
+    reasons = sorted(d["reason"] for d in dead)
+    assert reasons.count("field 'user' missing or not a non-empty string") == 2
+    assert len(dead) == 3 and all("secret-person-9" not in r for r in reasons)
+    assert len(flow_answers(sink)) == STEPS
