@@ -148,7 +148,8 @@ class BoundingShard(StepBarrier):
         first: Any = None
         if people:
             events = PersonEvents.merge(people).in_order()
-            groups = events.payloads if self._groups is None else self._groups(events.payloads)
+            groups: Any = (events.payloads if self._groups is None
+                           else self._groups(events.payloads))
             keep, first = self.bounder.keep(step, events.people, groups, events.partitions,
                                             events.offsets)
             kept = np.flatnonzero(keep)

@@ -679,6 +679,7 @@ class StepClock:
         self.events += len(accepted)
         self.dead_letters += len(dead)
         at_steps = single_step if single_step is not None else accepted_steps
+        per_shard: list[dict[int, Any]]
         if self.hasher is not None:
             if not len(accepted):
                 per_shard = [{} for _ in range(self.person_shards)]

@@ -71,7 +71,7 @@ class PmwgClock(StepClock):
         return self._decode_events(messages, dead)
 
     def _decode_events(self, messages: RawBatch, dead: list[DeadLetter]
-                       ) -> tuple[list[Any], np.ndarray | list[float], list[int]]:
+                       ) -> tuple[list[Any] | np.ndarray, np.ndarray | list[float], list[int]]:
         time_field = self.config.time_field
         user_field = self.user_field
         people: list[str] = []
