@@ -233,6 +233,11 @@ def test_each_histogram_is_scaled_by_max_rows_and_the_person_pays_the_sum() -> N
         assert u.rows == 4 and e.rows == 1
         assert getattr(u.size, "sensitivity", None) == 4
         assert u.size_cost == e.size_cost  # the charge is unchanged: it covers one person
+        # the tree's node noise DLap(levels m / epsilon): m rows move one leaf-to-root path
+        # of each tree by at most m per node, L1 levels m, so epsilon covers the person
+        assert u.size.noise_scale(0) == 4 * e.size.noise_scale(0)  # type: ignore[union-attr]
+        assert u.size.noise_scale(0) == Fraction(u.size.levels(0) * 4) / exact(  # type: ignore[union-attr]
+            u.size.epsilon)  # type: ignore[union-attr]
         assert [c.epsilon for c in u.charges] == pytest.approx([c.epsilon for c in e.charges])
     assert user.histograms[0].pmwg.sensitivity == 4  # type: ignore[union-attr]
     assert user.histograms[1].box().sensitivity == 4
