@@ -22,6 +22,7 @@ from support.messages import raw
 from dpstream import schemas
 from dpstream.core.accounting.ledger import PrivacyLedger, exact
 from dpstream.core.contribution.people import PEOPLE_BOUND, collision_delta
+from dpstream.core.counting.admission_bounds import difference_tail
 from dpstream.core.noise.keys import NoiseKey
 from dpstream.core.pmwg.blackboxes import NoisyHistogram
 from dpstream.core.pmwg.guarantee import accuracy_guarantee
@@ -193,6 +194,34 @@ def test_a_hard_answers_noise_has_the_derived_std_at_the_user_level() -> None:
     # power: noise not scaled (m = 1), or scaled by 2 or 3 only, lands far outside
     for wrong in (1, 2, 3):
         assert abs((wrong / m) ** 2 - 1) > 2 * tolerance
+
+
+@pytest.mark.statistical
+def test_a_query_halts_as_often_as_the_scaled_sparse_vector_says() -> None:
+    # A query whose value is a fraction d below the threshold compares, in eta-units,
+    # z = -xi_t d with K_nu - K_eta (DLap(4/g), DLap(2/g)): it halts with the exact
+    # probability difference_tail(g, round(xi_t d / g)). At m = 4, xi_t is 4 times smaller,
+    # so the same fraction is 4 times fewer noise scales away: it halts far more often.
+    m, t = 4, 10**5
+    person, one = spec(m), spec(1)
+    exponent = person.grid_exponent(t)
+    g = Fraction(2) ** exponent
+    d = Fraction(6) / Fraction(person.xi(t))  # 6 eta-units at m = 4 ...
+    value = -Fraction(person.xi(t)) * d
+    expected = difference_tail(float(g), int(value / -g))
+    unscaled = difference_tail(float(g), int(Fraction(one.xi(t)) * d / g))  # ... 24 at m = 1
+    samples = 10_000
+    halts = 0
+    for i in range(samples):
+        nsg = NumericSparse(KEY, ("user-level-halt", i))
+        nsg.start_round(exponent)
+        halts += nsg.compare(value, 1)
+    rate = halts / samples
+    # binomial sd sqrt(p (1 - p) / n) = 0.0035 at p = 0.140: Z = 5, a tolerance of 0.017
+    tolerance = 5 * math.sqrt(expected * (1 - expected) / samples)
+    assert abs(rate - expected) <= tolerance, (rate, expected, tolerance)
+    # power: the event level's noise (no scaling by m) halts with probability 0.0017
+    assert abs(unscaled - expected) > 3 * tolerance
 
 
 # --- the configuration, the report and the records ------------------------------------------
