@@ -322,3 +322,30 @@ def test_integer_group_arrays_are_interned_like_lists() -> None:
         got_a = a.keep(step, hashes, keys, np.zeros(400, np.int64), offsets)
         got_b = b.keep(step, hashes, keys.tolist(), np.zeros(400, np.int64), offsets)
         assert all((x == y).all() for x, y in zip(got_a, got_b, strict=True))
+
+
+@settings(max_examples=200, deadline=None)
+@given(rules(), streams(), st.integers(0, 6))
+def test_the_delta_merges_and_chunked_lookups_decide_nothing(rule: BoundingRule,
+                                                             steps: list[Step],
+                                                             cut: int) -> None:
+    """With a delta merged after every few new people, tiny comparison chunks, and (for odd
+    cuts) the lexsort that replaces the composite sort when it would overflow."""
+    from unittest import mock
+
+    from dpstream.core.contribution import bounder as module
+
+    with mock.patch.object(module, "_DELTA_MIN", 2), \
+            mock.patch.object(module, "_DELTA_GROWTH", 1), \
+            mock.patch.object(module, "_CHUNK", 3), \
+            mock.patch.object(module, "_COMPOSITE_LIMIT", 2 if cut % 2 else 1 << 62):
+        bounder = ContributionBounder(rule)
+        got = []
+        for i, (step, events) in enumerate(steps):
+            if i == cut:
+                bounder = ContributionBounder(rule, bounder.to_state())
+            got.append(run(bounder, step, events))
+            held = {e[0] for s, evs in steps[:i + 1] for e in evs
+                    if rule.period_of(s) == rule.period_of(step)}
+            assert bounder.people == len(held)
+    assert got == reference(rule, steps)
