@@ -40,10 +40,11 @@ group is added at its first event, whose keep is certain, and once the person is
 is added). There is no Python loop per event (the interning of keys excepted: a dict lookup).
 
 **The state** holds, per person seen this period, in columns sorted by hash: the hash (two
-uint64 words, 16 bytes), and what the caps need: ``key``: the person's group ids (int32) and
-kept counts (uint16), ``max_groups`` of each (``16 + 6 max_groups`` bytes: 64 at ``max_groups =
-8``); ``step``: groups used, the last step with a kept event and its kept count (28 bytes);
-``one``: the kept count (18 bytes). People new in a step are merged into a small sorted *delta*
+uint64 words, 16 bytes), and what the caps need, counted in uint8 when the cap is at most 255
+(else uint16): ``key``: the person's group ids (int32) and kept counts, ``max_groups`` of each
+(``16 + 5 max_groups`` bytes: 56 at ``max_groups = 8``; 64 with caps above 255); ``step``:
+groups used, the last step with a kept event and its kept count (26 bytes); ``one``: the kept
+count (17 bytes). People new in a step are merged into a small sorted *delta*
 (one sort-merge per step, at the cost of the delta's size), and the delta into the main columns
 when it outgrows ``max(2^16, 64 sqrt(main))``: a step's cost does not grow with all the people
 held, and no column has spare capacity (the bytes above are exact). A step in a later period
@@ -141,13 +142,14 @@ class ContributionBounder:
 
     def _empty_columns(self, count: int) -> Columns:
         grouping, width = self.rule.grouping, self.rule.max_groups
+        counts = _counter(self.rule.max_per_group)
         if grouping == "key":
             return {"groups": np.full((count, width), _NO_GROUP, np.int32),
-                    "counts": np.zeros((count, width), np.uint16)}
+                    "counts": np.zeros((count, width), counts)}
         if grouping == "step":
-            return {"used": np.zeros(count, np.uint16), "last": np.full(count, -1, np.int64),
-                    "count": np.zeros(count, np.uint16)}
-        return {"count": np.zeros(count, np.uint16)}
+            return {"used": np.zeros(count, _counter(width)),
+                    "last": np.full(count, -1, np.int64), "count": np.zeros(count, counts)}
+        return {"count": np.zeros(count, counts)}
 
     def _compact(self) -> None:
         """Merge the delta into the main columns."""
@@ -395,21 +397,27 @@ class ContributionBounder:
         """Add the step's kept events to the step's people's columns."""
         grouping = self.rule.grouping
         if grouping == "one":
-            local["count"][pair_person] += kept.astype(np.uint16)
+            local["count"][pair_person] += kept.astype(local["count"].dtype)
         elif grouping == "step":
             old = ~new_group
-            local["count"][pair_person[old]] += kept[old].astype(np.uint16)
+            local["count"][pair_person[old]] += kept[old].astype(local["count"].dtype)
             start = new_group & (allowance > 0)
             person = pair_person[start]
-            local["used"][person] += np.uint16(1)
+            local["used"][person] += local["used"].dtype.type(1)
             local["last"][person] = step
             local["count"][person] = kept[start]
         else:
             held = np.flatnonzero(~new_group)
-            local["counts"][pair_person[held], slot[held]] += kept[held].astype(np.uint16)
+            local["counts"][pair_person[held], slot[held]] += kept[held].astype(
+                local["counts"].dtype)
             added = np.flatnonzero(new_group & (allowance > 0))
             local["groups"][pair_person[added], slot[added]] = pair_group[added]
             local["counts"][pair_person[added], slot[added]] = kept[added]
+
+
+def _counter(cap: int) -> type[np.unsignedinteger[Any]]:
+    """The narrowest column that counts up to ``cap`` (uint8 up to 255, else uint16)."""
+    return np.uint8 if cap <= np.iinfo(np.uint8).max else np.uint16
 
 
 def _ranks(partition: Ints, offset: Ints) -> Ints:
