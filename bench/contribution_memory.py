@@ -12,6 +12,9 @@ people, and a state that does not grow with the number of periods).
   made: the person columns, the period's key ids (a dict of the keys) and the bounder itself;
   *peak* is tracemalloc's peak over the run (the bounder's state plus a step's inputs and its
   scratch arrays), less the same baseline. Both are divided by the people held.
+* **speed**: CPU time per event of :meth:`PersonHasher.hash_many` and of ``keep`` (counters'
+  rule), 5 steps of ``--speed-events`` Zipf-distributed events over ``--speed-people`` people
+  and ``--keys`` keys, with string keys and with integer key codes.
 * **periods**: a period of 2 steps, ``--periods`` periods of 1 M new people each (1 M a step,
   half of them returning in the period's second step); held bytes (less the bench's own array
   of the period's people) and people after each step.
@@ -130,6 +133,41 @@ def periods_run(periods: int, per_period: int, events: int, keys: int,
     return rows
 
 
+def speed_run(events: int, people: int, keys: int, steps: int, seed: int) -> list[dict[str, Any]]:
+    """CPU time of hashing and of ``keep`` on Zipf-distributed people and keys (s = 1.3).
+
+    Each step has ``events`` events over ``people`` people and ``keys`` keys (string keys, as
+    decoded, and the same as integer codes), two partitions interleaved in offset order.
+    """
+    from dpstream.core.contribution import PersonHasher
+
+    rng = np.random.default_rng(seed)
+    ids = [f"person-{i}" for i in range(people)]
+    names = [f"key-{i}" for i in range(keys)]
+    hasher = PersonHasher(bytes(range(32)))
+    rows = []
+    for label in ("string keys", "integer keys"):
+        bounder = ContributionBounder(RULES["key"])
+        hash_s = keep_s = 0.0
+        for step in range(steps):
+            who = (rng.zipf(1.3, events) - 1) % people
+            what = (rng.zipf(1.3, events) - 1) % keys
+            batch = [ids[i] for i in who.tolist()]
+            groups: Any = [names[i] for i in what.tolist()] if label == "string keys" else what
+            partition = np.arange(events, dtype=np.int64) % 2
+            offsets = np.arange(events, dtype=np.int64) // 2 + step * events
+            start = time.process_time()
+            hashes = hasher.hash_many(batch)
+            middle = time.process_time()
+            bounder.keep(step, hashes, groups, partition, offsets)
+            keep_s += time.process_time() - middle
+            hash_s += middle - start
+        rows.append({"keys": label, "events": events * steps, "people held": bounder.people,
+                     "hash_ns_per_event": 1e9 * hash_s / (events * steps),
+                     "keep_ns_per_event": 1e9 * keep_s / (events * steps)})
+    return rows
+
+
 def mib(value: float) -> str:
     return f"{value / 2**20:,.1f} MiB"
 
@@ -144,6 +182,9 @@ def main() -> None:
     parser.add_argument("--period-people", type=int, default=1_000_000)
     parser.add_argument("--groupings", default="key,step,one")
     parser.add_argument("--seed", type=int, default=24)
+    parser.add_argument("--speed-events", type=int, default=1_000_000,
+                        help="events a step of the speed table (0: no speed table)")
+    parser.add_argument("--speed-people", type=int, default=1_000_000)
     parser.add_argument("--out", default="", help="write results/<out>.json and .md")
     args = parser.parse_args()
 
@@ -164,6 +205,14 @@ def main() -> None:
     for row in period_rows:
         lines.append(f"| {row['step']} | {row['period']} | {row['people']:,} | "
                      f"{mib(row['held_bytes'])} | {row['held_per_person']:.1f} B |")
+    speed = (speed_run(args.speed_events, args.speed_people, args.keys, 5, args.seed + 2)
+             if args.speed_events else [])
+    if speed:
+        lines += ["", "| keys | events | people held | hash ns / event | keep ns / event |",
+                  "|---|---|---|---|---|"]
+        for row in speed:
+            lines.append(f"| {row['keys']} | {row['events']:,} | {row['people held']:,} | "
+                         f"{row['hash_ns_per_event']:.0f} | {row['keep_ns_per_event']:.0f} |")
     table = "\n".join(lines)
     print(table)
     if args.out:
@@ -172,7 +221,8 @@ def main() -> None:
                 "numpy": np.__version__, "machine": platform.machine(),
                 "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
         (RESULTS / f"{args.out}.json").write_text(json.dumps(
-            {"meta": meta, "people": runs, "periods": period_rows}, indent=1) + "\n")
+            {"meta": meta, "people": runs, "periods": period_rows, "speed": speed},
+            indent=1) + "\n")
         print(f"wrote results/{args.out}.json")
 
 
