@@ -62,8 +62,8 @@ run is on all blocks so far with pure ε_t-DP output perturbation per ``r`` rows
 person's ``B`` blocks make it ``kappa B ε_t``-DP, i.e. ``(kappa B ε_t)^2/2``-zCDP, and over the
 runs ``rho_person <= kappa^2 B^2 rho`` (``rho = ε^2/(18 log(1/δ))``, BBImprover's budget),
 reported as ``(ε_person, δ)`` (Bun–Steinke 2016, Prop. 1.3). The stage's keyed 128-bit person
-hash can collide; a collision's probability is the stage's δ term
-(:mod:`dpstream.core.contribution`) and adds to ``δ``.
+hash can collide; a collision's probability is the stage's δ term (stated where
+the person hash is) and adds to ``δ``.
 
 **Sampling** (Algorithms 6–8) is refused at ``unit = "user"`` (:func:`check_user_level`): the
 amplification ``ln(1 + q(e^ε − 1))`` is per row, and a person's ``r`` rows are sampled
