@@ -10,9 +10,9 @@ that both use the same ones.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 import numpy as np
 import orjson
@@ -30,7 +30,6 @@ TOPICS: Final = {"input_topic": "events", "models_topic": "models",
                  "dead_letter_topic": "dead-letters"}
 ALGORITHMS: Final = ("continual", "multi-resolution", "sliding-window", "independent", "ermg")
 MAX_STREAMS: Final = 1024
-_T = TypeVar("_T")
 
 
 # -- configuration ---------------------------------------------------------------------------
@@ -258,7 +257,7 @@ def parse_config(raw: dict[str, Any], source: str = "<dict>") -> ErmConfig:
                           "privacy.accounting = 'pure'")
     contribution = fields["contribution"]
     if contribution.user_level:
-        model = _replace(model, unit_rows=contribution.cap("max_rows_per_block"))
+        model = replace(model, unit_rows=contribution.cap("max_rows_per_block"))
         try:
             check_user_level(schedule)
         except InvalidParameterError as exc:
@@ -307,7 +306,7 @@ def _with_holdout(config: ErmConfig, path: str, source: str) -> ErmConfig:
     return _replace(config, holdout=holdout)
 
 
-def _replace(config: _T, **changes: Any) -> _T:
+def _replace(config: ErmConfig, **changes: Any) -> ErmConfig:
     import dataclasses  # noqa: PLC0415
 
     return dataclasses.replace(config, **changes)

@@ -52,7 +52,7 @@ class ErmClock(StepClock):
         self._user_row = user_row(config.model.columns)
 
     def decode(self, partition: int, messages: RawBatch, dead: list[DeadLetter]
-               ) -> tuple[list[Any], list[float], list[int]]:
+               ) -> tuple[list[Any] | np.ndarray, list[float], list[int]]:
         """Events with usable features, label, stream and time; the rest are dead letters."""
         config = self.config
         time_field, stream_field = config.time_field, config.stream_field
