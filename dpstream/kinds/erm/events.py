@@ -7,11 +7,11 @@ detecting late records is the shared clock's job (:mod:`dpstream.stream.clock`).
 
 At ``contribution.unit = "user"`` a record must also name its person in
 ``contribution.user_field`` (a non-empty string; else a dead letter, :func:`bad_person`), the
-decoder fills :attr:`ErmClock.decoded_people` aligned with its payloads (the shared clock hashes
-them at once; the raw ids go no further), and each payload carries its own row (a record of
-:func:`user_row`: features, label, stream, partition and offset), because the contribution stage
-routes the kept payloads from another operator. At the event level the payloads stay indexes
-into the batch's arrays, as before.
+decoder fills :attr:`~dpstream.stream.clock.StepClock.decoded_people` aligned with its
+payloads (the shared clock hashes them at once; the raw ids go no further), and each payload
+carries its own row (a record of :func:`user_row`: features, label, stream, partition and
+offset), because the contribution stage routes the kept payloads from another operator. At the
+event level the payloads stay indexes into the batch's arrays, as before.
 """
 
 from __future__ import annotations
@@ -48,7 +48,6 @@ class ErmClock(StepClock):
         self._y = np.empty(0, dtype=np.int64)
         self._streams = np.empty(0, dtype=np.int64)
         self._order = np.empty((0, 2), dtype=np.int64)
-        self.decoded_people: list[str] = []
         self._user_row = user_row(config.model.columns)
 
     def decode(self, partition: int, messages: RawBatch, dead: list[DeadLetter]
