@@ -23,6 +23,7 @@ from support.flows import run_in_memory
 from support.messages import raw
 
 from dpstream.core.accounting.ledger import exact
+from dpstream.core.contribution.people import PEOPLE_BOUND, collision_delta
 from dpstream.core.erm.contribution import (
     noise_std,
     person_cost,
@@ -47,6 +48,7 @@ from dpstream.messages import RawBatch
 from dpstream.stream.clock import bad_person
 
 KEY = NoiseKey.for_tests(24)
+COLLISION = collision_delta(PEOPLE_BOUND)  # just above 2^-64
 COORDS = ("i", "f", "erm", "a")
 ORIGIN = 1_790_000_000  # 2026-09-21T14:13:20Z
 D = 3
@@ -250,7 +252,7 @@ def test_model_records_carry_the_user_level_only_at_the_user_level() -> None:
     assert cost is not None
     assert privacy["unit"] == "user"
     assert privacy["user"] == {"period_steps": 3600, "max_rows_per_block": 3, "max_blocks": 2,
-                               "epsilon": float(cost.total)}
+                               "epsilon": float(cost.total), "delta": COLLISION}
     event = parse_config(_tables(model={"classes": ["no", "yes"], "dimension": 2,
                                         "streams": ["a"], "stream_field": None}))
     _, _, body = ModelEncoder(event, "u-1").encode(_record())
@@ -261,7 +263,7 @@ def test_model_records_carry_the_user_level_only_at_the_user_level() -> None:
     _, _, body = ModelEncoder(zcdp, "u-1").encode(_record())
     user_part = json.loads(body)["privacy"]["user"]
     assert user_part["rho"] == float(zcdp.person_cost().total)  # type: ignore[union-attr]
-    assert user_part["delta"] == 1e-6 and user_part["epsilon"] > user_part["rho"]
+    assert user_part["delta"] == 1e-6 + COLLISION and user_part["epsilon"] > user_part["rho"]
 
 
 # --- the decoder --------------------------------------------------------------------------
@@ -412,5 +414,5 @@ def test_a_user_level_flow_keeps_a_persons_rows_within_the_caps_and_says_so() ->
     for m in models:
         assert m["privacy"]["unit"] == "user"
         assert m["privacy"]["user"] == {"max_rows_per_block": 3, "max_blocks": 2,
-                                        "epsilon": float(cost.total)}
+                                        "epsilon": float(cost.total), "delta": COLLISION}
         assert m["privacy"]["budget"] == 2.0

@@ -61,9 +61,11 @@ holding all ``B`` of a person's blocks costs ``B^2`` times its per-block charge.
 run is on all blocks so far with pure ε_t-DP output perturbation per ``r`` rows of a block, so a
 person's ``B`` blocks make it ``kappa B ε_t``-DP, i.e. ``(kappa B ε_t)^2/2``-zCDP, and over the
 runs ``rho_person <= kappa^2 B^2 rho`` (``rho = ε^2/(18 log(1/δ))``, BBImprover's budget),
-reported as ``(ε_person, δ)`` (Bun–Steinke 2016, Prop. 1.3). The stage's keyed 128-bit person
-hash can collide; a collision's probability is the stage's δ term (stated where
-the person hash is) and adds to ``δ``.
+reported as ``(ε_person, δ)`` (Bun–Steinke 2016, Prop. 1.3). **Collisions.** The stage's keyed
+128-bit person hash can collide, and a collision breaks "only the person's own rows change";
+:mod:`dpstream.core.contribution.people` bounds its probability by
+``collision_delta(PEOPLE_BOUND) = 2^-64``, which every reported δ includes
+(:meth:`PersonCost.delta`): ``(ε_person, 2^-64)`` for pure ε, ``(ε_person, δ + 2^-64)`` from ρ.
 
 **Sampling** (Algorithms 6–8) is refused at ``unit = "user"`` (:func:`check_user_level`): the
 amplification ``ln(1 + q(e^ε − 1))`` is per row, and a person's ``r`` rows are sampled
@@ -92,6 +94,7 @@ from typing import TYPE_CHECKING, Final, Literal
 
 from dpstream.core._checks import integer_at_least
 from dpstream.core.accounting.ledger import exact, zcdp_to_approx_dp
+from dpstream.core.contribution.people import PEOPLE_BOUND, collision_delta
 from dpstream.core.erm.grid import GRID_BITS, PRECISION_BITS, _grid_constants
 from dpstream.core.erm.output_noise import NoiseLevel
 from dpstream.core.erm.schedules.spec import ScheduleSpec
@@ -188,6 +191,11 @@ class PersonCost:
         if self.accounting == "pure":
             return float(self.total)
         return zcdp_to_approx_dp(float(self.total), delta)
+
+    def delta(self, delta: float) -> float:
+        """The δ of the person's guarantee: the hash-collision term, plus ``delta`` from ρ."""
+        collision = collision_delta(PEOPLE_BOUND)
+        return collision if self.accounting == "pure" else delta + collision
 
 
 def person_cost(spec: ScheduleSpec | ErmgSpec, erm: ErmSpec, max_blocks: int,

@@ -157,13 +157,15 @@ class ErmConfig(FlowConfig):
                  f"{r} x L/(lambda n)); a person has rows in at most {blocks} blocks a period"]
         if cost.accounting == "pure":
             lines.append(f"per person and period: epsilon <= {float(cost.stream_factor):.6g} x "
-                         f"{blocks} x {float(cost.per_block):.6g} = {float(cost.total):.6g}")
+                         f"{blocks} x {float(cost.per_block):.6g} = {float(cost.total):.6g} "
+                         f"(delta = {cost.delta(self.delta):.3g}: person-hash collisions)")
         else:
             how = ("kappa^2 B^2 rho (every run uses all blocks)" if cost.accounting == "ermg"
                    else f"kappa m B rho, m = {cost.overlap} blocks in one computation")
             lines.append(f"per person and period: rho <= {how} = {float(cost.total):.6g}, "
                          f"(epsilon, delta) = ({cost.epsilon(self.delta):.6g}, "
-                         f"{self.delta:g}) (kappa = {float(cost.stream_factor):.6g}); a "
+                         f"{cost.delta(self.delta):g}; with person-hash collisions) (kappa = "
+                         f"{float(cost.stream_factor):.6g}); a "
                          "computation may span periods, so a person active in k periods pays "
                          "k^2 times this rho")
         stds = ", ".join(f"{k} {v:.4g}" for k, v in self.noise_std().items())

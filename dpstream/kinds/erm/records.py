@@ -27,13 +27,12 @@ class ModelEncoder:
         cost = config.person_cost()
         if cost is not None:  # unit = "user": what a person may cost in all, per period
             c = config.contribution
-            zcdp = cost.accounting != "pure"
+            zcdp = cost.accounting != "pure"  # the delta has the hash-collision term
             self.unit = "user"
             self.user = schemas.UserPrivacy(
                 period_steps=c.period_steps, max_rows_per_block=c.cap("max_rows_per_block"),
                 max_blocks=c.cap("max_blocks"), epsilon=cost.epsilon(config.delta),
-                delta=config.delta if zcdp else None,
-                rho=float(cost.total) if zcdp else None)
+                delta=cost.delta(config.delta), rho=float(cost.total) if zcdp else None)
 
     def _window(self, first: int, last: int) -> schemas.Window:
         return schemas.Window.of_steps(self.config.origin, self.config.step_seconds, first, last,
