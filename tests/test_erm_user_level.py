@@ -31,15 +31,15 @@ from dpstream.core.erm.contribution import (
     widest_computation,
 )
 from dpstream.core.erm.ermg import ErmgSpec
-from dpstream.core.erm.grid import round_to_grid
+from dpstream.core.erm.grid import round_to_grid, rows_l1_factor
 from dpstream.core.erm.output_noise import NoiseLevel, private_erm
+from dpstream.core.erm.sampling import amplified_epsilon
 from dpstream.core.erm.schedules.schedule import ReleaseSchedule
 from dpstream.core.erm.schedules.spec import ScheduleSpec
 from dpstream.core.erm.solver import solve
 from dpstream.core.erm.spec import Block, ErmSpec
 from dpstream.core.noise.coordinates import parameter_digest
 from dpstream.core.noise.keys import NoiseKey
-from dpstream.errors import ConfigError
 from dpstream.kinds.erm.config import parse_config
 from dpstream.kinds.erm.events import ErmClock
 from dpstream.kinds.erm.records import ModelEncoder
@@ -199,11 +199,38 @@ def test_a_persons_rows_in_k_blocks_move_the_rounded_integers_by_at_most_k_d1(k:
     assert worst > (k - 1) * spec.grid_l1_sensitivity / 4  # the bound is not vacuous here
 
 
-def test_sampling_is_refused_at_the_user_level_with_a_precise_error() -> None:
-    with pytest.raises(ConfigError, match=r"release.sampling = true is refused with "
-                                          r"contribution.unit = 'user'"):
-        parse_config(_tables(contribution=USER, sampling=True))
-    parse_config(_tables(sampling=True))  # the event level keeps it
+@pytest.mark.parametrize("algorithm", ["multi-resolution", "continual", "sliding-window"])
+def test_sampling_amplifies_kappa_r_times_the_cost_and_keeps_the_papers_charges(
+        algorithm: str) -> None:
+    """A person's r rows are sampled independently: the plan amplifies ``kappa_r cost`` (the
+    rows' linear bound) and lowers the rate until that is at most the paper's ``cost/2^j``."""
+    spec = ScheduleSpec(algorithm=algorithm, epsilon=1.0, block_size=10, base_blocks=1,
+                        window_blocks=7, sampling=True)
+    r = 6
+    kappa = rows_l1_factor(3, r)
+    assert kappa == stream_factor(_erm("pure", r), r, "pure") and 1 < kappa < 1 + Fraction(1, 500)
+    assert rows_l1_factor(3, 1) == 1
+    charged: dict[int, list[Any]] = {}
+    for rows in (1, r):
+        s = ReleaseSchedule(spec, _erm("pure", rows), KEY, COORDS, train=FakeTrain())
+        for step in range(12):
+            s.add_block(step, _block(20, step, s.erm))
+            for c in s.trained:
+                charged.setdefault(rows, []).append(c)
+        assert s.max_block_spend() <= spec.budget()
+    event, user = charged[1], charged[r]
+    sampled = [(a, b) for a, b in zip(event, user, strict=True) if b.rate is not None]
+    assert sampled
+    for a, b in sampled:
+        assert a.rate is not None and b.rate <= a.rate  # a lower rate for r rows
+        full = spec.reference_costs()["update" if b.role == "update" else (
+            "multi-resolution" if algorithm != "sliding-window" else "update")]
+        target = full / (1 << int(b.level or 0))
+        assert b.cost == amplified_epsilon(kappa * full, b.rate) <= target
+        assert a.cost == amplified_epsilon(full, a.rate) <= target
+    for a, b in zip(event, user, strict=True):  # unsampled computations charge the same
+        if b.rate is None:
+            assert a.cost == b.cost
 
 
 # --- configuration and records ------------------------------------------------------------

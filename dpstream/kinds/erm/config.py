@@ -18,11 +18,11 @@ import numpy as np
 import orjson
 
 from dpstream.config import FlowConfig, Section, build_spec, parse_common, positive
-from dpstream.core.erm.contribution import PersonCost, check_user_level, noise_std, person_cost
+from dpstream.core.erm.contribution import PersonCost, noise_std, person_cost
 from dpstream.core.erm.schedules.spec import ScheduleSpec
 from dpstream.core.erm.spec import ErmSpec
 from dpstream.core.noise.coordinates import parameter_digest
-from dpstream.errors import ConfigError, InvalidParameterError
+from dpstream.errors import ConfigError
 
 __all__ = ["ALGORITHMS", "MAX_STREAMS", "TOPICS", "ErmConfig", "Holdout", "parse_config"]
 
@@ -260,10 +260,6 @@ def parse_config(raw: dict[str, Any], source: str = "<dict>") -> ErmConfig:
     contribution = fields["contribution"]
     if contribution.user_level:
         model = replace(model, unit_rows=contribution.cap("max_rows_per_block"))
-        try:
-            check_user_level(schedule)
-        except InvalidParameterError as exc:
-            raise ConfigError(str(exc)) from None
     holdout_section = tables["holdout"]
     path = holdout_section.get("path", None, str)
     holdout_section.finish()
