@@ -79,6 +79,7 @@ def _tables(*, contribution: dict[str, Any] | None = None, model: dict[str, Any]
         tables["contribution"] = contribution
     tables["model"].update(model or {})
     tables["privacy"].update(privacy or {})
+    tables["release"] = {k: v for k, v in tables["release"].items() if v is not None}
     return tables
 
 
@@ -443,3 +444,29 @@ def test_a_user_level_flow_keeps_a_persons_rows_within_the_caps_and_says_so() ->
         assert m["privacy"]["user"] == {"max_rows_per_block": 3, "max_blocks": 2,
                                         "epsilon": float(cost.total), "delta": COLLISION}
         assert m["privacy"]["budget"] == 2.0
+
+
+@pytest.mark.flow
+@pytest.mark.parametrize("privacy, release", [
+    ({"accounting": "zcdp", "rho": 0.5}, {}),
+    ({}, {"algorithm": "multi-resolution", "sampling": True}),
+    ({}, {"algorithm": "sliding-window", "window_blocks": 3, "base_blocks": None}),
+    ({}, {"algorithm": "independent", "base_blocks": None}),
+    ({"delta": 1e-6}, {"algorithm": "ermg", "first_blocks": 2, "base_blocks": None}),
+])
+def test_every_schedule_runs_at_the_user_level_and_reports_the_person(
+        privacy: dict[str, Any], release: dict[str, Any]) -> None:
+    config = parse_config(_tables(contribution=USER, privacy=privacy, **release))
+    out = run_in_memory(config, _stream(), KEY, instance="u-1", partitions=2)
+    models = [json.loads(v) for role, _k, v in out if role == "models"]
+    assert models and len(models) == len(out)  # no dead letter: every record names a person
+    cost = config.person_cost()
+    assert cost is not None
+    expected = {"max_rows_per_block": 3, "max_blocks": 2, "epsilon": cost.epsilon(1e-6),
+                "delta": cost.delta(1e-6)}
+    if cost.accounting != "pure":
+        expected["rho"] = float(cost.total)
+    for m in models:
+        assert m["privacy"]["unit"] == "user" and m["privacy"]["user"] == expected
+        assert m["noise"]["std"] > 0
+    assert {m["role"] for m in models} <= set(config.noise_std()) | {"window", "ermg"}
