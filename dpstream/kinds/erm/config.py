@@ -108,10 +108,6 @@ class ErmConfig(FlowConfig):
         return person_cost(self.schedule, self.model, contribution.cap("max_blocks"),
                            len(self.streams))
 
-    def person_unit(self) -> str:
-        """The unit of :meth:`person_cost`'s total: ``epsilon`` (pure) or ``rho``."""
-        return "epsilon" if self.accounting == "pure" and self.algorithm != "ermg" else "rho"
-
     def noise_std(self) -> dict[str, float]:
         """The noise std of each released coordinate (parameter units), by model role.
 
@@ -145,7 +141,6 @@ class ErmConfig(FlowConfig):
         if self.holdout is not None:
             lines.append(f"holdout: {self.holdout.rows} public rows from {self.holdout.path}")
         return "\n".join(lines)
-
 
     def _describe_person(self, cost: PersonCost) -> list[str]:
         """The user-level lines of :meth:`describe`."""
