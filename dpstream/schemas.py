@@ -71,11 +71,11 @@ __all__ = [
     "ModelFeatures",
     "ModelHoldout",
     "ModelNoise",
+    "PersonLevel",
     "Privacy",
     "Record",
     "Release",
     "Status",
-    "UserPrivacy",
     "Window",
     "encode",
     "to_builtins",
@@ -150,32 +150,25 @@ class ApproxDp(_Data, frozen=True, kw_only=True):
     delta: float
 
 
-class UserPrivacy(_Data, frozen=True, kw_only=True):
-    """What one person may cost in all, per period, at ``privacy.unit = "user"``.
+class PersonLevel(_Data, frozen=True, kw_only=True):
+    """What one person's bounded contribution costs over the whole flow (``unit = "user"``).
 
-    Written only by flows with ``contribution.unit = "user"``; every field is configuration
-    (or derived from it), never data. The caps a kind does not take are left out.
+    Written only at the user level (a function of the configuration: public).
 
     Attributes:
-        period_steps: the period in steps (left out: the person's lifetime).
-        max_keys: counters, the keys a person may contribute to (L0).
-        max_per_key: counters, the events a person may contribute to one key (Linf).
-        max_rows: PMWG, the rows a person may add to a histogram.
-        max_rows_per_block: ERM, the rows a person may have in one block (step).
-        max_blocks: ERM, the blocks a person may have rows in.
-        epsilon: the person's ε (pure), or the ε of (ε, ``delta``) a ρ converts to.
-        delta: the δ of that guarantee (left out for pure ε).
-        rho: the person's ρ (zCDP; left out for pure ε).
+        period: ``lifetime``, or ``"N steps"``: the unit is a person's events within one
+            period, and a person active in k periods is protected at k times these figures.
+        caps: the contribution caps, ``(name, value)`` pairs (counters: ``max_keys``,
+            ``max_per_key``).
+        epsilon: the person's total epsilon (zCDP: converted at the record's delta).
+        delta: the person's total delta (with the hash-collision delta).
+        rho: the person's total rho (zCDP only).
     """
 
-    period_steps: int | None = None
-    max_keys: int | None = None
-    max_per_key: int | None = None
-    max_rows: int | None = None
-    max_rows_per_block: int | None = None
-    max_blocks: int | None = None
+    period: str
+    caps: tuple[tuple[str, int], ...]
     epsilon: float
-    delta: float | None = None
+    delta: float
     rho: float | None = None
 
 
@@ -183,9 +176,7 @@ class Privacy(_Data, frozen=True, kw_only=True):
     """What a record has cost, per privacy unit.
 
     Attributes:
-        unit: the privacy unit (``event``, or ``user``: then ``cost``, ``spent`` and
-            ``budget`` are what one person's bounded contribution costs where the record
-            says, and ``user`` what a person may cost in all).
+        unit: the privacy unit (``event``, or ``user``: one person's bounded contribution).
         accounting: the ledger's unit: ``epsilon`` or ``rho`` (releases); ``pure`` or ``zcdp``
             (answers, models); ``approx_dp`` (ERMG models: ε of (ε, δ)).
         cost: this record's own cost (models).
@@ -193,7 +184,8 @@ class Privacy(_Data, frozen=True, kw_only=True):
         budget: what it may spend.
         delta: the δ of the guarantee, where there is one.
         approx_dp: the (ε, δ) a zCDP spend implies.
-        user: what one person may cost in all (``unit = "user"`` only).
+        person: at the user level only, what one person's contribution costs in all (the
+            other figures are then per key, histogram or model stream, against one person).
     """
 
     unit: str
@@ -203,7 +195,7 @@ class Privacy(_Data, frozen=True, kw_only=True):
     budget: float
     delta: float | None = None
     approx_dp: ApproxDp | None = None
-    user: UserPrivacy | None = None
+    person: PersonLevel | None = None
 
     @property
     def remaining(self) -> float:

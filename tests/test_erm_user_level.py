@@ -279,17 +279,18 @@ def test_model_records_carry_the_user_level_only_at_the_user_level() -> None:
     cost = user.person_cost()
     assert cost is not None
     assert privacy["unit"] == "user"
-    assert privacy["user"] == {"period_steps": 3600, "max_rows_per_block": 3, "max_blocks": 2,
-                               "epsilon": float(cost.total), "delta": COLLISION}
+    assert privacy["person"] == {"period": "3600 steps",
+                                 "caps": [["max_rows_per_block", 3], ["max_blocks", 2]],
+                                 "epsilon": float(cost.total), "delta": COLLISION}
     event = parse_config(_tables(model={"classes": ["no", "yes"], "dimension": 2,
                                         "streams": ["a"], "stream_field": None}))
     _, _, body = ModelEncoder(event, "u-1").encode(_record())
     privacy = json.loads(body)["privacy"]
-    assert privacy["unit"] == "event" and "user" not in privacy
+    assert privacy["unit"] == "event" and "person" not in privacy
     zcdp = parse_config(_tables(privacy={"accounting": "zcdp", "rho": 0.5}, contribution=USER,
                                 model={"dimension": 2}))
     _, _, body = ModelEncoder(zcdp, "u-1").encode(_record())
-    user_part = json.loads(body)["privacy"]["user"]
+    user_part = json.loads(body)["privacy"]["person"]
     assert user_part["rho"] == float(zcdp.person_cost().total)  # type: ignore[union-attr]
     assert user_part["delta"] == 1e-6 + COLLISION and user_part["epsilon"] > user_part["rho"]
 
@@ -441,8 +442,9 @@ def test_a_user_level_flow_keeps_a_persons_rows_within_the_caps_and_says_so() ->
     assert cost is not None
     for m in models:
         assert m["privacy"]["unit"] == "user"
-        assert m["privacy"]["user"] == {"max_rows_per_block": 3, "max_blocks": 2,
-                                        "epsilon": float(cost.total), "delta": COLLISION}
+        assert m["privacy"]["person"] == {
+            "period": "lifetime", "caps": [["max_rows_per_block", 3], ["max_blocks", 2]],
+            "epsilon": float(cost.total), "delta": COLLISION}
         assert m["privacy"]["budget"] == 2.0
 
 
@@ -462,11 +464,11 @@ def test_every_schedule_runs_at_the_user_level_and_reports_the_person(
     assert models and len(models) == len(out)  # no dead letter: every record names a person
     cost = config.person_cost()
     assert cost is not None
-    expected = {"max_rows_per_block": 3, "max_blocks": 2, "epsilon": cost.epsilon(1e-6),
-                "delta": cost.delta(1e-6)}
+    expected = {"period": "lifetime", "caps": [["max_rows_per_block", 3], ["max_blocks", 2]],
+                "epsilon": cost.epsilon(1e-6), "delta": cost.delta(1e-6)}
     if cost.accounting != "pure":
         expected["rho"] = float(cost.total)
     for m in models:
-        assert m["privacy"]["unit"] == "user" and m["privacy"]["user"] == expected
+        assert m["privacy"]["unit"] == "user" and m["privacy"]["person"] == expected
         assert m["noise"]["std"] > 0
     assert {m["role"] for m in models} <= set(config.noise_std()) | {"window", "ermg"}
