@@ -195,9 +195,37 @@ def test_a_persons_rows_in_k_blocks_move_the_rounded_integers_by_at_most_k_d1(k:
         a = round_to_grid(solve(spec, base, n, None, precision=tau).params, g)
         b = round_to_grid(solve(spec, both, n, None, precision=tau).params, g)
         l1 = sum(abs(u - v) for u, v in zip(a, b, strict=True))
+        l2 = math.sqrt(sum((u - v) ** 2 for u, v in zip(a, b, strict=True)))
         worst = max(worst, l1)
         assert l1 <= k * spec.grid_l1_sensitivity
+        assert l2 <= k * spec.grid_l2_sensitivity
     assert worst > (k - 1) * spec.grid_l1_sensitivity / 4  # the bound is not vacuous here
+
+
+def test_a_persons_block_split_over_streams_stays_within_the_stream_factor() -> None:
+    """r rows of one block spread over two streams: the two streams' integer moves, summed,
+    stay within kappa D1 (L1) and sqrt(kappa_zcdp) D2 (L2)."""
+    r, n = 4, 40.0
+    spec = _erm("pure", r)
+    delta = spec.sensitivity(n)
+    g, tau = spec.grid(delta), float(spec.precision(n))
+    kappa = stream_factor(spec, 2, "pure")
+    kappa_z = stream_factor(_erm("zcdp", r), 2, "zcdp")
+    for seed in range(4):
+        rng = np.random.default_rng(200 + seed)
+        person = Block(spec.features(rng.normal(size=(r, spec.dimension)) * 5),
+                       rng.integers(0, 2, r))
+        l1 = l2 = 0.0
+        for stream, rows in enumerate((slice(0, 1), slice(1, r))):  # 1 row and r - 1 rows
+            base = _block(30, 10 * seed + stream, spec)
+            extra = Block(person.z[rows], person.y[rows])
+            a = round_to_grid(solve(spec, base, n, None, precision=tau).params, g)
+            b = round_to_grid(solve(spec, Block.concat([base, extra], spec.columns), n, None,
+                                    precision=tau).params, g)
+            l1 += sum(abs(u - v) for u, v in zip(a, b, strict=True))
+            l2 += math.sqrt(sum((u - v) ** 2 for u, v in zip(a, b, strict=True)))
+        assert l1 <= kappa * spec.grid_l1_sensitivity
+        assert l2 ** 2 <= kappa_z * spec.grid_l2_sensitivity ** 2
 
 
 @pytest.mark.parametrize("algorithm", ["multi-resolution", "continual", "sliding-window"])
