@@ -30,7 +30,7 @@ from support.messages import raw
 
 from dpstream.core.contribution.people import PersonHasher
 from dpstream.core.noise.keys import NoiseKey
-from dpstream.errors import RecoveryMismatchError
+from dpstream.errors import InvalidParameterError, RecoveryMismatchError
 from dpstream.kinds.counters.events import PartitionClock
 from dpstream.kinds.counters.shard import ShardState
 from dpstream.metrics import FlowMetrics
@@ -328,7 +328,7 @@ def test_the_clock_sends_hashes_never_ids_to_the_person_shards():
     assert list(events.offsets) == [0] and list(events.partitions) == [0]
 
 
-def test_a_snapshot_of_another_instance_is_refused():
+def test_a_snapshot_of_another_instance_or_under_other_caps_is_refused():
     cfg = config("open")
     stage = drive(cfg, stream(people=5))
     state = stage.shards[0].to_state()
@@ -336,6 +336,11 @@ def test_a_snapshot_of_another_instance_is_refused():
     with pytest.raises(RecoveryMismatchError):
         BoundingShard(KINDS["counters"].clock(cfg, {})(None), cfg, digest, NOISE, "other",
                       3, state)
+    other = config("open", max_keys=3)  # other caps: the kinds' digests bind them too
+    with pytest.raises(InvalidParameterError, match="caps|mechanism"):
+        BoundingShard(KINDS["counters"].clock(other, {})(None), other,
+                      KINDS["counters"].binding(other).mechanisms_digest, NOISE, "u-1", 3,
+                      state)
 
 
 @pytest.mark.flow
@@ -513,7 +518,10 @@ def test_people_stay_aligned_when_a_batch_is_decoded_again(odd):
 
 
 class _Questions(PartitionClock):
-    """The counters clock, with partition 1 as an input of no person (like PMWG's questions)."""
+    """The counters clock, with partition 1 as an input of no person (like PMWG's questions,
+    routed with the kind's ``route``, as such a kind does)."""
+
+    route_bounded = None
 
     def carries_people(self, partition):
         return partition != 1
@@ -531,7 +539,9 @@ def test_a_public_input_passes_unbounded_and_a_decoder_that_names_no_one_is_refu
     cfg = config("open", max_keys=1, max_per_key=1)
     clock = _clock(cfg, _Questions)
     digest = KINDS["counters"].binding(cfg).mechanisms_digest
-    router = KINDS["counters"].clock(cfg, {})(None)
+    from dpstream.kinds.counters.kind import event_rules
+
+    router = _Questions(event_rules(cfg))
     shards = {s: BoundingShard(router, cfg, digest, NOISE, "u-1", 2) for s in range(cfg.shards)}
     updates = []
     for partition in (0, 1):  # the same person's 10 events on each partition, in step 0
