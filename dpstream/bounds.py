@@ -45,11 +45,11 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import product
 from pathlib import Path
-from typing import Any, BinaryIO, Final
+from typing import Any, BinaryIO, Final, cast
 
 import msgspec
 import numpy as np
@@ -237,7 +237,7 @@ def read_sample(config: FlowConfig, handle: BinaryIO, *, grouping: str,
                 ok[j] = False
                 sample.skip(reason, line)
                 continue
-            names.append(person)  # type: ignore[arg-type]  # a str, checked above
+            names.append(person)
         keep = np.flatnonzero(ok)
         if keep.size:
             kept_refs = np.asarray(refs, dtype=np.int64)[keep]
@@ -313,7 +313,9 @@ def evaluate(sample: Sample, rule: BoundingRule) -> tuple[int, int]:
     bounder = ContributionBounder(rule)
     kept = 0
     for lo, hi in zip(starts.tolist(), ends.tolist(), strict=True):
-        step_groups = groups[lo:hi].tolist() if rule.grouping == "key" else groups[lo:hi]
+        # interned int64 ids: the bounder interns an integer array in bulk
+        step_groups = cast("Sequence[Hashable]", groups[lo:hi]) if rule.grouping == "key" \
+            else None
         keep, _first = bounder.keep(int(steps[lo]), people[lo:hi], step_groups,
                                     partitions[lo:hi], offsets[lo:hi])
         kept += int(np.count_nonzero(keep))
