@@ -213,15 +213,22 @@ def read_sample(config: FlowConfig, handle: BinaryIO, *, grouping: str,
         payloads, times, refs = clock._decode_guarded(0, batch, dead)
         for letter in dead:
             sample.skip(letter.reason, int(letter.offset or 0))
+        # the kind's decoder reads the person at the user level (decoded_people, 1:1 with the
+        # payloads); a decoder that does not is read here with the same rule
+        decoded = getattr(clock, "decoded_people", None)
+        given = decoded if isinstance(decoded, list) and len(decoded) == len(refs) else None
         ok = np.ones(len(refs), dtype=bool)
         names: list[str] = []
         seconds = np.asarray(times, dtype=np.float64)
         for j, ref in enumerate(refs):
             line = numbers[ref]
-            try:
-                person = persons.decode(values[ref]).person
-            except Exception:  # decoded by the kind's decoder, so unlikely: skip, never crash
-                person = None
+            if given is not None:
+                person = given[j]
+            else:
+                try:
+                    person = persons.decode(values[ref]).person
+                except Exception:  # the kind's decoder read the line: unlikely; never a crash
+                    person = None
             reason = None
             if not isinstance(person, str) or not person:
                 reason = _bad_person(config.contribution.user_field)
