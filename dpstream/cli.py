@@ -66,9 +66,9 @@ def _check_config(args: argparse.Namespace) -> int:
 def _user_level_lines(config: Any, described: str) -> list[str]:
     """At ``contribution.unit = "user"``: the contribution line and the noise std per output.
 
-    The contribution line is printed unless the kind's own summary already carries it (the
-    kind's summary states the per-person guarantee); the noise std comes from the kind
-    configuration's ``noise_std()`` at the configured caps, when the kind reports it.
+    The contribution line and the noise std are printed unless the kind's own summary already
+    carries them (the kind's summary states the per-person guarantee); the noise std comes
+    from the kind configuration's ``noise_std()`` at the configured caps, when it has one.
     """
     contribution = config.contribution
     if not contribution.user_level:
@@ -78,7 +78,7 @@ def _user_level_lines(config: Any, described: str) -> list[str]:
     if line not in described:
         lines.append(line)
     noise_std = getattr(config, "noise_std", None)
-    if callable(noise_std):
+    if callable(noise_std) and "noise std" not in described:  # else the kind's summary has it
         stds = noise_std()
         shown = ", ".join(f"{name} {float(std):.4g}" for name, std in stds.items())
         lines.append(f"noise std at these caps: {shown or 'none'} (`dpstream bounds` shows "
