@@ -468,6 +468,14 @@ def run_bounds(config_path: str | os.PathLike[str] | None, sample_path: str,
                                  progress=progress)
     except OSError as exc:
         raise DpstreamError(f"cannot read the sample {sample_path}: {exc.strerror}") from None
+    if not sample.events:
+        reasons = "; ".join(f"{count:,} line(s): {reason} (line "
+                            f"{', '.join(map(str, sample.first_skipped[reason]))}"
+                            f"{', ...' if count > len(sample.first_skipped[reason]) else ''})"
+                            for reason, count in sorted(sample.skipped.items()))
+        raise DpstreamError(f"the sample {sample_path} holds no event the flow would accept, "
+                            f"so there is nothing to bound ({sample.lines:,} lines"
+                            f"{'; skipped ' + reasons if reasons else ''})")
     people = int(np.unique(sample.people).size)
     report = _Progress(progress)
     rows = []

@@ -162,6 +162,17 @@ def test_a_missing_sample_is_a_clear_error(counters_files, capsys):
     assert "cannot read the sample" in capsys.readouterr().err
 
 
+def test_a_sample_without_a_usable_event_is_an_error_that_says_why(counters_files, capsys):
+    config, _sample = counters_files
+    sample = sample_file(config.parent / "bad.jsonl",
+                         ["{not json", {"user": "dave", "key": "a"}, "", "[1]"])
+    assert main(["bounds", "-q", "--config", str(config), str(sample)]) == 2
+    err = capsys.readouterr().err
+    assert "holds no event the flow would accept" in err
+    assert "1 line(s): invalid JSON (line 1)" in err and "(line 2)" in err
+    assert "(line 4)" in err and "dave" not in err
+
+
 def test_pmwg_max_rows_keeps_the_first_rows_of_each_person(tmp_path, capsys):
     histogram = {"name": "h", "mechanism": "histogram", "epsilon": 0.9, "size_epsilon": 0.1,
                  "n": 100, "universe": [{"name": "c", "values": ["x", "y"]}]}
