@@ -265,4 +265,40 @@ def test_check_config_prints_the_contribution_line_at_the_user_level(counters_fi
     assert main(["check-config", str(config)]) == 0
     out = capsys.readouterr().out
     assert "privacy unit: one person (field 'user'), lifetime; caps max_keys = 1" in out
-    assert "alice" not in out
+    parsed = parse_config(tomllib.loads(config.read_text()))
+    if hasattr(parsed, "noise_std"):  # the kind reports its outputs' noise: each one shown
+        assert "noise std" in out
+        for name in parsed.noise_std():
+            assert re.search(rf"noise std\b.*\b{name} [0-9.e+]+", out), (name, out)
+    else:
+        assert "noise std" not in out  # nothing invented
+
+
+def test_each_rows_noise_std_is_the_configurations_at_its_caps(counters_files, capsys):
+    config, sample = counters_files
+    report = run_json(capsys, "--config", str(config), "--max-keys", "1,3",
+                      "--max-per-key", "1,4", str(sample))
+    raw = tomllib.loads(config.read_text())
+    for row in report["rows"]:  # type: ignore[attr-defined]
+        raw["contribution"].update(row["caps"])
+        at_caps = parse_config(raw)
+        if hasattr(at_caps, "noise_std"):
+            assert row["noise_std"] == pytest.approx(at_caps.noise_std(), rel=1e-12)
+        else:
+            assert row["noise_std"] is None
+
+
+def test_progress_goes_to_stderr_unless_quiet(counters_files, capsys, monkeypatch):
+    import dpstream.bounds
+
+    config, sample = counters_files
+    monkeypatch.setattr(dpstream.bounds, "PROGRESS_SECONDS", 0.0)  # report at every batch
+    assert main(["bounds", "--config", str(config), "--max-keys", "1,2", "--max-per-key",
+                 "1", str(sample)]) == 0
+    out = capsys.readouterr()
+    assert re.search(r"^dpstream bounds: read 12 lines \(100%\)", out.err, re.M), out.err
+    assert "dpstream bounds: candidate 2 of 2" in out.err
+    assert "dpstream bounds:" not in out.out
+    assert main(["bounds", "-q", "--config", str(config), "--max-keys", "1", "--max-per-key",
+                 "1", str(sample)]) == 0
+    assert capsys.readouterr().err == ""
