@@ -302,3 +302,19 @@ def test_progress_goes_to_stderr_unless_quiet(counters_files, capsys, monkeypatc
     assert main(["bounds", "-q", "--config", str(config), "--max-keys", "1", "--max-per-key",
                  "1", str(sample)]) == 0
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.flow
+def test_the_command_line_runs_it_as_a_process(counters_files):
+    import os
+    import subprocess
+    import sys
+
+    config, sample = counters_files
+    done = subprocess.run([sys.executable, "-m", "dpstream.cli", "bounds", "--json", "-q",
+                           "--config", str(config), "--max-keys", "2", "--max-per-key", "2",
+                           str(sample)], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert fractions(json.loads(done.stdout)) == {(2, 2): 5 / 7}  # as derived above
+    assert done.stderr == ""
