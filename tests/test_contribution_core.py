@@ -193,6 +193,23 @@ def test_caps_are_respected_exactly_for_a_heavy_person() -> None:
     assert keep2 == [False, False] and first2 == [False, False]
 
 
+@pytest.mark.parametrize("grouping", ["key", "step", "one"])
+def test_caps_above_255_count_in_sixteen_bits(grouping: str) -> None:
+    rule = BoundingRule(grouping, 1 if grouping == "one" else 300, 300)
+    bounder = ContributionBounder(rule)
+    who = person(3, 4)
+    for step in range(3):
+        events: list[Event] = [(who, "k", 0, 1000 * step + i) for i in range(280)]
+        keep, _ = run(bounder, step, events)
+        total = 280 * (step + 1)
+        if grouping == "step":  # a new block every step: 280 of each
+            assert sum(keep) == 280
+        else:  # one key / one group: 300 in all
+            assert sum(keep) == min(280, max(0, 300 - 280 * step))
+        assert total >= sum(keep)
+    assert bounder.nbytes == 16 + {"key": 300 * 6, "step": 2 + 8 + 2, "one": 2}[grouping]
+
+
 def test_step_and_one_groupings_count_blocks_and_rows() -> None:
     who = person(1, 2)
     steps = ContributionBounder(BoundingRule("step", 2, 3))
@@ -236,7 +253,7 @@ def test_a_new_period_resets_and_the_state_does_not_grow_with_periods() -> None:
     # within a period the people seen accumulate; each new period starts from nothing
     assert sizes[0][0] == 51 and sizes[2][0] == 151 and sizes[3][0] == 51
     assert max(sizes) == sizes[2] == sizes[-1]
-    assert sizes[-1][1] == 151 * (16 + 6 * 2)
+    assert sizes[-1][1] == 151 * (16 + 5 * 2)  # uint8 counts: the cap is below 256
 
 
 def test_state_holds_hashes_never_ids_and_refuses_other_caps() -> None:
@@ -322,3 +339,30 @@ def test_integer_group_arrays_are_interned_like_lists() -> None:
         got_a = a.keep(step, hashes, keys, np.zeros(400, np.int64), offsets)
         got_b = b.keep(step, hashes, keys.tolist(), np.zeros(400, np.int64), offsets)
         assert all((x == y).all() for x, y in zip(got_a, got_b, strict=True))
+
+
+@settings(max_examples=200, deadline=None)
+@given(rules(), streams(), st.integers(0, 6))
+def test_the_delta_merges_and_chunked_lookups_decide_nothing(rule: BoundingRule,
+                                                             steps: list[Step],
+                                                             cut: int) -> None:
+    """With a delta merged after every few new people, tiny comparison chunks, and (for odd
+    cuts) the lexsort that replaces the composite sort when it would overflow."""
+    from unittest import mock
+
+    from dpstream.core.contribution import bounder as module
+
+    with mock.patch.object(module, "_DELTA_MIN", 2), \
+            mock.patch.object(module, "_DELTA_GROWTH", 1), \
+            mock.patch.object(module, "_CHUNK", 3), \
+            mock.patch.object(module, "_COMPOSITE_LIMIT", 2 if cut % 2 else 1 << 62):
+        bounder = ContributionBounder(rule)
+        got = []
+        for i, (step, events) in enumerate(steps):
+            if i == cut:
+                bounder = ContributionBounder(rule, bounder.to_state())
+            got.append(run(bounder, step, events))
+            held = {e[0] for s, evs in steps[:i + 1] for e in evs
+                    if rule.period_of(s) == rule.period_of(step)}
+            assert bounder.people == len(held)
+    assert got == reference(rule, steps)

@@ -40,17 +40,22 @@ group is added at its first event, whose keep is certain, and once the person is
 is added). There is no Python loop per event (the interning of keys excepted: a dict lookup).
 
 **The state** holds, per person seen this period, in columns sorted by hash: the hash (two
-uint64 words, 16 bytes), and what the caps need: ``key``: the person's group ids (int32) and
-kept counts (uint16), ``max_groups`` of each (``16 + 6 max_groups`` bytes: 64 at
-``max_groups = 8``); ``step``: groups used, the last step with a kept event and its kept count
-(28 bytes); ``one``: the kept count (18 bytes). People new in a step are merged in by one
-sort-merge per step. A step in a later period drops the whole state first (the period's people,
-counts and key ids): the state does not grow with the number of periods. The state holds no
-person id (only keyed hashes) but does hold per-person counts: keep the recovery store secret.
+uint64 words, 16 bytes), and what the caps need, counted in uint8 when the cap is at most 255
+(else uint16): ``key``: the person's group ids (int32) and kept counts, ``max_groups`` of each
+(``16 + 5 max_groups`` bytes: 56 at ``max_groups = 8``; 64 with caps above 255); ``step``:
+groups used, the last step with a kept event and its kept count (26 bytes); ``one``: the kept
+count (17 bytes). People new in a step are merged into a small sorted *delta*
+(one sort-merge per step, at the cost of the delta's size), and the delta into the main columns
+when it outgrows ``max(2^16, 64 sqrt(main))``: a step's cost does not grow with all the people
+held, and no column has spare capacity (the bytes above are exact). A step in a later period
+drops the whole state first (the period's people, counts and key ids): the state does not grow
+with the number of periods. The state holds no person id (only keyed hashes) but does hold
+per-person counts: keep the recovery store secret.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Sequence
 from typing import Any, Final
 
@@ -70,10 +75,42 @@ _NO_GROUP: Final = -1
 _CHUNK: Final = 1 << 22
 """Cells of a (pairs x max_groups) comparison done at once (bounds the scratch memory)."""
 _COMPOSITE_LIMIT: Final = 1 << 62
+_DELTA_MIN: Final = 1 << 16
+_DELTA_GROWTH: Final = 64
+"""The delta is merged into the main columns past ``max(_DELTA_MIN, _DELTA_GROWTH sqrt(main))``
+people: a step costs O(delta) moves, a merge O(main), once per ~sqrt(main) new people."""
 
 Bools = npt.NDArray[np.bool_]
 Ints = npt.NDArray[np.int64]
 Words = npt.NDArray[np.uint64]
+Columns = dict[str, npt.NDArray[Any]]
+
+
+class _Sorted:
+    """People's hashes (two uint64 words) and their columns, sorted by hash, exactly sized."""
+
+    __slots__ = ("hi", "lo", "columns")
+
+    def __init__(self, hi: Words, lo: Words, columns: Columns) -> None:
+        self.hi, self.lo, self.columns = hi, lo, columns
+
+    @property
+    def size(self) -> int:
+        return int(self.hi.size)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.hi.nbytes + self.lo.nbytes
+                   + sum(column.nbytes for column in self.columns.values()))
+
+    def insert(self, at: Ints, hi: Words, lo: Words, columns: Columns) -> None:
+        """Insert sorted people at their positions (one column at a time: a small peak)."""
+        if not at.size:
+            return
+        self.hi = np.insert(self.hi, at, hi)
+        self.lo = np.insert(self.lo, at, lo)
+        for name in list(self.columns):
+            self.columns[name] = np.insert(self.columns[name], at, columns[name], axis=0)
 
 
 class ContributionBounder:
@@ -95,25 +132,37 @@ class ContributionBounder:
     def _reset(self, period: int | None) -> None:
         """Drop every person of the old period (and its key ids)."""
         self._period = period
-        self._hi: Words = np.empty(0, np.uint64)
-        self._lo: Words = np.empty(0, np.uint64)
-        self._cols: dict[str, npt.NDArray[Any]] = self._empty_columns(0)
+        self._main = self._segment(0)
+        self._delta = self._segment(0)
         self._keys: dict[Hashable, int] = {}
 
-    def _empty_columns(self, count: int) -> dict[str, npt.NDArray[Any]]:
+    def _segment(self, count: int) -> _Sorted:
+        return _Sorted(np.zeros(count, np.uint64), np.zeros(count, np.uint64),
+                       self._empty_columns(count))
+
+    def _empty_columns(self, count: int) -> Columns:
         grouping, width = self.rule.grouping, self.rule.max_groups
+        counts = _counter(self.rule.max_per_group)
         if grouping == "key":
             return {"groups": np.full((count, width), _NO_GROUP, np.int32),
-                    "counts": np.zeros((count, width), np.uint16)}
+                    "counts": np.zeros((count, width), counts)}
         if grouping == "step":
-            return {"used": np.zeros(count, np.uint16), "last": np.full(count, -1, np.int64),
-                    "count": np.zeros(count, np.uint16)}
-        return {"count": np.zeros(count, np.uint16)}
+            return {"used": np.zeros(count, _counter(width)),
+                    "last": np.full(count, -1, np.int64), "count": np.zeros(count, counts)}
+        return {"count": np.zeros(count, counts)}
+
+    def _compact(self) -> None:
+        """Merge the delta into the main columns."""
+        delta = self._delta
+        if delta.size:
+            at, _found = _locate(self._main.hi, self._main.lo, delta.hi, delta.lo)
+            self._main.insert(at, delta.hi, delta.lo, delta.columns)
+            self._delta = self._segment(0)
 
     @property
     def people(self) -> int:
         """The number of people held (seen this period)."""
-        return int(self._hi.size)
+        return self._main.size + self._delta.size
 
     @property
     def period(self) -> int | None:
@@ -128,8 +177,7 @@ class ContributionBounder:
     @property
     def nbytes(self) -> int:
         """Bytes of the per-person columns (the period's key ids excluded: per key, not person)."""
-        return int(self._hi.nbytes + self._lo.nbytes
-                   + sum(column.nbytes for column in self._cols.values()))
+        return self._main.nbytes + self._delta.nbytes
 
     def to_state(self) -> dict[str, Any]:
         """Plain data to resume from: the rule, the period, the columns and the key ids.
@@ -137,10 +185,12 @@ class ContributionBounder:
         It holds keyed hashes, never a person id, but it holds per-person counts: the recovery
         store that keeps it is secret.
         """
-        people = np.stack([self._hi, self._lo], axis=1).astype(">u8").tobytes()
+        self._compact()
+        main = self._main
+        people = np.stack([main.hi, main.lo], axis=1).astype(">u8").tobytes()
         return {"kind": _STATE_KIND, "version": _STATE_VERSION, "rule": self.rule.to_dict(),
                 "period": self._period, "last_step": self._last_step, "people": people,
-                "columns": {name: column.copy() for name, column in self._cols.items()},
+                "columns": {name: column.copy() for name, column in main.columns.items()},
                 "keys": list(self._keys)}
 
     def _restore(self, state: dict[str, Any]) -> None:
@@ -172,7 +222,7 @@ class ContributionBounder:
         if len(set(keys)) != len(keys):
             raise InvalidParameterError("malformed contribution bounder state: a key twice")
         self._period, self._last_step = period, last
-        self._hi, self._lo, self._cols = hi, lo, columns
+        self._main, self._delta = _Sorted(hi, lo, columns), self._segment(0)
         self._keys = {key: i for i, key in enumerate(keys)}
 
     # -- the decisions --
@@ -213,41 +263,74 @@ class ContributionBounder:
             raise InvalidParameterError(
                 f"grouping 'key' needs one group per event: {n} events, "
                 f"{'no' if groups is None else len(groups)} groups")
+        rank = _ranks(partition, offset)
         period = self.rule.period_of(step)
         if period != self._period:
             self._reset(period)
         self._last_step = step
         if n == 0:
             return np.zeros(0, np.bool_), np.zeros(0, np.bool_)
-        rank = _ranks(partition, offset)
         pid, uhi, ulo = _dense_people(words[:, 0], words[:, 1])
-        position, found = _locate(self._hi, self._lo, uhi, ulo)
-        rows = np.where(found, position, -1)
+        local, where = self._gather(uhi, ulo)
         if grouping == "key":
             assert groups is not None
-            gid = self._intern(groups)
-            pair_of, pair_person, pair_group = _pairs(pid, gid, len(self._keys))
+            order, sorted_pair, pair_person, pair_group = _by_pair(
+                pid, self._intern(groups), len(self._keys), rank)
         else:
-            pair_of, pair_person = pid, np.arange(uhi.size, dtype=np.int64)
+            order = np.argsort(pid * n + rank)
+            sorted_pair = pid[order]
+            pair_person = np.arange(uhi.size, dtype=np.int64)
             pair_group = np.zeros(uhi.size, np.int64)
-        order = np.argsort(pair_of * n + rank)
-        sorted_pair = pair_of[order]
         starts = np.flatnonzero(np.concatenate(([True], sorted_pair[1:] != sorted_pair[:-1])))
         sizes = np.diff(np.append(starts, n))
         rank_in_pair = np.arange(n, dtype=np.int64) - starts[sorted_pair]
         first_rank = rank[order][starts]
-        allowance, new_group, slot = self._allowances(step, rows, pair_person, pair_group,
+        allowance, new_group, slot = self._allowances(step, local, pair_person, pair_group,
                                                       first_rank, n)
         kept_sorted = rank_in_pair < allowance[sorted_pair]
         first_sorted = kept_sorted & (rank_in_pair == 0) & new_group[sorted_pair]
         kept_per_pair = np.minimum(sizes, np.maximum(allowance, 0))
-        self._update(step, rows, uhi, ulo, position, pair_person, pair_group, allowance,
-                     new_group, slot, kept_per_pair)
+        self._record(step, local, pair_person, pair_group, allowance, new_group, slot,
+                     kept_per_pair)
+        self._scatter(local, where, uhi, ulo)
         keep = np.empty(n, np.bool_)
         keep[order] = kept_sorted
         first = np.empty(n, np.bool_)
         first[order] = first_sorted
         return keep, first
+
+    def _gather(self, uhi: Words, ulo: Words) -> tuple[Columns, tuple[Ints, Ints, Ints]]:
+        """The step's people's columns (empty for people new this period), and where they are.
+
+        Returns the columns, one row per person of the step, and, per person, the row in the
+        main columns, the row in the delta (-1: not there) and the delta's insertion position.
+        """
+        local = self._empty_columns(uhi.size)
+        at_main, in_main = _locate(self._main.hi, self._main.lo, uhi, ulo)
+        at_delta, in_delta = _locate(self._delta.hi, self._delta.lo, uhi, ulo)
+        main_row = np.where(in_main, at_main, -1)
+        delta_row = np.where(in_delta, at_delta, -1)
+        for segment, row in ((self._main, main_row), (self._delta, delta_row)):
+            found = np.flatnonzero(row >= 0)
+            if found.size:
+                for name, column in segment.columns.items():
+                    local[name][found] = column[row[found]]
+        return local, (main_row, delta_row, at_delta)
+
+    def _scatter(self, local: Columns, where: tuple[Ints, Ints, Ints], uhi: Words,
+                 ulo: Words) -> None:
+        """Write the step's people back; the new ones into the delta (then maybe compact)."""
+        main_row, delta_row, at_delta = where
+        for segment, row in ((self._main, main_row), (self._delta, delta_row)):
+            found = np.flatnonzero(row >= 0)
+            if found.size:
+                for name, column in segment.columns.items():
+                    column[row[found]] = local[name][found]
+        fresh = np.flatnonzero((main_row < 0) & (delta_row < 0))
+        self._delta.insert(at_delta[fresh], uhi[fresh], ulo[fresh],
+                           {name: column[fresh] for name, column in local.items()})
+        if self._delta.size > max(_DELTA_MIN, _DELTA_GROWTH * math.isqrt(self._main.size)):
+            self._compact()
 
     def _intern(self, groups: Sequence[Hashable]) -> Ints:
         """The period's exact integer id of each event's group key (new keys get new ids)."""
@@ -257,10 +340,12 @@ class ContributionBounder:
             ids = np.array([table.setdefault(k, len(table)) for k in distinct.tolist()],
                            dtype=np.int64)
             return ids[inverse.reshape(-1)]
-        setdefault = table.setdefault
-        return np.fromiter([setdefault(k, len(table)) for k in groups], np.int64, len(groups))
+        for key in dict.fromkeys(groups):  # the distinct keys, in order of first appearance
+            if key not in table:
+                table[key] = len(table)
+        return np.fromiter(map(table.__getitem__, groups), np.int64, len(groups))
 
-    def _allowances(self, step: int, rows: Ints, pair_person: Ints, pair_group: Ints,
+    def _allowances(self, step: int, local: Columns, pair_person: Ints, pair_group: Ints,
                     first_rank: Ints, n: int) -> tuple[Ints, Bools, Ints]:
         """How many events each (person, group) pair of the step may keep.
 
@@ -269,101 +354,70 @@ class ContributionBounder:
         """
         rule = self.rule
         cap = rule.max_per_group
-        pair_rows = rows[pair_person]
-        known = pair_rows >= 0
-        pairs = pair_rows.size
+        pairs = pair_person.size
         if rule.grouping == "one":
-            kept_before = np.zeros(pairs, np.int64)
-            kept_before[known] = self._cols["count"][pair_rows[known]]
-            return cap - kept_before, ~known, np.zeros(pairs, np.int64)
+            kept_before = local["count"][pair_person].astype(np.int64)
+            return cap - kept_before, kept_before == 0, np.zeros(pairs, np.int64)
         if rule.grouping == "step":
-            existing = np.zeros(pairs, np.bool_)
-            existing[known] = self._cols["last"][pair_rows[known]] == step
-            kept_before = np.zeros(pairs, np.int64)
-            kept_before[existing] = self._cols["count"][pair_rows[existing]]
-            used = np.zeros(pairs, np.int64)
-            used[known] = self._cols["used"][pair_rows[known]]
-            admitted = used < rule.max_groups
+            existing = local["last"][pair_person] == step
+            kept_before = np.where(existing, local["count"][pair_person], 0)
+            admitted = local["used"][pair_person].astype(np.int64) < rule.max_groups
             allowance = np.where(existing, cap - kept_before, np.where(admitted, cap, 0))
             return allowance, ~existing, np.zeros(pairs, np.int64)
         # grouping "key": is the pair's group one of the person's groups, in which slot?
-        slot = np.full(pairs, -1, np.int64)
-        used_of_pair = np.zeros(pairs, np.int64)
-        known_index = np.flatnonzero(known)
-        table = self._cols["groups"]
+        table = local["groups"]
         width = rule.max_groups
-        step_size = max(1, _CHUNK // width)
-        for start in range(0, known_index.size, step_size):
-            chunk = known_index[start:start + step_size]
-            held = table[pair_rows[chunk]]
-            match = held == pair_group[chunk, None]
+        slot = np.full(pairs, -1, np.int64)
+        used = (table != _NO_GROUP).sum(axis=1).astype(np.int64)
+        chunk_pairs = max(1, _CHUNK // width)
+        for begin in range(0, pairs, chunk_pairs):
+            chunk = slice(begin, begin + chunk_pairs)
+            match = table[pair_person[chunk]] == pair_group[chunk, None]
             hit = match.any(axis=1)
-            slot[chunk[hit]] = match[hit].argmax(axis=1)
-            used_of_pair[chunk] = (held != _NO_GROUP).sum(axis=1)
+            slot[chunk] = np.where(hit, match.argmax(axis=1), -1)
         existing = slot >= 0
         kept_before = np.zeros(pairs, np.int64)
         hits = np.flatnonzero(existing)
-        kept_before[hits] = self._cols["counts"][pair_rows[hits], slot[hits]]
-        # new groups, in the order of their first event, per person
+        kept_before[hits] = local["counts"][pair_person[hits], slot[hits]]
+        # new groups, per person in the order of their first event
         fresh = np.flatnonzero(~existing)
         order = fresh[np.argsort(pair_person[fresh] * n + first_rank[fresh])]
         person = pair_person[order]
         begins = np.concatenate(([True], person[1:] != person[:-1]))
         index = np.arange(order.size, dtype=np.int64)
         new_rank = index - np.maximum.accumulate(np.where(begins, index, 0))
-        slot[order] = used_of_pair[order] + new_rank
+        slot[order] = used[person] + new_rank
         admitted = np.zeros(pairs, np.bool_)
         admitted[order] = slot[order] < width
         allowance = np.where(existing, cap - kept_before, np.where(admitted, cap, 0))
         return allowance, ~existing, slot
 
-    def _update(self, step: int, rows: Ints, uhi: Words, ulo: Words, position: Ints,
-                pair_person: Ints, pair_group: Ints, allowance: Ints, new_group: Bools,
-                slot: Ints, kept: Ints) -> None:
-        """Record the step's kept counts; merge the step's new people into the columns."""
+    def _record(self, step: int, local: Columns, pair_person: Ints, pair_group: Ints,
+                allowance: Ints, new_group: Bools, slot: Ints, kept: Ints) -> None:
+        """Add the step's kept events to the step's people's columns."""
         grouping = self.rule.grouping
-        fresh_people = np.flatnonzero(rows < 0)
-        local = np.full(rows.size, -1, np.int64)  # a new person's row among the new ones
-        local[fresh_people] = np.arange(fresh_people.size)
-        added = self._empty_columns(fresh_people.size)
-        pair_rows = rows[pair_person]
-        known = pair_rows >= 0
         if grouping == "one":
-            count = self._cols["count"]
-            count[pair_rows[known]] += kept[known].astype(np.uint16)
-            added["count"][local[pair_person[~known]]] = kept[~known]
+            local["count"][pair_person] += kept.astype(local["count"].dtype)
         elif grouping == "step":
-            old_group = known & ~new_group
-            count = self._cols["count"]
-            count[pair_rows[old_group]] += kept[old_group].astype(np.uint16)
-            start = known & new_group & (allowance > 0)
-            target = pair_rows[start]
-            self._cols["used"][target] += np.uint16(1)
-            self._cols["last"][target] = step
-            count[target] = kept[start]
-            fresh = ~known
-            target = local[pair_person[fresh]]
-            added["used"][target] = 1
-            added["last"][target] = step
-            added["count"][target] = kept[fresh]
-        else:
-            groups, counts = self._cols["groups"], self._cols["counts"]
-            old = np.flatnonzero(~new_group)
-            counts[pair_rows[old], slot[old]] += kept[old].astype(np.uint16)
+            old = ~new_group
+            local["count"][pair_person[old]] += kept[old].astype(local["count"].dtype)
             start = new_group & (allowance > 0)
-            into_old = np.flatnonzero(start & known)
-            groups[pair_rows[into_old], slot[into_old]] = pair_group[into_old]
-            counts[pair_rows[into_old], slot[into_old]] = kept[into_old]
-            into_new = np.flatnonzero(start & ~known)
-            target = local[pair_person[into_new]]
-            added["groups"][target, slot[into_new]] = pair_group[into_new]
-            added["counts"][target, slot[into_new]] = kept[into_new]
-        if fresh_people.size:
-            at = position[fresh_people]
-            self._hi = np.insert(self._hi, at, uhi[fresh_people])
-            self._lo = np.insert(self._lo, at, ulo[fresh_people])
-            for name, column in self._cols.items():
-                self._cols[name] = np.insert(column, at, added[name], axis=0)
+            person = pair_person[start]
+            local["used"][person] += local["used"].dtype.type(1)
+            local["last"][person] = step
+            local["count"][person] = kept[start]
+        else:
+            held = np.flatnonzero(~new_group)
+            local["counts"][pair_person[held], slot[held]] += kept[held].astype(
+                local["counts"].dtype)
+            added = np.flatnonzero(new_group & (allowance > 0))
+            local["groups"][pair_person[added], slot[added]] = pair_group[added]
+            local["counts"][pair_person[added], slot[added]] = kept[added]
+
+
+def _counter(cap: int) -> type[np.unsignedinteger[Any]]:
+    """The narrowest column that counts up to ``cap`` (uint8 up to 255, else uint16)."""
+    return np.uint8 if cap <= np.iinfo(np.uint8).max else np.uint16
 
 
 def _ranks(partition: Ints, offset: Ints) -> Ints:
@@ -415,18 +469,26 @@ def _locate(hi: Words, lo: Words, qhi: Words, qlo: Words) -> tuple[Ints, Bools]:
     return position, found
 
 
-def _pairs(pid: Ints, gid: Ints, groups: int) -> tuple[Ints, Ints, Ints]:
-    """Dense ids of the events' (person, group) pairs, in that order, and each pair's parts."""
-    people = int(pid.max()) + 1
-    if people * max(groups, 1) < _COMPOSITE_LIMIT:
-        distinct, pair_of = np.unique(pid * groups + gid, return_inverse=True)
-        return pair_of.reshape(-1).astype(np.int64), distinct // groups, distinct % groups
-    order = np.lexsort((gid, pid))
-    p, g = pid[order], gid[order]
+def _by_pair(pid: Ints, gid: Ints, groups: int, rank: Ints) -> tuple[Ints, Ints, Ints, Ints]:
+    """The events in (person, group, rank) order, their pairs' dense ids, each pair's parts.
+
+    One sort of the composite ``(pid groups + gid) n + rank`` when it fits in 62 bits (ranks
+    are distinct, so no two events tie), else a lexsort of the three.
+    """
+    n = pid.size
+    span = (int(pid.max()) + 1) * max(groups, 1)
+    if span * n < _COMPOSITE_LIMIT:
+        composite = (pid * groups + gid) * n + rank
+        order = np.argsort(composite)
+        pair_key = composite[order] // n
+        p = pair_key // max(groups, 1)
+        g = pair_key - p * groups
+    else:
+        order = np.lexsort((rank, gid, pid))
+        p, g = pid[order], gid[order]
     begins = np.concatenate(([True], (p[1:] != p[:-1]) | (g[1:] != g[:-1])))
-    pair_of = np.empty(pid.size, np.int64)
-    pair_of[order] = np.cumsum(begins) - 1
-    return pair_of, p[begins], g[begins]
+    sorted_pair = np.cumsum(begins) - 1
+    return order, sorted_pair, p[begins], g[begins]
 
 
 assert HASH_BYTES == 16  # two uint64 words a person

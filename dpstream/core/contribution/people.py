@@ -38,7 +38,6 @@ flow. The kinds add it to the delta they report at the user level.
 from __future__ import annotations
 
 import hashlib
-import operator
 from collections.abc import Sequence
 from typing import Final
 
@@ -110,14 +109,14 @@ class PersonHasher:
         n = len(people)
         if n == 0:
             return np.empty(0, dtype=f"V{HASH_BYTES}")
-        distinct = dict.fromkeys(people)
+        distinct: dict[str, bytes] = dict.fromkeys(people, b"")
         digest = self.hash_one
         for person in distinct:
             distinct[person] = digest(person)
         if len(distinct) == n:  # all distinct: the values are in the events' order
-            joined = b"".join(distinct.values())  # type: ignore[arg-type]
-        else:  # n >= 2 here, so itemgetter returns a tuple
-            joined = b"".join(operator.itemgetter(*people)(distinct))
+            joined = b"".join(distinct.values())
+        else:
+            joined = b"".join(map(distinct.__getitem__, people))
         return np.frombuffer(joined, dtype=f"V{HASH_BYTES}").copy()
 
 
