@@ -3,6 +3,7 @@
 dpstream demo                          # local broker + synthetic stream + counters flow + viewer
 dpstream run --config flow.toml        # the counters flow against your Kafka
 dpstream check-config flow.toml        # validate and print the privacy guarantee
+dpstream bounds --config flow.toml sample.jsonl  # user level: events kept vs noise per cap
 dpstream keygen --out noise.key        # a fresh secret noise key in a new 0600 file
 dpstream topics --config flow.toml     # create the flow's four Kafka topics if missing
 dpstream broker                        # a throw-away local broker for trials (Ctrl-C stops it)
@@ -54,8 +55,61 @@ def _check_config(args: argparse.Namespace) -> int:
     from dpstream.platform import load_config
 
     config = load_config(args.config)
-    print(config.describe())
+    described = config.describe()
+    print(described)
+    for line in _user_level_lines(config, described):
+        print(line)
     print(estimate(config).describe())  # measures the mechanisms for ~0.3 s
+    return 0
+
+
+def _user_level_lines(config: Any, described: str) -> list[str]:
+    """At ``contribution.unit = "user"``: the contribution line and the noise std per output.
+
+    The contribution line and the noise std are printed unless the kind's own summary already
+    carries them (the kind's summary states the per-person guarantee); the noise std comes
+    from the kind configuration's ``noise_std()`` at the configured caps, when it has one.
+    """
+    contribution = config.contribution
+    if not contribution.user_level:
+        return []
+    lines = []
+    line = contribution.describe()
+    if line not in described:
+        lines.append(line)
+    noise_std = getattr(config, "noise_std", None)
+    if callable(noise_std) and "noise std" not in described:  # else the kind's summary has it
+        stds = noise_std()
+        shown = ", ".join(f"{name} {float(std):.4g}" for name, std in stds.items())
+        lines.append(f"noise std at these caps: {shown or 'none'} (`dpstream bounds` shows "
+                     "other caps against the events they keep)")
+    return lines
+
+
+def _cap_grid(text: str) -> list[int]:
+    """A comma-separated list of candidate caps, each an integer >= 1."""
+    values = [part.strip() for part in text.split(",") if part.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError(f"must be a comma-separated list of integers >= 1, "
+                                         f"got {text!r}")
+    return [_positive_int(value) for value in values]
+
+
+def _bounds(args: argparse.Namespace) -> int:
+    """Per candidate caps: the fraction of the sample's events kept and the noise std."""
+    import json
+
+    from dpstream.bounds import print_progress, run_bounds
+
+    grids = {name: values for name in ("max_keys", "max_per_key", "max_rows",
+                                       "max_rows_per_block", "max_blocks")
+             if (values := getattr(args, name)) is not None}
+    report = run_bounds(args.config, args.sample, grids, user_field=args.user_field,
+                        period=args.period, progress=None if args.quiet else print_progress)
+    if args.json:
+        print(json.dumps(report.to_dict()))
+    else:
+        print(report.table())
     return 0
 
 
@@ -621,7 +675,7 @@ def _demo(args: argparse.Namespace) -> int:
     from dpstream.demo import run_demo
 
     return run_demo(duration=args.duration, rate=args.rate, workers=args.workers,
-                    web_port=args.web_port)
+                    web_port=args.web_port, unit=args.unit)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -673,6 +727,39 @@ def main(argv: list[str] | None = None) -> int:
     check = add_parser("check-config", help="validate a configuration and describe it")
     check.add_argument("config", help="the TOML configuration file")
     check.set_defaults(func=_check_config)
+
+    bounds = sub.add_parser(
+        "bounds", parents=[logging_options],
+        help="choose user-level caps: per candidate cap, the fraction of a sample's events "
+        "kept and the noise std of the outputs",
+        description="Reads a public or synthetic sample (JSON lines in the flow's event "
+        "format: the person field, the key or row fields, the time field) and the flow's "
+        "configuration, and shows per candidate caps the fraction of events the production "
+        "bounder keeps and the noise std of each output at those caps. No broker is read: "
+        "each event is placed in its step (and period) by its own event time, with "
+        "flow.origin and flow.step, and the file's lines are one input partition in order. "
+        "Person ids are hashed as in the flow and never printed. Caps not given are tried "
+        "over a default grid (plus the configured cap).")
+    bounds.add_argument("sample", help="the sample file (JSON lines, one event a line)")
+    bounds.add_argument("--config", help="TOML configuration (default: $DPSTREAM_CONFIG); "
+                        "its [contribution] table may be at unit = 'event' if --user-field "
+                        "is given")
+    bounds.add_argument("--user-field", help="the event field naming the person (default: "
+                        "contribution.user_field)")
+    bounds.add_argument("--period", help="'lifetime' or a duration of whole steps such as "
+                        "'1d' (default: contribution.period, else lifetime)")
+    for cap, meaning in (("max_keys", "counters: keys a person may contribute to (L0)"),
+                         ("max_per_key", "counters: events a person may contribute to one "
+                          "key (Linf)"),
+                         ("max_rows", "pmwg: rows a person may add to a histogram"),
+                         ("max_rows_per_block", "erm: rows a person may add to one block"),
+                         ("max_blocks", "erm: blocks a person may contribute to")):
+        bounds.add_argument("--" + cap.replace("_", "-"), dest=cap, type=_cap_grid,
+                            metavar="N[,N...]", help=f"candidates for {meaning}, per period")
+    bounds.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    bounds.add_argument("-q", "--quiet", action="store_true",
+                        help="no progress lines on stderr")
+    bounds.set_defaults(func=_bounds)
 
     keygen = add_parser("keygen", help="make a fresh secret noise key")
     keygen.add_argument("--out", metavar="PATH",
@@ -769,6 +856,9 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--web-port", type=_port_or_off, default=None,
                       help="port of the live page on 127.0.0.1 (default $DPSTREAM_DEMO_WEB_PORT "
                            "or 8765; a free port when busy; 0 = no page)")
+    demo.add_argument("--unit", choices=("event", "user"), default="event",
+                      help="the privacy unit: one page view (default) or one visitor, whose "
+                      "contribution is capped (the synthetic events then name their visitor)")
     demo.set_defaults(func=_demo)
 
     args = parser.parse_args(argv)

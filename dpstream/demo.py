@@ -11,6 +11,10 @@ with plots of a page's private count and its error band, the privacy budget spen
 mechanism (read from the flow's metrics, or from the releases when the metrics are off) and
 the alerts.
 
+``dpstream demo --unit user`` protects one visitor instead of one page view: the synthetic
+page views name their visitor (field ``user``, 20,000 visitors of Zipf-like activity) and the
+flow caps each visitor's contribution per period (:data:`USER_LEVEL_CONTRIBUTION`).
+
 The broker and the flow run in sessions of their own, so a Ctrl-C in the terminal reaches the
 demo only; the demo then stops everything in order (the producer, the flow, the viewer, and the
 broker last) and prints a summary. SIGTERM and SIGHUP stop it the same way; a second signal
@@ -20,6 +24,8 @@ while stopping kills the flow instead of waiting for it.
 from __future__ import annotations
 
 import contextlib
+import functools
+import itertools
 import json
 import logging
 import os
@@ -43,7 +49,7 @@ from typing import Any, Final
 from dpstream.errors import DpstreamError
 from dpstream.web import LiveView
 
-__all__ = ["run_demo"]
+__all__ = ["demo_config", "run_demo", "synthetic_events"]
 
 PAGES: Final = 300
 DEFAULT_METRICS_PORT: Final = 9464
@@ -94,7 +100,23 @@ initial_epsilon = 0.2
 
 [metrics]
 port = {metrics_port}
+{contribution}"""
+
+USER_LEVEL_CONTRIBUTION = """
+# `dpstream demo --unit user`: one visitor (not one page view) is protected. Per period of
+# 10 steps a visitor counts on at most 4 pages, at most 5 views each; the noise scales by the
+# caps (`dpstream check-config` prints the per-person guarantee and the noise std).
+[contribution]
+unit = "user"
+user_field = "user"
+period = "10s"
+max_keys = 4
+max_per_key = 5
 """
+"""The demo's ``[contribution]`` table at ``unit = "user"`` (the event level has none)."""
+
+VISITORS: Final = 20_000
+"""Synthetic visitors of ``--unit user`` (Zipf-like activity: a few visit very often)."""
 
 LEGEND = """\
 How to read what follows
@@ -109,9 +131,14 @@ How to read what follows
   * Rare pages stay hidden: a page is shown only once a private threshold test says it has had
     enough views (that moment is its alert). Of the {pages} pages only the popular ones get there;
     hiding the rest is the privacy at work, not lost data.
-  * Malformed records are not counted; they go to the dead-letter topic.
+  * Malformed records are not counted; they go to the dead-letter topic.{unit}
   * {metrics}{web}
 """
+
+USER_LEVEL_LEGEND = """
+  * Privacy unit: one visitor, not one page view (--unit user). Every 10 s period a visitor
+    counts on at most 4 pages, at most 5 views each; views beyond that are dropped before
+    counting, and the noise is scaled to what one whole visitor can change."""
 
 # Runs the broker binary in a session (and process group) of its own: `EmbeddedBroker` starts
 # its binary in the caller's process group, where the terminal's Ctrl-C would kill it first.
@@ -238,20 +265,45 @@ def _budget_from_metrics(url: str) -> list[dict[str, Any]]:
 # -- the synthetic stream and the viewer --------------------------------------------------------
 
 
-def _produce(bootstrap: str, rate: int, stop: threading.Event, sent: Counter[str]) -> None:
+def synthetic_events(rng: random.Random, count: int, now: float,
+                     visitors: int | None = None) -> list[dict[str, Any]]:
+    """``count`` synthetic page views at time ``now``: Zipf-like pages (and visitors).
+
+    With ``visitors`` every event also names its visitor in field ``user`` (``user-00042``),
+    drawn with Zipf-like activity over that many visitors, for ``--unit user``.
+    """
+    pages = rng.choices(_PAGE_NAMES, _PAGE_WEIGHTS, k=count)
+    if visitors is None:
+        return [{"key": page, "ts": now} for page in pages]
+    weights = _visitor_weights(visitors)
+    users = rng.choices(range(visitors), cum_weights=weights, k=count)
+    return [{"key": page, "user": f"user-{user:05d}", "ts": now}
+            for page, user in zip(pages, users, strict=True)]
+
+
+_PAGE_NAMES: Final = [f"page-{i:03d}" for i in range(PAGES)]
+_PAGE_WEIGHTS: Final = [1.0 / (i + 1) ** 1.1 for i in range(PAGES)]
+
+
+@functools.cache
+def _visitor_weights(visitors: int) -> list[float]:
+    """Cumulative Zipf-like weights of the visitors (exponent 1)."""
+    return list(itertools.accumulate(1.0 / (i + 1) for i in range(visitors)))
+
+
+def _produce(bootstrap: str, rate: int, stop: threading.Event, sent: Counter[str],
+             visitors: int | None = None) -> None:
     from kafka import KafkaProducer
 
     producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=20)
     rng = random.Random()
-    pages = [f"page-{i:03d}" for i in range(PAGES)]
-    weights = [1.0 / (i + 1) ** 1.1 for i in range(PAGES)]
     tick = 0.05
     while not stop.is_set():
         started = time.monotonic()
         now = time.time()
         batch = max(1, int(rate * tick))
-        for page in rng.choices(pages, weights, k=batch):
-            producer.send("events", json.dumps({"key": page, "ts": now}).encode())
+        for event in synthetic_events(rng, batch, now, visitors):
+            producer.send("events", json.dumps(event).encode())
         sent["events"] += batch
         if rng.random() < 0.05:  # a malformed record now and then
             producer.send("events", b'{"key": 42, "ts": "yesterday"}')
@@ -286,8 +338,10 @@ class _Viewer:
     """Reads the releases, alerts and dead letters; prints a refresh every two seconds."""
 
     def __init__(self, bootstrap: str, started: float, metrics: str,
-                 live: LiveView | None = None, metrics_url: str | None = None) -> None:
+                 live: LiveView | None = None, metrics_url: str | None = None,
+                 unit: str = "event") -> None:
         self.bootstrap, self.started, self.metrics = bootstrap, started, metrics
+        self.unit = unit
         self.live, self.metrics_url = live, metrics_url
         self.stop = threading.Event()
         self.latest: dict[str, dict[str, Any]] = {}
@@ -342,7 +396,9 @@ class _Viewer:
             if self.first_release is None:
                 self.first_release = time.monotonic() - self.started
                 web = f"\n  * Live plots in your browser: {live.url}" if live is not None else ""
-                _say("\n" + LEGEND.format(top=_TOP, pages=PAGES, metrics=self.metrics, web=web))
+                unit = USER_LEVEL_LEGEND if self.unit == "user" else ""
+                _say("\n" + LEGEND.format(top=_TOP, pages=PAGES, metrics=self.metrics, web=web,
+                                          unit=unit))
                 _say(f"first release after {self.first_release:.1f} s")
         else:
             self.seen["status records"] += 1
@@ -380,8 +436,10 @@ def _session_launcher(directory: Path, binary: Path) -> Path:
 
 
 class _Demo:
-    def __init__(self, duration: float, rate: int, workers: int, web_port: int = 0) -> None:
+    def __init__(self, duration: float, rate: int, workers: int, web_port: int = 0,
+                 unit: str = "event") -> None:
         self.duration, self.rate, self.workers = duration, rate, workers
+        self.unit = unit
         self.web_port = web_port
         self.live: LiveView | None = None
         self.started = time.monotonic()
@@ -434,8 +492,7 @@ class _Demo:
         origin = datetime.fromtimestamp(int(time.time()), tz=UTC).isoformat().replace(
             "+00:00", "Z")
         config = tmp / "demo.toml"
-        config.write_text(DEMO_CONFIG.format(origin=origin, bootstrap=bootstrap,
-                                             metrics_port=metrics_port))
+        config.write_text(demo_config(origin, bootstrap, metrics_port, self.unit))
         if metrics_port:
             url = f"http://127.0.0.1:{metrics_port}/metrics"
             metrics = f"Metrics (Prometheus, e.g. the privacy spent per page): {url}"
@@ -457,9 +514,10 @@ class _Demo:
             start_new_session=True)  # the terminal's Ctrl-C is for the demo, which stops it
         self.producer = threading.Thread(target=_produce, name="demo-producer", daemon=True,
                                          args=(bootstrap, self.rate, self.producer_stop,
-                                               self.sent))
+                                               self.sent,
+                                               VISITORS if self.unit == "user" else None))
         self.viewer = _Viewer(bootstrap, self.started, metrics, self.live,
-                              url if metrics_port else None)
+                              url if metrics_port else None, self.unit)
         self.viewer_thread = threading.Thread(target=self.viewer.run, name="demo-viewer",
                                               daemon=True)
         self.producer.start()
@@ -562,15 +620,24 @@ def _stop_signals(handler: Callable[[int, FrameType | None], None]) -> Iterator[
             signal.signal(signum, old)
 
 
+def demo_config(origin: str, bootstrap: str, metrics_port: int, unit: str = "event") -> str:
+    """The demo flow's TOML configuration (``unit``: ``event`` or ``user``)."""
+    return DEMO_CONFIG.format(origin=origin, bootstrap=bootstrap, metrics_port=metrics_port,
+                              contribution=USER_LEVEL_CONTRIBUTION if unit == "user" else "")
+
+
 def run_demo(duration: float = 30.0, rate: int = 5_000, workers: int = 1,
-             web_port: int | None = None) -> int:
+             web_port: int | None = None, unit: str = "event") -> int:
     """Run the demo for ``duration`` seconds (0: until Ctrl-C); return an exit code.
 
     ``web_port`` is the live page's port on 127.0.0.1 (None: ``$DPSTREAM_DEMO_WEB_PORT`` or
-    8765; a free port when it is busy; 0: no page). Returns 0 when the flow ran and stopped
-    cleanly (at the end of ``duration``, or on SIGTERM or SIGHUP), 130 when it did so after
-    Ctrl-C (SIGINT) or was interrupted before the flow started, 1 when it failed or had to be
-    killed.
+    8765; a free port when it is busy; 0: no page). ``unit = "user"`` protects one visitor
+    instead of one page view: the synthetic events name their visitor (field ``user``) and
+    the flow bounds each visitor's contribution (:data:`USER_LEVEL_CONTRIBUTION`).
+
+    Returns 0 when the flow ran and stopped cleanly (at the end of ``duration``, or on SIGTERM
+    or SIGHUP), 130 when it did so after Ctrl-C (SIGINT) or was interrupted before the flow
+    started, 1 when it failed or had to be killed.
     """
     if not (isinstance(rate, int) and rate >= 1):
         raise DpstreamError(f"the demo's rate must be an integer >= 1 event per second, got "
@@ -580,7 +647,9 @@ def run_demo(duration: float = 30.0, rate: int = 5_000, workers: int = 1,
     if not duration >= 0 or duration == float("inf"):
         raise DpstreamError(f"the demo's duration must be a number of seconds >= 0 (0 = until "
                             f"Ctrl-C), got {duration!r}")
-    demo = _Demo(duration, rate, workers, _web_port(web_port))
+    if unit not in ("event", "user"):
+        raise DpstreamError(f"the demo's unit must be 'event' or 'user', got {unit!r}")
+    demo = _Demo(duration, rate, workers, _web_port(web_port), unit)
     kafka_log = logging.getLogger("kafka")
     kafka_level = kafka_log.level
     try:

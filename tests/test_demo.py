@@ -147,6 +147,23 @@ def test_demo_explains_what_it_shows(demo_run):
 
 
 @slow_integration
+def test_demo_runs_at_the_user_level():
+    """`dpstream demo --unit user`: visitors are the unit, their views capped, releases shown."""
+    out = subprocess.run([sys.executable, "-m", "dpstream.cli", "demo", "--unit", "user",
+                          "--duration", "15", "--web-port", "0"], capture_output=True,
+                         text=True, timeout=120, env=demo_env(free_port()))
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-3000:]
+    # the flow's start-up summary and the legend say what is protected, and with which caps
+    assert "privacy unit: one person (field 'user'), per period of 10 steps" in text, text[:3000]
+    assert "caps max_keys = 4, max_per_key = 5" in text
+    assert "Privacy unit: one visitor, not one page view" in text
+    assert re.search(r"page-\d{3}\s+-?[0-9.]+ ± [0-9.]+ \(noise std\)", text), text[-3000:]
+    assert re.search(r"releases seen\s+[1-9]\d*", text)
+    assert not re.search(r"user-\d{5}", text)  # no visitor id in anything the demo prints
+
+
+@slow_integration
 def test_demo_uses_another_metrics_port_when_the_wanted_one_is_busy(live_demo):
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as busy:
         busy.bind(("127.0.0.1", 0))

@@ -37,7 +37,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("config", ("dpstream.config", "dpstream.instance")),
     ("interface", ("dpstream.kind",)),
     ("kinds", ("dpstream.kinds",)),
-    ("platform", ("dpstream.platform", "dpstream.backlog")),
+    ("platform", ("dpstream.platform", "dpstream.backlog", "dpstream.bounds")),
     ("apps", ("dpstream.runner", "dpstream.cli", "dpstream.demo", "dpstream.web",
               "dpstream.flows", "dpstream")),
 ]
