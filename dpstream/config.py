@@ -58,8 +58,9 @@ class ContributionConfig:
     is protected) or ``unit = "user"`` with ``user_field`` (the event field naming the
     person; a record without it is a dead letter), ``period`` (``"lifetime"``, the default,
     or a duration that is a whole number of steps: a person's events within one period of
-    the step clock are the unit, and a person active in k periods is protected at k times
-    the per-period level) and the kind's caps, per period (all required with ``unit =
+    the step clock are the unit, and a person active in k periods is protected by group
+    privacy over k units: k times the per-period epsilon, but k squared times the per-period
+    rho under zCDP) and the kind's caps, per period (all required with ``unit =
     "user"``): counters ``max_keys`` (L0) and ``max_per_key`` (Linf); PMWG ``max_rows``; ERM
     ``max_rows_per_block`` and ``max_blocks``.
 
@@ -94,7 +95,7 @@ class ContributionConfig:
             return "privacy unit: one event"
         period = ("lifetime" if self.period_steps is None
                   else f"per period of {self.period_steps} steps (a person active in k periods "
-                       "is protected at k times the per-period level)")
+                       "is protected at k times the per-period epsilon, k^2 times a zCDP rho)")
         caps = ", ".join(f"{name} = {value}" for name, value in self.caps)
         return f"privacy unit: one person (field {self.user_field!r}), {period}; caps {caps}"
 

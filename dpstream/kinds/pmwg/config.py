@@ -38,7 +38,7 @@ two people who collide share one cap, which is accounted as a ``delta`` of at mo
 ``period`` a whole number of steps the guarantee is per period (the stage forgets the caps when
 a period closes). A person active in ``k`` periods has up to ``k m`` rows in the (cumulative)
 database, all in the same mechanisms' inputs: that is group privacy over ``k`` per-period
-neighbours, ``k epsilon`` under pure accounting (the shared "k times the per-period level")
+neighbours, ``k epsilon`` under pure accounting
 but ``k^2 rho`` under zCDP (Bun & Steinke 2016, Proposition 1.9; every zCDP cost here is
 quadratic in the sensitivity, which grows to ``k m``); :meth:`PmwgConfig.describe` says so.
 ``m = 1`` at the event level: every spec, digest and noise draw is the event level's.
