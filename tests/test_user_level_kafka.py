@@ -25,6 +25,7 @@ step's tick is read), as tests/test_multiprocess.py does.
 
 from __future__ import annotations
 
+import base64
 import json
 import random
 import re
@@ -48,6 +49,7 @@ from test_multiprocess import (
     Process,
     Stamped,
     cleanup,  # noqa: F401  (the fixture)
+    committed_epoch,
     ended,
     finish,
     produce_steps,
@@ -226,8 +228,8 @@ def test_one_process_releases_every_key_and_step_with_the_person_block(reference
 def test_records_without_a_person_are_dead_letters_with_the_reason(reference):
     dead = [decode(r.value) for r in reference["outputs"]["dead"]]
     assert all(isinstance(d, DeadLetter) for d in dead)
-    assert [(d.reason, d.original.encode()) for d in dead] == [  # type: ignore[union-attr]
-        (bad_person("user"), bad % (ORIGIN + 2)) for bad in UNBOUNDED]
+    assert [(d.reason, base64.b64decode(d.original_base64))  # type: ignore[union-attr]
+            for d in dead] == [(bad_person("user"), bad % (ORIGIN + 2)) for bad in UNBOUNDED]
     assert bad_person("user") == "field 'user' missing or not a non-empty string"
 
 
@@ -261,7 +263,7 @@ def test_kill_minus_nine_and_resume_publishes_the_uninterrupted_records(
     args = ("--recovery-dir", str(tmp_path / "recovery"), "--snapshot-interval", "0.2")
     port = free_port()
     tailing = write(tmp_path / "tail.toml", counters_tables(
-        "ul-kill", bootstrap, topics, tail=True, metrics_port=port))
+        "ul-counters", bootstrap, topics, tail=True, metrics_port=port))
     first = dpstream_run(tailing, tmp_path / "tail.log", reference["instance"], *args)
     cleanup.append(first)
     closed = range(HALF - 1)  # the tick of step HALF is not there yet
@@ -273,7 +275,7 @@ def test_kill_minus_nine_and_resume_publishes_the_uninterrupted_records(
         values = [v for labels, v in result if labels.get("outcome") == which]
         return values[0] if values else None
 
-    query = 'dpstream_bounding_events_total{flow="ul-kill"}'
+    query = 'dpstream_bounding_events_total{flow="ul-counters"}'
     try:
         prom.wait_for(query, lambda r: (outcome(r, "kept"), outcome(r, "dropped"))
                       == (kept, dropped), timeout=90)
@@ -286,13 +288,14 @@ def test_kill_minus_nine_and_resume_publishes_the_uninterrupted_records(
         ("__name__", "flow", "instance", "job", "outcome")}
     seen = len(read_all(bootstrap, topics["releases"], timeout=5, idle=0.5))
     time.sleep(0.5)  # a snapshot or two after the closed steps' releases
+    assert committed_epoch([tmp_path / "recovery"]) > 0, "the resume must restore a snapshot"
     assert first.popen.poll() is None, first.output()[-3000:]
     first.popen.send_signal(signal.SIGKILL)
     first.popen.wait(10)
     assert 0 < seen < len(reference["outputs"]["releases"]), "the kill must land mid-stream"
 
     produce_steps(bootstrap, topics, events, range(HALF, STEPS))
-    bounded = write(tmp_path / "end.toml", counters_tables("ul-kill", bootstrap, topics,
+    bounded = write(tmp_path / "end.toml", counters_tables("ul-counters", bootstrap, topics,
                                                            tail=False))
     [out] = finish([dpstream_run(bounded, tmp_path / "end.log", reference["instance"], *args)],
                    RUN_TIMEOUT)
