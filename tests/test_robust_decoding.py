@@ -467,3 +467,91 @@ def test_without_exact_counts_an_undecodable_record_logs_one_line_without_where_
     [line] = lines
     assert "offset" not in line and "events[" not in line and "RecursionError" in line
     assert "metrics.exact_counts = true" in line and "dead-letter topic" in line
+
+
+# -- the one-by-one fallback keeps each record's own payload -----------------------------------
+
+
+def _together_raises(kind_clock: type[StepClock]) -> type[StepClock]:
+    """The kind's clock whose decoder raises on any batch of two records or more (a bug).
+
+    Every record decodes alone, so :meth:`StepClock._decode_guarded` finds no record to
+    blame, decodes the batch again, fails again and falls back to decoding each record on
+    its own: the path where a payload must not point into state the next decode replaces.
+    """
+
+    class Together(kind_clock):  # type: ignore[misc, valid-type]
+        def decode(self, partition, messages, dead):
+            if len(messages) > 1:
+                raise RuntimeError("records that fail only together")
+            return super().decode(partition, messages, dead)
+
+    return Together
+
+
+def _pmwg_event(country: str, age: int) -> bytes:
+    return _dumps({"country": country, "age": age, "ts": ORIGIN + 1.2})
+
+
+PMWG_EVENTS = [_pmwg_event(c, a) for c, a in
+               [("de", 5), ("fr", 30), ("uk", 50), ("de", 5), ("fr", 70), ("uk", 10)]]
+
+
+def _pmwg_cells(updates) -> dict[int, dict[str, dict[int, int]]]:
+    return {u.shard: {step: bucket["cells"] for step, bucket in u.increments.items()}
+            for u in updates if u.increments}
+
+
+def test_pmwg_events_decoded_one_by_one_count_each_in_its_own_cell():
+    """Event level: a batch that decodes only record by record counts each event in its cell.
+
+    The reference is the same batch through the unmodified decoder (one batch decode); the
+    events cover five distinct cells, so counting every event as the last one's cell (the
+    bug: payloads indexing a cell table each single decode overwrote) cannot pass.
+    """
+    from dpstream.kinds.pmwg.events import PmwgClock
+
+    bases = {"events": 0, "queries": 1}
+    reference = PmwgClock(pmwg_config(), bases).process(0, batch(PMWG_EVENTS))
+    fallback = _together_raises(PmwgClock)(pmwg_config(), bases).process(0, batch(PMWG_EVENTS))
+    assert reference[1] == fallback[1] == []
+    expected = _pmwg_cells(reference[0])
+    cells = next(iter(next(iter(expected.values())).values()))["h"]
+    assert sum(cells.values()) == len(PMWG_EVENTS) and len(cells) == 5  # the test's power
+    assert _pmwg_cells(fallback[0]) == expected
+
+
+def _erm_rows(updates) -> list[tuple[str, int, list[float], int, list[int]]]:
+    rows = []
+    for u in updates:
+        for step, bucket in u.increments.items():
+            for stream, parts in bucket.items():
+                for z, y, order in parts:
+                    rows += [(stream, step, z[i].tolist(), int(y[i]), order[i].tolist())
+                             for i in range(len(y))]
+    return sorted(rows, key=lambda r: (r[4], r[0]))
+
+
+def test_erm_rows_decoded_one_by_one_keep_their_own_features_labels_and_order():
+    """Event level: the one-by-one fallback gives each row its own features, label, stream."""
+    from dpstream.kinds.erm.events import ErmClock
+
+    values = [_dumps({"features": [i, -i, 0.5 * i, 1], "label": "yes" if i % 2 else "no",
+                      "s": "ab"[i % 2], "ts": ORIGIN + 1.2}) for i in range(5)]
+    reference = ErmClock(erm_config()).process(0, batch(values))
+    fallback = _together_raises(ErmClock)(erm_config()).process(0, batch(values))
+    assert reference[1] == fallback[1] == []
+    expected = _erm_rows(reference[0])
+    assert len(expected) == 5 and len({tuple(r[2]) for r in expected}) == 5  # the test's power
+    assert _erm_rows(fallback[0]) == expected
+
+
+def test_counters_keys_decoded_one_by_one_are_each_records_own():
+    """The counters' payloads are the keys themselves (or positions): no shared table."""
+    values = [good(k) for k in ["a", "b", "b", "k"]]
+    reference = counters_clock().process(0, batch(values))
+    fallback = _together_raises(PartitionClock)(
+        counters_clock().rules).process(0, batch(values))
+    assert reference[1] == fallback[1] == []
+    assert [u.increments for u in fallback[0]] == [u.increments for u in reference[0]]
+    assert sorted(_accepted_keys(fallback[0])) == ["a", "b", "k"]

@@ -371,6 +371,17 @@ class StepClock:
         partition, raw, offset, topic, _, _ = message
         return DeadLetter(reason, raw or b"", topic, partition, offset)
 
+    def standalone(self, partition: int, payloads: list[Any] | np.ndarray
+                   ) -> list[Any] | np.ndarray:
+        """The last decode's payloads made independent of the decoder's state.
+
+        A kind whose payloads index arrays its decoder keeps for the last batch (PMWG's
+        cells, ERM's rows) returns here payloads that carry their own data, which its
+        :meth:`route` also reads; :meth:`_decode_each` joins decodes of single records, each
+        of which replaces those arrays. Default: the payloads as they are (self-contained).
+        """
+        return payloads
+
     def _fresh_people(self) -> None:
         """Before a decode at the user level: no people named yet."""
         if self.hasher is not None:
@@ -435,7 +446,7 @@ class StepClock:
         for i in indexes:
             self._fresh_people()
             one, at, _ = self.decode(partition, _alone(messages, i), dead)
-            parts.append(one)
+            parts.append(self.standalone(partition, one))
             times.extend(float(t) for t in at)
             refs.extend([i] * len(at))
             if self.hasher is not None:

@@ -133,13 +133,30 @@ class ErmClock(StepClock):
         payloads["stream"], payloads["order"] = self._streams, self._order
         return payloads, [times[j] for j in kept], [refs[j] for j in kept]
 
+    def standalone(self, partition: int, payloads: list[Any] | np.ndarray
+                   ) -> list[Any] | np.ndarray:
+        """Event-level payloads as rows of their own (:func:`user_row`), not batch indexes.
+
+        The indexes point into the last batch's arrays, which the next decode replaces; the
+        rows carry the same features, label, stream and order, and :meth:`route` reads them
+        as it reads the indexes (the same arrays, in the same order).
+        """
+        if isinstance(payloads, np.ndarray):  # user level: rows already
+            return payloads
+        rows = np.asarray(payloads, dtype=np.int64)
+        data = np.empty(len(rows), dtype=self._user_row)
+        data["z"], data["y"] = self._z[rows], self._y[rows]
+        data["stream"], data["order"] = self._streams[rows], self._order[rows]
+        return data
+
     def route(self, payloads: list[Any] | np.ndarray, steps: int | list[int]
               ) -> list[dict[int, Any]]:
         """Per shard and step: each stream's rows (features, labels, partition and offset)."""
         per_shard: list[dict[int, Any]] = [{} for _ in range(self.config.shards)]
         if not len(payloads):
             return per_shard
-        if self.config.contribution.user_level:  # self-contained rows (module docstring)
+        if self.config.contribution.user_level or (  # self-contained rows (module docstring,
+                isinstance(payloads, np.ndarray) and payloads.dtype.names):  # standalone)
             data = np.asarray(payloads if isinstance(payloads, np.ndarray)
                               else np.array(payloads, dtype=self._user_row))
             z, y, streams, order = data["z"], data["y"], data["stream"], data["order"]

@@ -126,6 +126,18 @@ class PmwgClock(StepClock):
         return (list(range(len(keep))), [times[j] for j in keep.tolist()],
                 [refs[j] for j in keep.tolist()])
 
+    def standalone(self, partition: int, payloads: list[Any] | np.ndarray
+                   ) -> list[Any] | np.ndarray:
+        """Event payloads as rows of their own cells (one int64 column per histogram).
+
+        At the event level an event's payload indexes the last batch's cell table, which the
+        next decode replaces; the rows carry the cells themselves, and :meth:`route` counts
+        them exactly as it counts the indexes. Questions and user-level rows are already so.
+        """
+        if partition >= self.first_query_partition or isinstance(payloads, np.ndarray):
+            return payloads
+        return np.ascontiguousarray(self._cells[:, np.asarray(payloads, dtype=np.int64)].T)
+
     def _decode_queries(self, messages: RawBatch, dead: list[DeadLetter]
                         ) -> tuple[list[Any], np.ndarray | list[float], list[int]]:
         payloads: list[Any] = []
