@@ -59,7 +59,8 @@ class ContributionConfig:
     person; a record without it is a dead letter), ``period`` (``"lifetime"``, the default,
     or a duration that is a whole number of steps: a person's events within one period of
     the step clock are the unit, and a person active in k periods is protected at k times
-    the per-period level) and the kind's caps, per period (all required with ``unit =
+    the per-period epsilon, or k^2 times the per-period rho under zCDP: group privacy over k
+    units) and the kind's caps, per period (all required with ``unit =
     "user"``): counters ``max_keys`` (L0) and ``max_per_key`` (Linf); PMWG ``max_rows``; ERM
     ``max_rows_per_block`` and ``max_blocks``.
 
@@ -94,7 +95,8 @@ class ContributionConfig:
             return "privacy unit: one event"
         period = ("lifetime" if self.period_steps is None
                   else f"per period of {self.period_steps} steps (a person active in k periods "
-                       "is protected at k times the per-period level)")
+                       "is protected at k times the per-period epsilon under pure DP, k^2 "
+                       "times the per-period rho under zCDP: group privacy)")
         caps = ", ".join(f"{name} = {value}" for name, value in self.caps)
         return f"privacy unit: one person (field {self.user_field!r}), {period}; caps {caps}"
 

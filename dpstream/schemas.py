@@ -157,7 +157,8 @@ class PersonLevel(_Data, frozen=True, kw_only=True):
 
     Attributes:
         period: ``lifetime``, or ``"N steps"``: the unit is a person's events within one
-            period, and a person active in k periods is protected at k times these figures.
+            period, and a person active in k periods is protected at k times this epsilon
+            (pure accounting) or k^2 times this rho (zCDP; group privacy over k units).
         caps: the contribution caps, ``(name, value)`` pairs (counters: ``max_keys``,
             ``max_per_key``).
         epsilon: the person's total epsilon (zCDP: converted at the record's delta).

@@ -439,6 +439,7 @@ def statistics_spec(config: CountersConfig, instance: str = "") -> StatisticsSpe
         delta_budget=p.delta, counter=p.counter, monitor=p.monitor,
         initial=config.admission.initial, admission_delta=config.admission.delta,
         instance=instance, contribution=contribution,
+        person_field=c.user_field if c.user_level else "",
     )
 
 
