@@ -95,8 +95,7 @@ class ContributionConfig:
             return "privacy unit: one event"
         period = ("lifetime" if self.period_steps is None
                   else f"per period of {self.period_steps} steps (a person active in k periods "
-                       "is protected at k times the per-period epsilon under pure DP, k^2 "
-                       "times the per-period rho under zCDP: group privacy)")
+                       "is protected at k times the per-period level)")
         caps = ", ".join(f"{name} = {value}" for name, value in self.caps)
         return f"privacy unit: one person (field {self.user_field!r}), {period}; caps {caps}"
 

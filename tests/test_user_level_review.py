@@ -14,8 +14,8 @@ open carries ``pytest.mark.xfail(strict=True, reason=...)`` naming what is wrong
   the counters (the field was not in their mechanisms digest); fixed.
 * Under zCDP the k-periods statement is ``k^2 rho`` (group privacy over k per-period units
   that feed the same continual mechanisms), never ``k`` times: check-config must not claim
-  the pure-DP factor for a zCDP flow. Found open in the shared contribution line of
-  check-config (the counters printed only "k times"); fixed.
+  the pure-DP factor for a zCDP flow. Found open in the counters' check-config (it
+  printed only the shared "k times" line; PMWG and ERM add the zCDP line); fixed.
 """
 
 from __future__ import annotations
@@ -138,6 +138,8 @@ def test_a_counters_resume_under_other_caps_or_period_is_refused() -> None:
 
 def test_zcdp_counters_do_not_claim_k_times_rho_over_k_periods() -> None:
     text = parse_config(_counters_raw("zcdp", period="10s")).describe()
-    assert "k^2" in text
+    assert "k^2 times the per-period rho" in text
     pure = parse_config(_counters_raw("pure", period="10s")).describe()
-    assert "k times" in pure  # the pure statement stays
+    assert "k times" in pure and "k^2" not in pure  # pure: k times epsilon
+    lifetime = parse_config(_counters_raw("zcdp")).describe()
+    assert "k periods" not in lifetime  # one unit per person: nothing to multiply

@@ -231,6 +231,10 @@ class CountersConfig(FlowConfig):
                 f"counts distinct people): {rho}(epsilon, delta) = ({person.epsilon:.4g}, "
                 f"{person.delta:.3g}) with the hash-collision delta, as every release reports "
                 "it (privacy.person)")
+            if person.rho is not None and self.contribution.period_steps is not None:
+                lines.append("under zCDP a person active in k periods is protected at k^2 "
+                             "times the per-period rho (group privacy: k periods' events move "
+                             "the same keys' counters)")
             lines.append("noise std: " + ", ".join(
                 f"{name} {std:.4g}" for name, std in self.noise_std().items()))
         return "\n".join(lines)
