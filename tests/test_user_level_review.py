@@ -16,6 +16,9 @@ open carries ``pytest.mark.xfail(strict=True, reason=...)`` naming what is wrong
   that feed the same continual mechanisms), never ``k`` times: check-config must not claim
   the pure-DP factor for a zCDP flow. Found open in the counters' check-config (it
   printed only the shared "k times" line; PMWG and ERM add the zCDP line); fixed.
+* A counters person field that is the key or the time field passed check-config and then
+  failed at start-up (the clock's decoder cannot map two fields to one name): now refused as
+  a configuration error.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import pytest
 from dpstream.core.contribution.bounder import ContributionBounder
 from dpstream.core.contribution.people import PersonHasher
 from dpstream.core.contribution.rules import BoundingRule
+from dpstream.errors import ConfigError
 from dpstream.kinds.counters.kind import KIND as COUNTERS
 from dpstream.kinds.counters.kind import parse_config
 
@@ -143,3 +147,14 @@ def test_zcdp_counters_do_not_claim_k_times_rho_over_k_periods() -> None:
     assert "k times" in pure and "k^2" not in pure  # pure: k times epsilon
     lifetime = parse_config(_counters_raw("zcdp")).describe()
     assert "k periods" not in lifetime  # one unit per person: nothing to multiply
+
+
+@pytest.mark.parametrize("field", ["key", "ts"])
+def test_a_person_field_that_is_the_key_or_time_field_is_a_configuration_error(
+        field: str) -> None:
+    # it passed check-config, then the counters' clock could not be built (msgspec refuses
+    # two struct fields renamed to one name): the flow failed at start-up instead
+    with pytest.raises(ConfigError, match="must name its own field"):
+        parse_config(_counters_raw(user_field=field))
+    config = parse_config(_counters_raw(user_field="user"))
+    assert COUNTERS.clock(config, {})(None) is not None  # the usual field builds its clock

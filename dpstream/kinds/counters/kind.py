@@ -400,6 +400,9 @@ def parse_config(raw: dict[str, Any], source: str = "<dict>") -> CountersConfig:
     events.finish()
     accounting, budget, delta = _privacy_section(tables["privacy"])
     contribution = fields["contribution"]  # caps are 1 at the event level
+    if contribution.user_level and contribution.user_field in (key_field, fields["time_field"]):
+        raise ConfigError(f"contribution.user_field = {contribution.user_field!r} must name its "
+                          "own field, not the key field or the time field")
     max_keys, linf = contribution.cap("max_keys"), contribution.cap("max_per_key")
     counter = _counter_section(tables["counter"], accounting, budget, linf)
     mode, keys, initial_value = _admission_section(tables["admission"], accounting)
