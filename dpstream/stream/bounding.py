@@ -26,8 +26,9 @@ the one histogram) is already one of the person's groups this period with fewer 
 ``max_per_group`` kept events, or the person has fewer than ``max_groups`` groups. The
 decision for an event reads only the same person's earlier events, so adding or removing a
 person changes no one else's kept events; two people share caps only if their 128-bit keyed
-hashes collide (probability at most ``n^2 / 2^129`` for ``n`` people, counted into δ by the
-kinds' accounting).
+hashes collide (for the person added or removed, probability at most ``n 2^-128`` with ``n``
+others: ``2^-64`` at the public bound of ``2^64`` people, counted into δ by the kinds'
+accounting, :func:`~dpstream.core.contribution.people.collision_delta`).
 
 **What a kind's shard receives is again a function of the input alone.** A person shard
 sends its closed steps' kept buckets to every kind shard in the same update that moves its

@@ -149,6 +149,9 @@ class StatisticsSpec:
     contribution: tuple[tuple[str, int], ...] = ()
     """At the user level: ``("period_steps", n or 0 for lifetime)``, then the caps
     (``max_keys``, ``max_per_key``) as ``(name, value)`` pairs; empty at the event level."""
+    person_field: str = ""
+    """At the user level: ``contribution.user_field``, the field that names the person (bound
+    by :attr:`mechanisms_digest`: another field is another unit); empty at the event level."""
 
     @property
     def user_level(self) -> bool:
@@ -194,10 +197,12 @@ class StatisticsSpec:
     def mechanisms_digest(self) -> str:
         """One digest of every mechanism's parameters (what a resume must not change).
 
-        At the user level it also binds the contribution (the period and the caps).
+        At the user level it also binds the contribution (the period, the caps and the field
+        that names the person).
         """
         unit = () if not self.contribution else (parameter_digest(
-            "contribution", *(part for pair in self.contribution for part in pair)),)
+            "contribution", *(part for pair in self.contribution for part in pair),
+            *((self.person_field,) if self.person_field else ())),)
         return parameter_digest(self.mode, self.accounting, self.monitor_digest,
                                 self.counter_digest, self.initial_digest, *unit)
 

@@ -231,6 +231,10 @@ class CountersConfig(FlowConfig):
                 f"counts distinct people): {rho}(epsilon, delta) = ({person.epsilon:.4g}, "
                 f"{person.delta:.3g}) with the hash-collision delta, as every release reports "
                 "it (privacy.person)")
+            if person.rho is not None and self.contribution.period_steps is not None:
+                lines.append("under zCDP a person active in k periods is protected at k^2 "
+                             "times the per-period rho (group privacy: k periods' events move "
+                             "the same keys' counters)")
             lines.append("noise std: " + ", ".join(
                 f"{name} {std:.4g}" for name, std in self.noise_std().items()))
         return "\n".join(lines)
@@ -396,6 +400,9 @@ def parse_config(raw: dict[str, Any], source: str = "<dict>") -> CountersConfig:
     events.finish()
     accounting, budget, delta = _privacy_section(tables["privacy"])
     contribution = fields["contribution"]  # caps are 1 at the event level
+    if contribution.user_level and contribution.user_field in (key_field, fields["time_field"]):
+        raise ConfigError(f"contribution.user_field = {contribution.user_field!r} must name its "
+                          "own field, not the key field or the time field")
     max_keys, linf = contribution.cap("max_keys"), contribution.cap("max_per_key")
     counter = _counter_section(tables["counter"], accounting, budget, linf)
     mode, keys, initial_value = _admission_section(tables["admission"], accounting)
@@ -439,6 +446,7 @@ def statistics_spec(config: CountersConfig, instance: str = "") -> StatisticsSpe
         delta_budget=p.delta, counter=p.counter, monitor=p.monitor,
         initial=config.admission.initial, admission_delta=config.admission.delta,
         instance=instance, contribution=contribution,
+        person_field=c.user_field if c.user_level else "",
     )
 
 
