@@ -95,7 +95,8 @@ class ContributionConfig:
             return "privacy unit: one event"
         period = ("lifetime" if self.period_steps is None
                   else f"per period of {self.period_steps} steps (a person active in k periods "
-                       "is protected at k times the per-period epsilon, k^2 times a zCDP rho)")
+                       "is protected by group privacy over k units: k times the per-period epsilon "
+                       "under pure accounting)")
         caps = ", ".join(f"{name} = {value}" for name, value in self.caps)
         return f"privacy unit: one person (field {self.user_field!r}), {period}; caps {caps}"
 

@@ -158,3 +158,20 @@ def test_a_person_field_that_is_the_key_or_time_field_is_a_configuration_error(
         parse_config(_counters_raw(user_field=field))
     config = parse_config(_counters_raw(user_field="user"))
     assert COUNTERS.clock(config, {})(None) is not None  # the usual field builds its clock
+
+
+def test_a_user_level_clock_without_the_platform_refuses_to_route_unbounded() -> None:
+    """A user-level clock built outside the platform (no person hasher) fails closed."""
+    from dpstream.kinds.counters.events import PartitionClock
+    from dpstream.kinds.counters.kind import event_rules
+    from dpstream.messages import TIMESTAMP_LOG_APPEND_TIME
+    from dpstream.platform import parse_config
+
+    config = parse_config({"flow": {"kind": "counters", "step": "1s"},
+                           "contribution": {"unit": "user", "user_field": "user",
+                                            "max_keys": 1, "max_per_key": 1}})
+    clock = PartitionClock(event_rules(config))
+    record = b'{"key": "a", "ts": 5.0, "user": "alice"}'
+    with pytest.raises(RuntimeError, match="no person hasher") as caught:
+        clock.process(0, [(0, record, 0, "events", 5000.0, TIMESTAMP_LOG_APPEND_TIME)])
+    assert "alice" not in str(caught.value)

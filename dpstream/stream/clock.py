@@ -725,6 +725,11 @@ class StepClock:
             else:  # no person's records (PMWG's questions): past the bounding, unbounded
                 per_shard = self._route_through(messages, accepted, refs, chosen, at_steps)
         else:
+            if self.decoded_people:  # fail closed: never route a person's events unbounded
+                raise RuntimeError(
+                    f"{type(self).__name__} decoded people (a user-level configuration) but has "
+                    "no person hasher: user-level clocks are built by the platform, which "
+                    "routes every event through the bounding stage")
             per_shard = self.route(accepted, at_steps)
         frontier = self.frontier()
         dead.sort(key=lambda letter: letter.offset if letter.offset is not None else -1)
