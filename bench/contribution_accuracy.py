@@ -411,6 +411,28 @@ def analytic(steps: int, horizon: int, epsilon: float, max_keys: int, max_per_ke
             "per_step_batch_ratio": float(steps)}
 
 
+CAPS_GRID = ((1, 1), (2, 1), (4, 1), (4, 2), (8, 1), (8, 2), (8, 4), (16, 2), (16, 4),
+             (32, 4), (64, 8))
+
+
+def caps_sweep(stream: Stream, args: argparse.Namespace) -> list[dict[str, float]]:
+    """Per candidate (L0, Linf): the events dpstream's rule keeps, both sides' analytic noise
+    std and the expected RMSE against the truth, sqrt(mean over keys of bias^2 + std^2)."""
+    truth = true_counts(stream)
+    rows = []
+    for max_keys, max_per_key in CAPS_GRID:
+        bias = truth - true_counts(stream, bound_first(stream, max_keys, max_per_key))
+        a = analytic(stream.n_steps, args.horizon, args.epsilon, max_keys, max_per_key)
+        mean_square_bias = float(np.mean(bias.astype(np.float64) ** 2))
+        rows.append({"max_keys": max_keys, "max_per_key": max_per_key,
+                     "kept": float(1 - bias.sum() / truth.sum()),
+                     "tree_std": a["tree_std"], "laplace_std": a["laplace_std"],
+                     "rmse_dpstream": math.sqrt(mean_square_bias + a["tree_std"] ** 2),
+                     "rmse_pipelinedp_same_rule": math.sqrt(mean_square_bias
+                                                            + a["laplace_std"] ** 2)})
+    return rows
+
+
 def error_stats(errors: np.ndarray) -> dict[str, float]:
     """Median |e|, RMSE and mean of pooled errors (keys x repeats)."""
     e = errors[np.isfinite(errors)]
@@ -454,6 +476,7 @@ def summarize(stream: Stream, args: argparse.Namespace, dp: dict[str, Any] | Non
     }
     kept = bound_first(stream, args.max_keys, args.max_per_key)
     bounded_dp = true_counts(stream, kept)
+    out["caps_sweep"] = caps_sweep(stream, args)
     out["bias_dpstream"] = {"dropped": int((truth - bounded_dp).sum()),
                             "relative": float((truth - bounded_dp).sum() / truth.sum())}
     if dp is not None:
@@ -559,6 +582,14 @@ def markdown(s: dict[str, Any], command: list[str], machine: dict[str, Any]) -> 
                   f"{a['ratio']:.3f}; the flow's releases report std "
                   f"{s['dpstream']['reported_std']:.3f} (analytic {a['tree_std']:.3f}). Error "
                   f"against the truth, RMSE ratio {m['vs_truth']:.3f} (bias included)."]
+    lines += ["", "## Choosing caps on this stream (analytic noise, dpstream's bounding rule)", "",
+              "| L0 | Linf | events kept | σ_D (dpstream, last step) | σ_P (one Laplace) "
+              "| expected RMSE vs truth: dpstream | one batch release |",
+              "|---|---|---|---|---|---|---|"]
+    for row in s["caps_sweep"]:
+        lines.append(f"| {row['max_keys']} | {row['max_per_key']} | {100 * row['kept']:.1f} % "
+                     f"| {row['tree_std']:.1f} | {row['laplace_std']:.1f} "
+                     f"| {row['rmse_dpstream']:,.0f} | {row['rmse_pipelinedp_same_rule']:,.0f} |")
     if "dpstream" in s:
         lines += ["", "The flow's privacy statement:", "", "```",
                   s["dpstream"]["describe"], "```", "",
