@@ -71,6 +71,7 @@ __all__ = [
     "ModelFeatures",
     "ModelHoldout",
     "ModelNoise",
+    "PersonLevel",
     "Privacy",
     "Record",
     "Release",
@@ -149,11 +150,33 @@ class ApproxDp(_Data, frozen=True, kw_only=True):
     delta: float
 
 
+class PersonLevel(_Data, frozen=True, kw_only=True):
+    """What one person's bounded contribution costs over the whole flow (``unit = "user"``).
+
+    Written only at the user level (a function of the configuration: public).
+
+    Attributes:
+        period: ``lifetime``, or ``"N steps"``: the unit is a person's events within one
+            period, and a person active in k periods is protected at k times these figures.
+        caps: the contribution caps, ``(name, value)`` pairs (counters: ``max_keys``,
+            ``max_per_key``).
+        epsilon: the person's total epsilon (zCDP: converted at the record's delta).
+        delta: the person's total delta (with the hash-collision delta).
+        rho: the person's total rho (zCDP only).
+    """
+
+    period: str
+    caps: tuple[tuple[str, int], ...]
+    epsilon: float
+    delta: float
+    rho: float | None = None
+
+
 class Privacy(_Data, frozen=True, kw_only=True):
     """What a record has cost, per privacy unit.
 
     Attributes:
-        unit: the privacy unit (``event``).
+        unit: the privacy unit (``event``, or ``user``: one person's bounded contribution).
         accounting: the ledger's unit: ``epsilon`` or ``rho`` (releases); ``pure`` or ``zcdp``
             (answers, models); ``approx_dp`` (ERMG models: ε of (ε, δ)).
         cost: this record's own cost (models).
@@ -161,6 +184,8 @@ class Privacy(_Data, frozen=True, kw_only=True):
         budget: what it may spend.
         delta: the δ of the guarantee, where there is one.
         approx_dp: the (ε, δ) a zCDP spend implies.
+        person: at the user level only, what one person's contribution costs in all (the
+            other figures are then per key, histogram or model stream, against one person).
     """
 
     unit: str
@@ -170,6 +195,7 @@ class Privacy(_Data, frozen=True, kw_only=True):
     budget: float
     delta: float | None = None
     approx_dp: ApproxDp | None = None
+    person: PersonLevel | None = None
 
     @property
     def remaining(self) -> float:

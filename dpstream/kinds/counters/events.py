@@ -7,6 +7,11 @@ such as msgspec's ``RecursionError`` on deep nesting, makes it a dead letter nam
 exception's type) and counts events per key and step,
 grouped by the key's shard. Placing records in steps, trusting timestamps and detecting late
 records is the shared clock's job (:mod:`dpstream.stream.clock`).
+
+At the user level (``EventRules.user_field`` set) the events are ``{"key": ..., "ts": ...,
+"user": ...}`` and both paths also read the person (a non-empty string, else a dead letter,
+:func:`~dpstream.stream.clock.bad_person`) into ``decoded_people``; the event-level decoders
+are left as they are.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import msgspec
 import numpy as np
 import orjson
 
-from dpstream.kinds.counters.layout import DeclaredLayout, RowCounts
+from dpstream.kinds.counters.layout import DeclaredLayout, PeopleCounts, RowCounts
 from dpstream.messages import (
     TICK,
     TIMESTAMP_CREATE_TIME,
@@ -36,6 +41,7 @@ from dpstream.stream.clock import (
     MAX_SECONDS,
     ShardUpdate,
     StepClock,
+    bad_person,
     bad_time,
     iso_seconds,
     undecodable,
@@ -58,6 +64,7 @@ __all__ = [
 MAX_KEY_LENGTH = 256
 _KEY = attrgetter("key")
 _TS = attrgetter("ts")
+_USER = attrgetter("user")
 _bad_time = bad_time
 
 
@@ -83,6 +90,8 @@ class EventRules:
     """With the producer clock: how far ahead of the watermark an event may be placed."""
     end: datetime | None = None
     """``flow.end``: the public end of a bounded run (None: not set)."""
+    user_field: str | None = None
+    """At the user level, the field that names the person (None: the event level)."""
 
     @property
     def origin_seconds(self) -> float:
@@ -101,16 +110,20 @@ class PartitionClock(StepClock):
     def __init__(self, rules: EventRules, state: dict[str, Any] | None = None) -> None:
         super().__init__(rules, state)
         self.rules: EventRules = rules
+        user = rules.user_field
+        people: list[tuple[str, Any]] = [] if user is None else [("user", str)]
+        rename = {"key": rules.key_field, "ts": rules.time_field,
+                  **({} if user is None else {"user": user})}
         event_type = msgspec.defstruct(
-            "Event", [("key", str), ("ts", float | str)],
-            rename={"key": rules.key_field, "ts": rules.time_field}, gc=False)
+            "Event", [("key", str), ("ts", float | str), *people], rename=rename, gc=False)
         # a Struct made at run time: its fields are not known statically, so events are Any
         self._decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(event_type)
+        strict_people: list[tuple[str, Any]] = [] if user is None else [
+            ("user", Annotated[str, msgspec.Meta(min_length=1)])]
         strict_type = msgspec.defstruct(  # the fast path: key length and float time checked in C
             "StrictEvent",
             [("key", Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_KEY_LENGTH)]),
-             ("ts", float)],
-            rename={"key": rules.key_field, "ts": rules.time_field}, gc=False)
+             ("ts", float), *strict_people], rename=rename, gc=False)
         self._strict_decoder = msgspec.json.Decoder(strict_type)
 
     def decode(self, partition: int, messages: RawBatch, dead: list[DeadLetter]
@@ -163,6 +176,45 @@ class PartitionClock(StepClock):
                     per_shard[shard][step] = dict(zip(ordered[lo:hi], values[lo:hi], strict=True))
         return per_shard
 
+    def route_bounded(self, payloads: list[Any] | np.ndarray, first: np.ndarray, step: int
+                      ) -> list[dict[int, Any]]:
+        """Route one closed step's *kept* events (user level), with their people counts.
+
+        The bounding stage calls this instead of :meth:`route` with the events it kept for one
+        step and ``first[i]``: event ``i`` is its person's first kept event at its key in the
+        period. Each shard gets one bucket for ``step``: a
+        :class:`~dpstream.kinds.counters.layout.PeopleCounts` by key name (open universe) or a
+        :class:`RowCounts` with its ``people`` column (declared universe): the events per key
+        (the counters' input) and the people counted for the first time per key (the
+        threshold monitors' input: each person adds at most one to a key, per period).
+        """
+        shards = self.rules.shards
+        per_shard: list[dict[int, Any]] = [{} for _ in range(shards)]
+        if not len(payloads):
+            return per_shard
+        flags = np.asarray(first, dtype=bool).reshape(-1)
+        if flags.size != len(payloads):
+            raise ValueError(f"route_bounded: {len(payloads)} payloads but {flags.size} flags")
+        layout = self.rules.declared
+        if layout is not None:  # declared positions (in whatever sequence the stage keeps)
+            positions = np.asarray(payloads, dtype=np.int64).reshape(-1)
+            for shard, rows in enumerate(layout.route(positions, flags)):
+                if rows is not None:
+                    per_shard[shard][step] = rows
+            return per_shard
+        if isinstance(payloads, np.ndarray):  # keys kept in an object column
+            payloads = payloads.tolist()
+        events = Counter(payloads)
+        people = Counter(itertools.compress(payloads, flags.tolist()))
+        keys = list(events)
+        owner = np.zeros(len(keys), dtype=np.int64) if shards == 1 else shards_of(keys, shards)
+        for shard in np.unique(owner).tolist():
+            mine = list(itertools.compress(keys, (owner == shard).tolist()))
+            per_shard[shard][step] = PeopleCounts(
+                {key: events[key] for key in mine},
+                {key: people[key] for key in mine if key in people})
+        return per_shard
+
     def _route_positions(self, positions: np.ndarray, steps: int | list[int],
                          per_shard: list[dict[int, Any]]) -> list[dict[int, Any]]:
         """:meth:`route` in the declared universe: positions counted in bulk, by row."""
@@ -190,6 +242,9 @@ class PartitionClock(StepClock):
         key = event.get(self.rules.key_field)
         if not isinstance(key, str) or not key:
             return _bad_key(self.rules.key_field)
+        user = self.rules.user_field
+        if user is not None and (not isinstance(event.get(user), str) or not event.get(user)):
+            return bad_person(user)
         return _bad_time(self.rules.time_field)
 
     def _decode_batch(self, messages: RawBatch
@@ -218,6 +273,8 @@ class PartitionClock(StepClock):
             return None
         keys = list(map(_KEY, events))
         times = np.fromiter(map(_TS, events), dtype=np.float64, count=len(events))
+        if self.rules.user_field is not None:
+            self.decoded_people = list(map(_USER, events))
         layout = self.rules.declared
         if layout is None:
             return keys, times
@@ -240,6 +297,8 @@ class PartitionClock(StepClock):
         keys: list[str] = []
         times: list[float] = []
         refs: list[int] = []
+        user_level = rules.user_field is not None
+        people: list[str] = []
         for i, (_, raw, offset, topic, _, _) in enumerate(messages):
             try:
                 event = decode(raw)  # type: ignore[arg-type]
@@ -259,12 +318,18 @@ class PartitionClock(StepClock):
                 reason = _bad_key(rules.key_field)
             elif len(key) > MAX_KEY_LENGTH:
                 reason = f"field {rules.key_field!r} longer than {MAX_KEY_LENGTH} characters"
+            elif user_level and not event.user:
+                reason = bad_person(rules.user_field)  # type: ignore[arg-type]
             if reason is not None:
                 dead.append(DeadLetter(reason, raw or b"", topic, partition, offset))
                 continue
             keys.append(key)
             times.append(ts)
             refs.append(i)
+            if user_level:
+                people.append(event.user)
+        if user_level:
+            self.decoded_people = people
         if layout is None:
             return keys, times, refs
         positions = layout.positions(keys)  # one vectorized lookup for the whole batch
@@ -277,4 +342,6 @@ class PartitionClock(StepClock):
             keep = known.tolist()
             times = list(itertools.compress(times, keep))
             refs = list(itertools.compress(refs, keep))
+            if user_level:
+                self.decoded_people = list(itertools.compress(people, keep))
         return positions[known], times, refs
