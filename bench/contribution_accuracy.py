@@ -487,6 +487,8 @@ def summarize(stream: Stream, args: argparse.Namespace, dp: dict[str, Any] | Non
             "noise_rmse_95": rmse_interval(released - bounded_dp),
             "reported_std": float(np.nanmedian(dp["std"])),
             "missing_releases": int(np.isnan(released).sum()),
+            "rule_check_keys_differing": int((dp["exact"] != bounded_dp).sum()),
+            "rule_check_events_differing": float(np.abs(dp["exact"] - bounded_dp).sum()),
             "seconds": dp["seconds"], "privacy": dp["privacy"], "describe": dp["describe"]}
     if pdp is not None:
         released, bounded = pdp["released"], pdp["bounded"]
@@ -580,7 +582,9 @@ def markdown(s: dict[str, Any], command: list[str], machine: dict[str, Any]) -> 
         lines += ["", f"**Measured noise ratio dpstream / PipelineDP = {m['noise']:.3f}** "
                   f"(95 % {m['noise_95'][0]:.3f}–{m['noise_95'][1]:.3f}) against the analytic "
                   f"{a['ratio']:.3f}; the flow's releases report std "
-                  f"{s['dpstream']['reported_std']:.3f} (analytic {a['tree_std']:.3f}). Error "
+                  f"{s['dpstream']['reported_std']:.3f} (analytic {a['tree_std']:.3f}). The "
+                  "flow's bounding against `bound_first` (one run at ε = 1e4, rounded): "
+                  f"{s['dpstream']['rule_check_keys_differing']} keys differ. Error "
                   f"against the truth, RMSE ratio {m['vs_truth']:.3f} (bias included)."]
     lines += ["", "## Choosing caps on this stream (analytic noise, dpstream's bounding rule)", "",
               "| L0 | Linf | events kept | σ_D (dpstream, last step) | σ_P (one Laplace) "
@@ -662,6 +666,13 @@ def main() -> None:
         cfg = dpstream_config(args.keys, args.steps, args.horizon, args.epsilon,
                               args.max_keys, args.max_per_key)
         dp = run_dpstream(stream, cfg, seeds)
+        # the rule check: at a per-person epsilon of 1e4 the node noise (discrete Laplace of
+        # scale 8 Linf L0 / 1e4 ~ 0.013: non-zero with probability ~2 exp(-78)) is 0,
+        # so the flow's rounded releases are its bounded counts, to compare with bound_first
+        # (a larger epsilon underflows the node variance to 0)
+        exact_cfg = dpstream_config(args.keys, args.steps, args.horizon, 1e4, args.max_keys,
+                                    args.max_per_key)
+        dp["exact"] = np.rint(run_dpstream(stream, exact_cfg, [seeds[0]])["released"][0])
     summary = summarize(stream, args, dp, pdp, open_pdp)
     text = markdown(summary, sys.argv[1:], machine())
     print(text)
