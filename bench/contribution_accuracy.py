@@ -610,7 +610,19 @@ def markdown(s: dict[str, Any], command: list[str], machine: dict[str, Any]) -> 
                   f"holding {100 * o['events_in_released_keys']:.1f} % of the events; the "
                   f"smallest released key had {o['smallest_released_true_count']:.0f} true "
                   f"events, the largest dropped one {o['largest_dropped_true_count']:.0f}; "
-                  f"noise RMSE on the released keys {o['noise_released']['rmse']:.2f}."]
+                  f"noise RMSE on the released keys {o['noise_released']['rmse']:.2f} "
+                  "(PipelineDP's naive accountant gives selection and count half of ε each: "
+                  f"√2 · L0 · Linf / (ε / 2) = {2 * a['laplace_std']:.2f}).", "",
+                  "dpstream's open universe at the user level (not run here): a key is "
+                  "admitted when its threshold monitor on the number of *distinct people* "
+                  "fires, and its count so far is released once with the initial count's "
+                  "noise; the monitor's and the initial count's ε come out of the same "
+                  "per-person budget (by default 0.1 and 0.2 of a key's budget, the counter "
+                  "0.7), so at the same total ε the counter's noise grows by 1 / 0.7 ≈ 1.43 "
+                  "over the declared universe's, and the admission δ is multiplied by the L0 "
+                  "keys a person can make appear. As with PipelineDP's selection, keys with "
+                  "few distinct people are never released: the error on them is their whole "
+                  "count."]
     return "\n".join(lines) + "\n"
 
 
