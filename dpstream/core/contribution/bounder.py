@@ -37,7 +37,9 @@ a new group that is admitted, ``0`` for one that is not. A new group is admitted
 person's groups so far plus the new group's rank among the person's new groups of this step
 (ordered by their first event) is below ``max_groups``: exactly the sequential rule above (a new
 group is added at its first event, whose keep is certain, and once the person is full no group
-is added). There is no Python loop per event (the interning of keys excepted: a dict lookup).
+is added). There is no Python loop per event (the interning of keys excepted: a dict lookup
+per event for keys of any type; integer keys, such as declared positions, are interned in
+columns, with Python work per key new in the period only).
 
 **The state** holds, per person seen this period, in columns sorted by hash: the hash (two
 uint64 words, 16 bytes), and what the caps need, counted in uint8 when the cap is at most 255
@@ -136,6 +138,8 @@ class ContributionBounder:
         self._main = self._segment(0)
         self._delta = self._segment(0)
         self._keys: dict[Hashable, int] = {}
+        self._sorted_keys: Ints | None = None  # the integer keys of _keys, sorted (a cache)
+        self._sorted_ids: Ints = np.zeros(0, np.int64)
 
     def _segment(self, count: int) -> _Sorted:
         return _Sorted(np.zeros(count, np.uint64), np.zeros(count, np.uint64),
@@ -225,6 +229,7 @@ class ContributionBounder:
         self._period, self._last_step = period, last
         self._main, self._delta = _Sorted(hi, lo, columns), self._segment(0)
         self._keys = {key: i for i, key in enumerate(keys)}
+        self._sorted_keys = None
 
     # -- the decisions --
     def keep(self, step: int, people: PersonHashes, groups: Sequence[Hashable] | None,
@@ -337,14 +342,43 @@ class ContributionBounder:
         """The period's exact integer id of each event's group key (new keys get new ids)."""
         table = self._keys
         if isinstance(groups, np.ndarray) and groups.dtype.kind in "iub":
-            distinct, inverse = np.unique(groups, return_inverse=True)
-            ids = np.array([table.setdefault(k, len(table)) for k in distinct.tolist()],
-                           dtype=np.int64)
-            return ids[inverse.reshape(-1)]
+            return self._intern_integers(groups)
         for key in dict.fromkeys(groups):  # the distinct keys, in order of first appearance
             if key not in table:
                 table[key] = len(table)
+                self._sorted_keys = None  # the integer keys' sorted copy is rebuilt if used
         return np.fromiter(map(table.__getitem__, groups), np.int64, len(groups))
+
+    def _intern_integers(self, groups: npt.NDArray[Any]) -> Ints:
+        """:meth:`_intern` of integer keys without a Python step per event or known key.
+
+        The distinct keys of the step (one sort), looked up in a sorted copy of the period's
+        integer keys and their ids; the keys new this period get the next ids in increasing
+        order (as a dict walk over the sorted distinct keys would give them) and enter the
+        table and the copy: Python work per *new* key only, once a period.
+        """
+        table = self._keys
+        distinct, inverse = np.unique(groups.astype(np.int64), return_inverse=True)
+        if self._sorted_keys is None:  # after a reset or a restore: from the table
+            known = np.fromiter((k for k in table if isinstance(k, int)), np.int64)
+            order = np.argsort(known, kind="stable")
+            self._sorted_keys = known[order]
+            self._sorted_ids = np.fromiter(
+                map(table.__getitem__, known[order].tolist()), np.int64, known.size)
+        keys, ids = self._sorted_keys, self._sorted_ids
+        at = np.searchsorted(keys, distinct)
+        found = at < keys.size
+        found[found] = keys[at[found]] == distinct[found]
+        out = np.empty(distinct.size, np.int64)
+        out[found] = ids[at[found]]
+        fresh = np.flatnonzero(~found)
+        if fresh.size:
+            new = np.arange(len(table), len(table) + fresh.size, dtype=np.int64)
+            table.update(zip(distinct[fresh].tolist(), new.tolist(), strict=True))
+            out[fresh] = new
+            self._sorted_keys = np.insert(keys, at[fresh], distinct[fresh])
+            self._sorted_ids = np.insert(ids, at[fresh], new)
+        return out[inverse.reshape(-1)]
 
     def _allowances(self, step: int, local: Columns, pair_person: Ints, pair_group: Ints,
                     first_rank: Ints, n: int) -> tuple[Ints, Bools, Ints]:
