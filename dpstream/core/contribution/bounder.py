@@ -352,13 +352,14 @@ class ContributionBounder:
     def _intern_integers(self, groups: npt.NDArray[Any]) -> Ints:
         """:meth:`_intern` of integer keys without a Python step per event or known key.
 
-        The distinct keys of the step (one sort), looked up in a sorted copy of the period's
-        integer keys and their ids; the keys new this period get the next ids in increasing
-        order (as a dict walk over the sorted distinct keys would give them) and enter the
-        table and the copy: Python work per *new* key only, once a period.
+        The keys are looked up in a sorted copy of the period's integer keys and their ids;
+        only the keys not found are made distinct (one sort of those), and the keys new this
+        period get the next ids in increasing order (as a dict walk over the sorted distinct
+        keys would give them) and enter the table and the copy: Python work per *new* key
+        only, once a period.
         """
         table = self._keys
-        distinct, inverse = np.unique(groups.astype(np.int64), return_inverse=True)
+        values = groups.astype(np.int64).reshape(-1)
         if self._sorted_keys is None:  # after a reset or a restore: from the table
             known = np.fromiter((k for k in table if isinstance(k, int)), np.int64)
             order = np.argsort(known, kind="stable")
@@ -366,19 +367,22 @@ class ContributionBounder:
             self._sorted_ids = np.fromiter(
                 map(table.__getitem__, known[order].tolist()), np.int64, known.size)
         keys, ids = self._sorted_keys, self._sorted_ids
-        at = np.searchsorted(keys, distinct)
-        found = at < keys.size
-        found[found] = keys[at[found]] == distinct[found]
-        out = np.empty(distinct.size, np.int64)
-        out[found] = ids[at[found]]
-        fresh = np.flatnonzero(~found)
-        if fresh.size:
-            new = np.arange(len(table), len(table) + fresh.size, dtype=np.int64)
-            table.update(zip(distinct[fresh].tolist(), new.tolist(), strict=True))
-            out[fresh] = new
-            self._sorted_keys = np.insert(keys, at[fresh], distinct[fresh])
-            self._sorted_ids = np.insert(ids, at[fresh], new)
-        return out[inverse.reshape(-1)]
+        at = np.searchsorted(keys, values)
+        hit = at < keys.size
+        hit[hit] = keys[at[hit]] == values[hit]
+        if bool(hit.all()):
+            return ids[at]
+        out = np.empty(values.size, np.int64)
+        out[hit] = ids[at[hit]]
+        missing = np.flatnonzero(~hit)
+        distinct, inverse = np.unique(values[missing], return_inverse=True)
+        new = np.arange(len(table), len(table) + distinct.size, dtype=np.int64)
+        table.update(zip(distinct.tolist(), new.tolist(), strict=True))
+        out[missing] = new[inverse.reshape(-1)]
+        where = np.searchsorted(keys, distinct)
+        self._sorted_keys = np.insert(keys, where, distinct)
+        self._sorted_ids = np.insert(ids, where, new)
+        return out
 
     def _allowances(self, step: int, local: Columns, pair_person: Ints, pair_group: Ints,
                     first_rank: Ints, n: int) -> tuple[Ints, Bools, Ints]:
