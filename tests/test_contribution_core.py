@@ -447,3 +447,27 @@ def test_person_hashes_do_not_collide_on_many_ids() -> None:
     assert np.unique(words[:, 0]).size == n
     counts = np.bincount(person_shards(hashes, 16), minlength=16)
     assert np.abs(counts - n / 16).max() < 650
+
+
+def test_integer_keys_in_columns_decide_as_keys_in_a_list() -> None:
+    """Integer keys as an array (dense and sparse interning) keep what the same keys as a
+    list keep, across steps, a period boundary and a restore between any two steps."""
+    rng = np.random.default_rng(7)
+    hasher = PersonHasher(KEY)
+    rule = BoundingRule("key", 3, 2, period_steps=3)
+    steps = []
+    for step in range(7):
+        n = 400
+        people = hasher.hash_many([f"p{i}" for i in rng.integers(0, 60, n).tolist()])
+        keys = rng.integers(0, 50, n) * (1 if step % 3 else 40_000)  # dense, then sparse
+        if step == 5:
+            keys = keys - 20  # negative keys: the dict walk
+        steps.append((step, people, keys, rng.permutation(n)))
+    as_array, as_list = ContributionBounder(rule), ContributionBounder(rule)
+    for step, people, keys, offsets in steps:
+        kept_a, first_a = as_array.keep(step, people, keys, np.zeros(keys.size), offsets)
+        kept_l, first_l = as_list.keep(step, people, keys.tolist(), np.zeros(keys.size),
+                                       offsets)
+        assert kept_a.tolist() == kept_l.tolist() and first_a.tolist() == first_l.tolist()
+        assert 0 < int(kept_a.sum()) < keys.size  # the caps bite: the comparison has power
+        as_array = ContributionBounder(rule, as_array.to_state())

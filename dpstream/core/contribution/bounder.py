@@ -78,6 +78,8 @@ _NO_GROUP: Final = -1
 _CHUNK: Final = 1 << 22
 """Cells of a (pairs x max_groups) comparison done at once (bounds the scratch memory)."""
 _COMPOSITE_LIMIT: Final = 1 << 62
+_DENSE_LIMIT: Final = 1 << 20
+"""Integer keys below this are interned through a dense table (:meth:`_intern_integers`)."""
 _DELTA_MIN: Final = 1 << 16
 _DELTA_GROWTH: Final = 64
 """The delta is merged into the main columns past ``max(_DELTA_MIN, _DELTA_GROWTH sqrt(main))``
@@ -138,8 +140,7 @@ class ContributionBounder:
         self._main = self._segment(0)
         self._delta = self._segment(0)
         self._keys: dict[Hashable, int] = {}
-        self._sorted_keys: Ints | None = None  # the integer keys of _keys, sorted (a cache)
-        self._sorted_ids: Ints = np.zeros(0, np.int64)
+        self._dense: npt.NDArray[np.int32] | None = None  # small integer keys' ids (a cache)
 
     def _segment(self, count: int) -> _Sorted:
         return _Sorted(np.zeros(count, np.uint64), np.zeros(count, np.uint64),
@@ -229,7 +230,7 @@ class ContributionBounder:
         self._period, self._last_step = period, last
         self._main, self._delta = _Sorted(hi, lo, columns), self._segment(0)
         self._keys = {key: i for i, key in enumerate(keys)}
-        self._sorted_keys = None
+        self._dense = None
 
     # -- the decisions --
     def keep(self, step: int, people: PersonHashes, groups: Sequence[Hashable] | None,
@@ -346,42 +347,46 @@ class ContributionBounder:
         for key in dict.fromkeys(groups):  # the distinct keys, in order of first appearance
             if key not in table:
                 table[key] = len(table)
-                self._sorted_keys = None  # the integer keys' sorted copy is rebuilt if used
+                self._dense = None  # the small integer keys' table is rebuilt if used
         return np.fromiter(map(table.__getitem__, groups), np.int64, len(groups))
 
     def _intern_integers(self, groups: npt.NDArray[Any]) -> Ints:
         """:meth:`_intern` of integer keys without a Python step per event or known key.
 
-        The keys are looked up in a sorted copy of the period's integer keys and their ids;
+        Keys in ``[0, 2^20)`` (declared positions, small codes) are looked up in a dense
+        table (key -> id, -1: not yet interned; at most 4 MiB, per key, never per person);
         only the keys not found are made distinct (one sort of those), and the keys new this
-        period get the next ids in increasing order (as a dict walk over the sorted distinct
-        keys would give them) and enter the table and the copy: Python work per *new* key
-        only, once a period.
+        period get the next ids in increasing order (as the dict walk over the sorted
+        distinct keys gives them) and enter the table: Python work per *new* key only, once
+        a period. Other integers take the dict walk over the step's distinct keys.
         """
         table = self._keys
         values = groups.astype(np.int64).reshape(-1)
-        if self._sorted_keys is None:  # after a reset or a restore: from the table
-            known = np.fromiter((k for k in table if isinstance(k, int)), np.int64)
-            order = np.argsort(known, kind="stable")
-            self._sorted_keys = known[order]
-            self._sorted_ids = np.fromiter(
-                map(table.__getitem__, known[order].tolist()), np.int64, known.size)
-        keys, ids = self._sorted_keys, self._sorted_ids
-        at = np.searchsorted(keys, values)
-        hit = at < keys.size
-        hit[hit] = keys[at[hit]] == values[hit]
-        if bool(hit.all()):
-            return ids[at]
-        out = np.empty(values.size, np.int64)
-        out[hit] = ids[at[hit]]
-        missing = np.flatnonzero(~hit)
-        distinct, inverse = np.unique(values[missing], return_inverse=True)
-        new = np.arange(len(table), len(table) + distinct.size, dtype=np.int64)
-        table.update(zip(distinct.tolist(), new.tolist(), strict=True))
-        out[missing] = new[inverse.reshape(-1)]
-        where = np.searchsorted(keys, distinct)
-        self._sorted_keys = np.insert(keys, where, distinct)
-        self._sorted_ids = np.insert(ids, where, new)
+        if not values.size or int(values.min()) < 0 or int(values.max()) >= _DENSE_LIMIT:
+            distinct, inverse = np.unique(values, return_inverse=True)
+            self._dense = None  # rebuilt from the table if dense keys come again
+            ids = np.array([table.setdefault(k, len(table)) for k in distinct.tolist()],
+                           dtype=np.int64)
+            return ids[inverse.reshape(-1)]
+        top = int(values.max()) + 1
+        dense = self._dense
+        if dense is None or dense.size < top:
+            size = max(top, 2 * dense.size if dense is not None else 0, 1 << 10)
+            dense = np.full(min(size, _DENSE_LIMIT), -1, np.int32)
+            known = [(k, i) for k, i in table.items()
+                     if isinstance(k, int) and 0 <= k < _DENSE_LIMIT]
+            if known:
+                at, ids = np.array(known, dtype=np.int64).T
+                dense[at] = ids
+            self._dense = dense
+        out = dense[values].astype(np.int64)
+        missing = np.flatnonzero(out < 0)
+        if missing.size:
+            distinct, inverse = np.unique(values[missing], return_inverse=True)
+            new = np.arange(len(table), len(table) + distinct.size, dtype=np.int64)
+            table.update(zip(distinct.tolist(), new.tolist(), strict=True))
+            dense[distinct] = new
+            out[missing] = new[inverse.reshape(-1)]
         return out
 
     def _allowances(self, step: int, local: Columns, pair_person: Ints, pair_group: Ints,
