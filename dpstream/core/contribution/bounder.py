@@ -374,7 +374,7 @@ class ContributionBounder:
             size = max(top, 2 * dense.size if dense is not None else 0, 1 << 10)
             dense = np.full(min(size, _DENSE_LIMIT), -1, np.int32)
             known = [(k, i) for k, i in table.items()
-                     if isinstance(k, int) and 0 <= k < _DENSE_LIMIT]
+                     if isinstance(k, int) and 0 <= k < dense.size]
             if known:
                 at, ids = np.array(known, dtype=np.int64).T
                 dense[at] = ids
