@@ -267,9 +267,16 @@ class PersonEvents:
 
     @classmethod
     def merge(cls, parts: list[PersonEvents]) -> PersonEvents:
-        """The events of every bucket of ``parts``, in their order, as one bucket."""
+        """The events of every bucket of ``parts`` as one bucket (concatenated once).
+
+        The buckets are taken by their first event's (partition, offset), so that buckets
+        of consecutive offsets, as a partition's batches give them, join already in the
+        order :meth:`in_order` wants (which then sorts nothing).
+        """
+        parts = [p for p in parts if len(p)] or parts[:1]
         if len(parts) == 1:
             return parts[0]
+        parts = sorted(parts, key=lambda p: (int(p.partitions[0]), int(p.offsets[0])))
         payloads: list[Any] | np.ndarray
         if all(isinstance(p.payloads, np.ndarray) for p in parts):
             payloads = np.concatenate([np.asarray(p.payloads) for p in parts])
@@ -289,7 +296,11 @@ class PersonEvents:
 
     def in_order(self) -> PersonEvents:
         """The events sorted by (partition, offset): the order the bounder decides in."""
-        order = np.lexsort((self.offsets, self.partitions))
+        partitions, offsets = self.partitions, self.offsets
+        if bool(((partitions[1:] > partitions[:-1])
+                 | ((partitions[1:] == partitions[:-1]) & (offsets[1:] > offsets[:-1]))).all()):
+            return self  # already in order (a merge of consecutive batches): nothing to move
+        order = np.lexsort((offsets, partitions))
         return self.take(order)
 
 
@@ -579,7 +590,8 @@ class StepClock:
         owner = person_shards(hashes, shards).astype(np.int64)
         step_of = (np.full(n, steps, dtype=np.int64) if isinstance(steps, int)
                    else np.asarray(steps, dtype=np.int64))
-        order = np.lexsort((owner, step_of))  # by step, then shard; stable within
+        order = (np.argsort(owner, kind="stable") if isinstance(steps, int)  # one step
+                 else np.lexsort((owner, step_of)))  # by step, then shard; stable within
         cuts = np.flatnonzero((np.diff(step_of[order]) != 0) | (np.diff(owner[order]) != 0)) + 1
         for group in np.split(order, cuts):
             first = int(group[0])
