@@ -372,13 +372,16 @@ class ContributionBounder:
         dense = self._dense
         if dense is None or dense.size < top:
             size = max(top, 2 * dense.size if dense is not None else 0, 1 << 10)
-            dense = np.full(min(size, _DENSE_LIMIT), -1, np.int32)
-            known = [(k, i) for k, i in table.items()
-                     if isinstance(k, int) and 0 <= k < dense.size]
-            if known:
-                at, ids = np.array(known, dtype=np.int64).T
-                dense[at] = ids
-            self._dense = dense
+            grown = np.full(min(size, _DENSE_LIMIT), -1, np.int32)
+            if dense is not None:  # every dense key interned so far is in the old table
+                grown[:dense.size] = dense
+            else:  # after a reset, a restore or other keys: from the period's table
+                known = [(k, i) for k, i in table.items()
+                         if isinstance(k, int) and 0 <= k < grown.size]
+                if known:
+                    at, ids = np.array(known, dtype=np.int64).T
+                    grown[at] = ids
+            dense = self._dense = grown
         out = dense[values].astype(np.int64)
         missing = np.flatnonzero(out < 0)
         if missing.size:
