@@ -428,7 +428,11 @@ class ContributionBounder:
         kept_before[hits] = local["counts"][pair_person[hits], slot[hits]]
         # new groups, per person in the order of their first event
         fresh = np.flatnonzero(~existing)
-        order = fresh[np.argsort(pair_person[fresh] * n + first_rank[fresh])]
+        fresh_person = pair_person[fresh]  # nondecreasing: pairs come by (person, group)
+        if bool((fresh_person[1:] != fresh_person[:-1]).all()):
+            order = fresh  # one new group a person (the usual step): already in order
+        else:
+            order = fresh[np.argsort(fresh_person * n + first_rank[fresh], kind="stable")]
         person = pair_person[order]
         begins = np.concatenate(([True], person[1:] != person[:-1]))
         index = np.arange(order.size, dtype=np.int64)
@@ -500,16 +504,21 @@ def _dense_people(hi: Words, lo: Words) -> tuple[Ints, Words, Words]:
 
 def _locate(hi: Words, lo: Words, qhi: Words, qlo: Words) -> tuple[Ints, Bools]:
     """Where each queried hash is (or would be inserted) in columns sorted by (hi, lo)."""
+    size = hi.size
     left = np.searchsorted(hi, qhi, side="left").astype(np.int64)
-    right = np.searchsorted(hi, qhi, side="right").astype(np.int64)
     position = left.copy()
     found = np.zeros(qhi.size, np.bool_)
-    one = np.flatnonzero(right - left == 1)
+    if not size:
+        return position, found
+    equal = (left < size) & (hi[np.minimum(left, size - 1)] == qhi)
+    many = equal & (left + 1 < size) & (hi[np.minimum(left + 1, size - 1)] == qhi)
+    one = np.flatnonzero(equal & ~many)
     stored = lo[left[one]]
     position[one] += stored < qlo[one]
     found[one] = stored == qlo[one]
-    for i in np.flatnonzero(right - left > 1).tolist():  # shared high words: rare
-        begin, end = int(left[i]), int(right[i])
+    for i in np.flatnonzero(many).tolist():  # shared high words: rare
+        begin = int(left[i])
+        end = int(np.searchsorted(hi, qhi[i], side="right"))
         at = begin + int(np.searchsorted(lo[begin:end], qlo[i]))
         position[i] = at
         found[i] = at < end and lo[at] == qlo[i]
