@@ -79,7 +79,7 @@ _CHUNK: Final = 1 << 22
 """Cells of a (pairs x max_groups) comparison done at once (bounds the scratch memory)."""
 _COMPOSITE_LIMIT: Final = 1 << 62
 _DENSE_LIMIT: Final = 1 << 20
-"""Integer keys below this are interned through a dense table (:meth:`_intern_integers`)."""
+"""Integer keys below this are interned through a dense table (key -> id) per period."""
 _DELTA_MIN: Final = 1 << 16
 _DELTA_GROWTH: Final = 64
 """The delta is merged into the main columns past ``max(_DELTA_MIN, _DELTA_GROWTH sqrt(main))``
