@@ -451,7 +451,8 @@ def test_person_hashes_do_not_collide_on_many_ids() -> None:
 
 def test_integer_keys_in_columns_decide_as_keys_in_a_list() -> None:
     """Integer keys as an array (dense and sparse interning) keep what the same keys as a
-    list keep, across steps, a period boundary and a restore between any two steps."""
+    list keep, across steps, a period boundary, restores and keys given both ways to one
+    bounder."""
     rng = np.random.default_rng(7)
     hasher = PersonHasher(KEY)
     rule = BoundingRule("key", 3, 2, period_steps=3)
@@ -466,11 +467,16 @@ def test_integer_keys_in_columns_decide_as_keys_in_a_list() -> None:
     as_array, as_list = ContributionBounder(rule), ContributionBounder(rule)
     kept_steps = []
     for step, people, keys, offsets in steps:
-        kept_a, first_a = as_array.keep(step, people, keys, np.zeros(keys.size), offsets)
+        mixed = keys if step % 2 == 0 else keys.tolist()  # both ways into one bounder
+        kept_a, first_a = as_array.keep(step, people, mixed, np.zeros(keys.size), offsets)
         kept_l, first_l = as_list.keep(step, people, keys.tolist(), np.zeros(keys.size),
                                        offsets)
         assert kept_a.tolist() == kept_l.tolist() and first_a.tolist() == first_l.tolist()
         assert int(kept_a.sum()) < keys.size  # the caps bite: the comparison has power
         kept_steps.append(int(kept_a.sum()))
-        as_array = ContributionBounder(rule, as_array.to_state())
+        state = as_array.to_state()
+        assert sorted(state["keys"]) == sorted(set(keys.tolist()) | set(state["keys"]))
+        assert len(set(state["keys"])) == len(state["keys"])  # one id a key
+        if step in (1, 5):  # else the same bounder takes array and list keys in turn
+            as_array = ContributionBounder(rule, state)
     assert kept_steps[0] > 0 and kept_steps[3] > 0 and kept_steps[6] > 0  # each period keeps

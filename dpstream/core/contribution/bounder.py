@@ -139,8 +139,9 @@ class ContributionBounder:
         self._period = period
         self._main = self._segment(0)
         self._delta = self._segment(0)
-        self._keys: dict[Hashable, int] = {}
-        self._dense: npt.NDArray[np.int32] | None = None  # small integer keys' ids (a cache)
+        self._keys: dict[Hashable, int] = {}  # key -> id (the dense keys may be in _dense only)
+        self._dense: npt.NDArray[np.int32] | None = None  # small integer keys -> id (or -1)
+        self._key_count = 0  # ids given this period: 0 .. _key_count - 1
 
     def _segment(self, count: int) -> _Sorted:
         return _Sorted(np.zeros(count, np.uint64), np.zeros(count, np.uint64),
@@ -197,7 +198,7 @@ class ContributionBounder:
         return {"kind": _STATE_KIND, "version": _STATE_VERSION, "rule": self.rule.to_dict(),
                 "period": self._period, "last_step": self._last_step, "people": people,
                 "columns": {name: column.copy() for name, column in main.columns.items()},
-                "keys": list(self._keys)}
+                "keys": self._key_list()}
 
     def _restore(self, state: dict[str, Any]) -> None:
         if state.get("kind") != _STATE_KIND or state.get("version") != _STATE_VERSION:
@@ -231,6 +232,7 @@ class ContributionBounder:
         self._main, self._delta = _Sorted(hi, lo, columns), self._segment(0)
         self._keys = {key: i for i, key in enumerate(keys)}
         self._dense = None
+        self._key_count = len(keys)
 
     # -- the decisions --
     def keep(self, step: int, people: PersonHashes, groups: Sequence[Hashable] | None,
@@ -282,7 +284,7 @@ class ContributionBounder:
         if grouping == "key":
             assert groups is not None
             order, sorted_pair, pair_person, pair_group = _by_pair(
-                pid, self._intern(groups), len(self._keys), rank)
+                pid, self._intern(groups), self._key_count, rank)
         else:
             order = np.argsort(pid * n + rank)
             sorted_pair = pid[order]
@@ -339,16 +341,42 @@ class ContributionBounder:
         if self._delta.size > max(_DELTA_MIN, _DELTA_GROWTH * math.isqrt(self._main.size)):
             self._compact()
 
+    def _key_list(self) -> list[Hashable]:
+        """The period's keys in the order of their ids (the snapshot's ``keys``)."""
+        keys: list[Any] = [None] * self._key_count
+        for key, i in self._keys.items():
+            keys[i] = key
+        if self._dense is not None:
+            dense = np.flatnonzero(self._dense >= 0)
+            for key, i in zip(dense.tolist(), self._dense[dense].tolist(), strict=True):
+                keys[i] = key
+        return keys
+
+    def _id_of(self, key: Hashable) -> int:
+        """The period's id of one key, a new one if the key is new (Python, per key)."""
+        found = self._keys.get(key)
+        if found is not None:
+            return found
+        dense = self._dense
+        if dense is not None and isinstance(key, int) and 0 <= key < dense.size:
+            if dense[key] < 0:
+                dense[key] = self._key_count
+                self._key_count += 1
+            return int(dense[key])
+        found = self._keys[key] = self._key_count
+        self._key_count += 1
+        return found
+
     def _intern(self, groups: Sequence[Hashable]) -> Ints:
-        """The period's exact integer id of each event's group key (new keys get new ids)."""
-        table = self._keys
+        """The period's exact integer id of each event's group key (new keys get new ids).
+
+        The ids are exact: a key has one id in a period, whichever way it came (the dense
+        table of small integer keys, or the dict of the others, both dropped with the period).
+        """
         if isinstance(groups, np.ndarray) and groups.dtype.kind in "iub":
             return self._intern_integers(groups)
-        for key in dict.fromkeys(groups):  # the distinct keys, in order of first appearance
-            if key not in table:
-                table[key] = len(table)
-                self._dense = None  # the small integer keys' table is rebuilt if used
-        return np.fromiter(map(table.__getitem__, groups), np.int64, len(groups))
+        ids = {key: self._id_of(key) for key in dict.fromkeys(groups)}  # first appearance
+        return np.fromiter(map(ids.__getitem__, groups), np.int64, len(groups))
 
     def _intern_integers(self, groups: npt.NDArray[Any]) -> Ints:
         """:meth:`_intern` of integer keys without a Python step per event or known key.
@@ -356,38 +384,33 @@ class ContributionBounder:
         Keys in ``[0, 2^20)`` (declared positions, small codes) are looked up in a dense
         table (key -> id, -1: not yet interned; at most 4 MiB, per key, never per person);
         only the keys not found are made distinct (one sort of those), and the keys new this
-        period get the next ids in increasing order (as the dict walk over the sorted
-        distinct keys gives them) and enter the table: Python work per *new* key only, once
-        a period. Other integers take the dict walk over the step's distinct keys.
+        period get the next ids in increasing order: no Python work per event or per key.
+        Other integers take the per-key path over the step's distinct keys.
         """
-        table = self._keys
         values = groups.astype(np.int64).reshape(-1)
         if not values.size or int(values.min()) < 0 or int(values.max()) >= _DENSE_LIMIT:
             distinct, inverse = np.unique(values, return_inverse=True)
-            self._dense = None  # rebuilt from the table if dense keys come again
-            ids = np.array([table.setdefault(k, len(table)) for k in distinct.tolist()],
-                           dtype=np.int64)
+            ids = np.array([self._id_of(k) for k in distinct.tolist()], dtype=np.int64)
             return ids[inverse.reshape(-1)]
         top = int(values.max()) + 1
         dense = self._dense
         if dense is None or dense.size < top:
             size = max(top, 2 * dense.size if dense is not None else 0, 1 << 10)
             grown = np.full(min(size, _DENSE_LIMIT), -1, np.int32)
-            if dense is not None:  # every dense key interned so far is in the old table
+            if dense is not None:
                 grown[:dense.size] = dense
-            else:  # after a reset, a restore or other keys: from the period's table
-                known = [(k, i) for k, i in table.items()
-                         if isinstance(k, int) and 0 <= k < grown.size]
-                if known:
-                    at, ids = np.array(known, dtype=np.int64).T
-                    grown[at] = ids
+            known = [(k, i) for k, i in self._keys.items()  # small keys the dict holds
+                     if isinstance(k, int) and 0 <= k < grown.size]
+            if known:
+                at, ids = np.array(known, dtype=np.int64).T
+                grown[at] = ids
             dense = self._dense = grown
         out = dense[values].astype(np.int64)
         missing = np.flatnonzero(out < 0)
         if missing.size:
             distinct, inverse = np.unique(values[missing], return_inverse=True)
-            new = np.arange(len(table), len(table) + distinct.size, dtype=np.int64)
-            table.update(zip(distinct.tolist(), new.tolist(), strict=True))
+            new = np.arange(self._key_count, self._key_count + distinct.size, dtype=np.int64)
+            self._key_count += distinct.size
             dense[distinct] = new
             out[missing] = new[inverse.reshape(-1)]
         return out
