@@ -375,6 +375,13 @@ class ContributionBounder:
         """
         if isinstance(groups, np.ndarray) and groups.dtype.kind in "iub":
             return self._intern_integers(groups)
+        table = self._keys
+        if self._dense is None:  # every key of the period is in the dict
+            for key in dict.fromkeys(groups):  # the distinct keys, in order of first appearance
+                if key not in table:
+                    table[key] = self._key_count
+                    self._key_count += 1
+            return np.fromiter(map(table.__getitem__, groups), np.int64, len(groups))
         ids = {key: self._id_of(key) for key in dict.fromkeys(groups)}  # first appearance
         return np.fromiter(map(ids.__getitem__, groups), np.int64, len(groups))
 
