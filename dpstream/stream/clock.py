@@ -590,8 +590,11 @@ class StepClock:
         owner = person_shards(hashes, shards).astype(np.int64)
         step_of = (np.full(n, steps, dtype=np.int64) if isinstance(steps, int)
                    else np.asarray(steps, dtype=np.int64))
-        order = (np.argsort(owner, kind="stable") if isinstance(steps, int)  # one step
-                 else np.lexsort((owner, step_of)))  # by step, then shard; stable within
+        if isinstance(steps, int):  # one step: by shard, stable (a radix sort on int16)
+            narrow = owner.astype(np.int16) if shards <= np.iinfo(np.int16).max else owner
+            order = np.argsort(narrow, kind="stable")
+        else:
+            order = np.lexsort((owner, step_of))  # by step, then shard; stable within
         cuts = np.flatnonzero((np.diff(step_of[order]) != 0) | (np.diff(owner[order]) != 0)) + 1
         for group in np.split(order, cuts):
             first = int(group[0])
