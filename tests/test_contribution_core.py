@@ -480,3 +480,14 @@ def test_integer_keys_in_columns_decide_as_keys_in_a_list() -> None:
         if step in (1, 5):  # else the same bounder takes array and list keys in turn
             as_array = ContributionBounder(rule, state)
     assert kept_steps[0] > 0 and kept_steps[3] > 0 and kept_steps[6] > 0  # each period keeps
+
+
+def test_a_state_of_the_previous_hash_is_refused() -> None:
+    """Version 1 states held BLAKE2b hashes; under the new hash their people would get fresh
+    caps, so such a state is refused rather than resumed."""
+    rule = BoundingRule("key", 2, 2)
+    bounder = ContributionBounder(rule)
+    bounder.keep(0, PersonHasher(KEY).hash_many(["a", "b"]), ["x", "y"], [0, 0], [0, 1])
+    state = {**bounder.to_state(), "version": 1}
+    with pytest.raises(InvalidParameterError, match="version 2"):
+        ContributionBounder(rule, state)

@@ -73,7 +73,9 @@ from dpstream.errors import InvalidParameterError
 __all__ = ["ContributionBounder"]
 
 _STATE_KIND: Final = "contribution-bounder"
-_STATE_VERSION: Final = 1
+_STATE_VERSION: Final = 2
+"""Version 2: people hashed by the AES CBC-MAC of :mod:`~dpstream.core.contribution.people`
+(version 1 held BLAKE2b hashes: resuming one would give every person fresh caps: refused)."""
 _NO_GROUP: Final = -1
 _CHUNK: Final = 1 << 22
 """Cells of a (pairs x max_groups) comparison done at once (bounds the scratch memory)."""
