@@ -76,8 +76,8 @@ gives the clock a :class:`~dpstream.core.contribution.people.PersonHasher`
 "people")``). The kind's decoder then also fills :attr:`StepClock.decoded_people`, the person
 of each payload it returns, 1:1 (a record without a non-empty string in the user field is a
 dead letter, reason :func:`bad_person`). :meth:`StepClock.process` hashes the people of the
-accepted records at once (keyed BLAKE2b-128: only the 16-byte hash leaves this method, never
-the id) and sends, instead of the kind's routing, one update per *person shard* whose buckets
+accepted records at once (a keyed 128-bit AES CBC-MAC: only the 16-byte hash leaves this
+method, never the id) and sends, instead of the kind's routing, one update per *person shard* whose buckets
 are :class:`PersonEvents` columns (hash, input partition, offset, payload): the bounding
 stage (:mod:`dpstream.stream.bounding`) keeps each person's events within the caps and routes
 the kept ones to the kind's shards. Which person shard an event goes to, and what its bucket
