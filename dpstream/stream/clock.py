@@ -70,22 +70,21 @@ A flow kind subclasses :class:`StepClock` with two methods: :meth:`~StepClock.de
 a record holds, or why it is a dead letter) and :meth:`~StepClock.route` (which shard gets
 what, per step). Everything about time is here, once.
 
-**People, at the user level** (``contribution.unit = "user"``, pitfall 17). The platform
-gives the clock a :class:`~dpstream.core.contribution.people.PersonHasher`
-(:attr:`StepClock.hasher`, keyed by the flow's secret lane ``(instance, flow name,
-"people")``). The kind's decoder then also fills :attr:`StepClock.decoded_people`, the person
-of each payload it returns, 1:1 (a record without a non-empty string in the user field is a
-dead letter, reason :func:`bad_person`). :meth:`StepClock.process` hashes the people of the
-accepted records at once (a keyed 128-bit AES CBC-MAC: only the 16-byte hash leaves this
-method, never the id) and sends, instead of the kind's routing, one update per *person shard* whose buckets
-are :class:`PersonEvents` columns (hash, input partition, offset, payload): the bounding
-stage (:mod:`dpstream.stream.bounding`) keeps each person's events within the caps and routes
-the kept ones to the kind's shards. Which person shard an event goes to, and what its bucket
-holds, depends on that record alone, so batching changes nothing here either. A partition
-whose records are no person's (:meth:`StepClock.carries_people` false: PMWG's questions)
-sends them as a :class:`PassThrough` bucket, which the stage routes on unbounded. A decoder
-at the user level that does not set ``decoded_people`` for a partition of people is a bug and
-stops the batch.
+**People, at the user level** (``contribution.unit = "user"``, pitfall 17). The platform gives
+the clock a :class:`~dpstream.core.contribution.people.PersonHasher` (:attr:`StepClock.hasher`,
+keyed by the flow's secret lane ``(instance, flow name, "people")``). The kind's decoder then
+also fills :attr:`StepClock.decoded_people`, the person of each payload it returns, 1:1 (a
+record without a non-empty string in the user field is a dead letter, reason
+:func:`bad_person`). :meth:`StepClock.process` hashes the people of the accepted records at once
+(a keyed 128-bit AES CBC-MAC: only the 16-byte hash leaves this method, never the id) and sends,
+instead of the kind's routing, one update per *person shard* whose buckets are
+:class:`PersonEvents` columns (hash, input partition, offset, payload): the bounding stage
+(:mod:`dpstream.stream.bounding`) keeps each person's events within the caps and routes the kept
+ones to the kind's shards. Which person shard an event goes to, and what its bucket holds,
+depends on that record alone, so batching changes nothing here either. A partition whose records
+are no person's (:meth:`StepClock.carries_people` false: PMWG's questions) sends them as a
+:class:`PassThrough` bucket, which the stage routes on unbounded. A decoder at the user level
+that does not set ``decoded_people`` for a partition of people is a bug and stops the batch.
 """
 
 from __future__ import annotations
