@@ -11,12 +11,13 @@ guessed id, so the hashes in a recovery store do not reveal who is in it by dict
 
 **The function: CBC-MAC with AES-256 over a canonical, prefix-free encoding of the id.**
 The hash of an id ``x`` is ``CBC_K(unit(x))``: CBC-MAC under AES-256 with key ``K`` (zero IV)
-over the 16-byte blocks of ``unit(x)``, the last state being the hash. ``K`` is BLAKE2b of the
-hasher's key under its own personalisation (``dpstream-pcbc1``): a key of this hasher alone,
-independent of every other key derived from the noise key. ``unit(x)``, with ``b`` the UTF-8
-bytes of ``x`` (lone surrogates kept) and ``L`` their length, is a length header, then ``b``,
-then zero padding to whole blocks; the header is the single byte ``L`` when ``L < 255``, else
-the byte ``255`` and ``L`` as 8 big-endian bytes. So an id of at most 14 bytes is one block.
+over the 16-byte blocks of ``unit(x)``, the last state being the hash. ``K`` is keyed BLAKE2b (a
+PRF) under the hasher's key, with its own personalisation (``dpstream-pcbc1``): a key of this
+hasher alone, independent of every other key derived from the noise key. ``unit(x)``, with ``b``
+the UTF-8 bytes of ``x`` (lone surrogates kept) and ``L`` their length, is a length header, then
+``b``, then zero padding to whole blocks; the header is the single byte ``L`` when ``L < 255``,
+else the byte ``255`` and ``L`` as 8 big-endian bytes. So an id of at most 14 bytes is one
+block.
 
 *Batch-independent.* ``unit(x)`` is a function of ``x`` alone, never of the other ids hashed
 with it (its own length in its first block, its own number of blocks), so the hash of an id
@@ -125,7 +126,8 @@ class PersonHasher:
         if not isinstance(key, bytes) or len(key) < _MIN_KEY_BYTES:
             raise InvalidParameterError(
                 f"the person hashing key must be at least {_MIN_KEY_BYTES} bytes")
-        self._key = hashlib.blake2b(key[:64], digest_size=32, person=_CBC_PERSON).digest()
+        self._key = hashlib.blake2b(b"aes-256 key", key=key[:64], digest_size=32,
+                                    person=_CBC_PERSON).digest()
         self._local = threading.local()  # one AES encryptor per thread (Bytewax workers)
 
     @classmethod
