@@ -31,9 +31,9 @@ number is its offset, which orders a person's events within a step as the flow o
 within a partition.
 
 **People.** The person field is hashed as the flow hashes it
-(:class:`~dpstream.core.contribution.people.PersonHasher`, keyed BLAKE2b-128), under a fresh
-random key made for this run: which events are kept depends only on each person's own events
-in their order, never on the hash values, so the key changes nothing but the (negligible,
+(:class:`~dpstream.core.contribution.people.PersonHasher`, a keyed 128-bit AES CBC-MAC), under
+a fresh random key made for this run: which events are kept depends only on each person's
+own events in their order, never on the hash values, so the key changes nothing but the (negligible,
 < n^2 / 2^129 for n people) chance that two people collide. No person id is kept, printed or
 logged; only the number of distinct people is reported.
 """

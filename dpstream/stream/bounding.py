@@ -36,8 +36,8 @@ frontier past them (:meth:`BoundingShard.close_backlog`), exactly the barrier's 
 input partition; so the kind's barrier, waiting for all ``flow.shards`` person shards, closes
 a step with every person's kept events summed, and nothing else changes for the kind.
 
-**Ids stay out.** The clock hashes the ids at once (keyed BLAKE2b-128 under the secret lane
-``(instance, flow name, "people")``); this stage, its snapshots and its metric see the
+**Ids stay out.** The clock hashes the ids at once (a keyed 128-bit AES CBC-MAC under the
+secret lane ``(instance, flow name, "people")``); this stage, its snapshots and its metric see the
 16-byte hashes only. The snapshot is bound to the flow instance, the noise key and the
 mechanisms' digest (which includes the contribution table): a store made under other caps is
 refused (:func:`~dpstream.stream.barrier.check_binding`). How many events the caps dropped is

@@ -70,22 +70,21 @@ A flow kind subclasses :class:`StepClock` with two methods: :meth:`~StepClock.de
 a record holds, or why it is a dead letter) and :meth:`~StepClock.route` (which shard gets
 what, per step). Everything about time is here, once.
 
-**People, at the user level** (``contribution.unit = "user"``, pitfall 17). The platform
-gives the clock a :class:`~dpstream.core.contribution.people.PersonHasher`
-(:attr:`StepClock.hasher`, keyed by the flow's secret lane ``(instance, flow name,
-"people")``). The kind's decoder then also fills :attr:`StepClock.decoded_people`, the person
-of each payload it returns, 1:1 (a record without a non-empty string in the user field is a
-dead letter, reason :func:`bad_person`). :meth:`StepClock.process` hashes the people of the
-accepted records at once (keyed BLAKE2b-128: only the 16-byte hash leaves this method, never
-the id) and sends, instead of the kind's routing, one update per *person shard* whose buckets
-are :class:`PersonEvents` columns (hash, input partition, offset, payload): the bounding
-stage (:mod:`dpstream.stream.bounding`) keeps each person's events within the caps and routes
-the kept ones to the kind's shards. Which person shard an event goes to, and what its bucket
-holds, depends on that record alone, so batching changes nothing here either. A partition
-whose records are no person's (:meth:`StepClock.carries_people` false: PMWG's questions)
-sends them as a :class:`PassThrough` bucket, which the stage routes on unbounded. A decoder
-at the user level that does not set ``decoded_people`` for a partition of people is a bug and
-stops the batch.
+**People, at the user level** (``contribution.unit = "user"``, pitfall 17). The platform gives
+the clock a :class:`~dpstream.core.contribution.people.PersonHasher` (:attr:`StepClock.hasher`,
+keyed by the flow's secret lane ``(instance, flow name, "people")``). The kind's decoder then
+also fills :attr:`StepClock.decoded_people`, the person of each payload it returns, 1:1 (a
+record without a non-empty string in the user field is a dead letter, reason
+:func:`bad_person`). :meth:`StepClock.process` hashes the people of the accepted records at once
+(a keyed 128-bit AES CBC-MAC: only the 16-byte hash leaves this method, never the id) and sends,
+instead of the kind's routing, one update per *person shard* whose buckets are
+:class:`PersonEvents` columns (hash, input partition, offset, payload): the bounding stage
+(:mod:`dpstream.stream.bounding`) keeps each person's events within the caps and routes the kept
+ones to the kind's shards. Which person shard an event goes to, and what its bucket holds,
+depends on that record alone, so batching changes nothing here either. A partition whose records
+are no person's (:meth:`StepClock.carries_people` false: PMWG's questions) sends them as a
+:class:`PassThrough` bucket, which the stage routes on unbounded. A decoder at the user level
+that does not set ``decoded_people`` for a partition of people is a bug and stops the batch.
 """
 
 from __future__ import annotations
@@ -267,9 +266,16 @@ class PersonEvents:
 
     @classmethod
     def merge(cls, parts: list[PersonEvents]) -> PersonEvents:
-        """The events of every bucket of ``parts``, in their order, as one bucket."""
+        """The events of every bucket of ``parts`` as one bucket (concatenated once).
+
+        The buckets are taken by their first event's (partition, offset), so that buckets
+        of consecutive offsets, as a partition's batches give them, join already in the
+        order :meth:`in_order` wants (which then sorts nothing).
+        """
+        parts = [p for p in parts if len(p)] or parts[:1]
         if len(parts) == 1:
             return parts[0]
+        parts = sorted(parts, key=lambda p: (int(p.partitions[0]), int(p.offsets[0])))
         payloads: list[Any] | np.ndarray
         if all(isinstance(p.payloads, np.ndarray) for p in parts):
             payloads = np.concatenate([np.asarray(p.payloads) for p in parts])
@@ -289,7 +295,11 @@ class PersonEvents:
 
     def in_order(self) -> PersonEvents:
         """The events sorted by (partition, offset): the order the bounder decides in."""
-        order = np.lexsort((self.offsets, self.partitions))
+        partitions, offsets = self.partitions, self.offsets
+        if bool(((partitions[1:] > partitions[:-1])
+                 | ((partitions[1:] == partitions[:-1]) & (offsets[1:] > offsets[:-1]))).all()):
+            return self  # already in order (a merge of consecutive batches): nothing to move
+        order = np.lexsort((offsets, partitions))
         return self.take(order)
 
 
@@ -590,7 +600,11 @@ class StepClock:
         owner = person_shards(hashes, shards).astype(np.int64)
         step_of = (np.full(n, steps, dtype=np.int64) if isinstance(steps, int)
                    else np.asarray(steps, dtype=np.int64))
-        order = np.lexsort((owner, step_of))  # by step, then shard; stable within
+        if isinstance(steps, int):  # one step: by shard, stable (a radix sort on int16)
+            narrow = owner.astype(np.int16) if shards <= np.iinfo(np.int16).max else owner
+            order = np.argsort(narrow, kind="stable")
+        else:
+            order = np.lexsort((owner, step_of))  # by step, then shard; stable within
         cuts = np.flatnonzero((np.diff(step_of[order]) != 0) | (np.diff(owner[order]) != 0)) + 1
         for group in np.split(order, cuts):
             first = int(group[0])

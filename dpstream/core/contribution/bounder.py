@@ -37,7 +37,9 @@ a new group that is admitted, ``0`` for one that is not. A new group is admitted
 person's groups so far plus the new group's rank among the person's new groups of this step
 (ordered by their first event) is below ``max_groups``: exactly the sequential rule above (a new
 group is added at its first event, whose keep is certain, and once the person is full no group
-is added). There is no Python loop per event (the interning of keys excepted: a dict lookup).
+is added). There is no Python loop per event (the interning of keys excepted: a dict lookup
+per event for keys of any type; integer keys, such as declared positions, are interned in
+columns, with Python work per key new in the period only).
 
 **The state** holds, per person seen this period, in columns sorted by hash: the hash (two
 uint64 words, 16 bytes), and what the caps need, counted in uint8 when the cap is at most 255
@@ -71,11 +73,15 @@ from dpstream.errors import InvalidParameterError
 __all__ = ["ContributionBounder"]
 
 _STATE_KIND: Final = "contribution-bounder"
-_STATE_VERSION: Final = 1
+_STATE_VERSION: Final = 2
+"""Version 2: people hashed by the AES CBC-MAC of :mod:`~dpstream.core.contribution.people`
+(version 1 held BLAKE2b hashes: resuming one would give every person fresh caps: refused)."""
 _NO_GROUP: Final = -1
 _CHUNK: Final = 1 << 22
 """Cells of a (pairs x max_groups) comparison done at once (bounds the scratch memory)."""
 _COMPOSITE_LIMIT: Final = 1 << 62
+_DENSE_LIMIT: Final = 1 << 20
+"""Integer keys below this are interned through a dense table (key -> id) per period."""
 _DELTA_MIN: Final = 1 << 16
 _DELTA_GROWTH: Final = 64
 """The delta is merged into the main columns past ``max(_DELTA_MIN, _DELTA_GROWTH sqrt(main))``
@@ -135,7 +141,9 @@ class ContributionBounder:
         self._period = period
         self._main = self._segment(0)
         self._delta = self._segment(0)
-        self._keys: dict[Hashable, int] = {}
+        self._keys: dict[Hashable, int] = {}  # key -> id (the dense keys may be in _dense only)
+        self._dense: npt.NDArray[np.int32] | None = None  # small integer keys -> id (or -1)
+        self._key_count = 0  # ids given this period: 0 .. _key_count - 1
 
     def _segment(self, count: int) -> _Sorted:
         return _Sorted(np.zeros(count, np.uint64), np.zeros(count, np.uint64),
@@ -192,7 +200,7 @@ class ContributionBounder:
         return {"kind": _STATE_KIND, "version": _STATE_VERSION, "rule": self.rule.to_dict(),
                 "period": self._period, "last_step": self._last_step, "people": people,
                 "columns": {name: column.copy() for name, column in main.columns.items()},
-                "keys": list(self._keys)}
+                "keys": self._key_list()}
 
     def _restore(self, state: dict[str, Any]) -> None:
         if state.get("kind") != _STATE_KIND or state.get("version") != _STATE_VERSION:
@@ -225,6 +233,8 @@ class ContributionBounder:
         self._period, self._last_step = period, last
         self._main, self._delta = _Sorted(hi, lo, columns), self._segment(0)
         self._keys = {key: i for i, key in enumerate(keys)}
+        self._dense = None
+        self._key_count = len(keys)
 
     # -- the decisions --
     def keep(self, step: int, people: PersonHashes, groups: Sequence[Hashable] | None,
@@ -276,7 +286,7 @@ class ContributionBounder:
         if grouping == "key":
             assert groups is not None
             order, sorted_pair, pair_person, pair_group = _by_pair(
-                pid, self._intern(groups), len(self._keys), rank)
+                pid, self._intern(groups), self._key_count, rank)
         else:
             order = np.argsort(pid * n + rank)
             sorted_pair = pid[order]
@@ -333,18 +343,86 @@ class ContributionBounder:
         if self._delta.size > max(_DELTA_MIN, _DELTA_GROWTH * math.isqrt(self._main.size)):
             self._compact()
 
+    def _key_list(self) -> list[Hashable]:
+        """The period's keys in the order of their ids (the snapshot's ``keys``)."""
+        keys: list[Any] = [None] * self._key_count
+        for key, i in self._keys.items():
+            keys[i] = key
+        if self._dense is not None:
+            dense = np.flatnonzero(self._dense >= 0)
+            for key, i in zip(dense.tolist(), self._dense[dense].tolist(), strict=True):
+                keys[i] = key
+        return keys
+
+    def _id_of(self, key: Hashable) -> int:
+        """The period's id of one key, a new one if the key is new (Python, per key)."""
+        found = self._keys.get(key)
+        if found is not None:
+            return found
+        dense = self._dense
+        if dense is not None and isinstance(key, int) and 0 <= key < dense.size:
+            if dense[key] < 0:
+                dense[key] = self._key_count
+                self._key_count += 1
+            return int(dense[key])
+        found = self._keys[key] = self._key_count
+        self._key_count += 1
+        return found
+
     def _intern(self, groups: Sequence[Hashable]) -> Ints:
-        """The period's exact integer id of each event's group key (new keys get new ids)."""
-        table = self._keys
+        """The period's exact integer id of each event's group key (new keys get new ids).
+
+        The ids are exact: a key has one id in a period, whichever way it came (the dense
+        table of small integer keys, or the dict of the others, both dropped with the period).
+        """
         if isinstance(groups, np.ndarray) and groups.dtype.kind in "iub":
-            distinct, inverse = np.unique(groups, return_inverse=True)
-            ids = np.array([table.setdefault(k, len(table)) for k in distinct.tolist()],
-                           dtype=np.int64)
+            return self._intern_integers(groups)
+        table = self._keys
+        if self._dense is None:  # every key of the period is in the dict
+            for key in dict.fromkeys(groups):  # the distinct keys, in order of first appearance
+                if key not in table:
+                    table[key] = self._key_count
+                    self._key_count += 1
+            return np.fromiter(map(table.__getitem__, groups), np.int64, len(groups))
+        ids = {key: self._id_of(key) for key in dict.fromkeys(groups)}  # first appearance
+        return np.fromiter(map(ids.__getitem__, groups), np.int64, len(groups))
+
+    def _intern_integers(self, groups: npt.NDArray[Any]) -> Ints:
+        """:meth:`_intern` of integer keys without a Python step per event or known key.
+
+        Keys in ``[0, 2^20)`` (declared positions, small codes) are looked up in a dense
+        table (key -> id, -1: not yet interned; at most 4 MiB, per key, never per person);
+        only the keys not found are made distinct (one sort of those), and the keys new this
+        period get the next ids in increasing order: no Python work per event or per key.
+        Other integers take the per-key path over the step's distinct keys.
+        """
+        values = groups.astype(np.int64).reshape(-1)
+        if not values.size or int(values.min()) < 0 or int(values.max()) >= _DENSE_LIMIT:
+            distinct, inverse = np.unique(values, return_inverse=True)
+            ids = np.array([self._id_of(k) for k in distinct.tolist()], dtype=np.int64)
             return ids[inverse.reshape(-1)]
-        for key in dict.fromkeys(groups):  # the distinct keys, in order of first appearance
-            if key not in table:
-                table[key] = len(table)
-        return np.fromiter(map(table.__getitem__, groups), np.int64, len(groups))
+        top = int(values.max()) + 1
+        dense = self._dense
+        if dense is None or dense.size < top:
+            size = max(top, 2 * dense.size if dense is not None else 0, 1 << 10)
+            grown = np.full(min(size, _DENSE_LIMIT), -1, np.int32)
+            if dense is not None:
+                grown[:dense.size] = dense
+            known = [(k, i) for k, i in self._keys.items()  # small keys the dict holds
+                     if isinstance(k, int) and 0 <= k < grown.size]
+            if known:
+                at, ids = np.array(known, dtype=np.int64).T
+                grown[at] = ids
+            dense = self._dense = grown
+        out = dense[values].astype(np.int64)
+        missing = np.flatnonzero(out < 0)
+        if missing.size:
+            distinct, inverse = np.unique(values[missing], return_inverse=True)
+            new = np.arange(self._key_count, self._key_count + distinct.size, dtype=np.int64)
+            self._key_count += distinct.size
+            dense[distinct] = new
+            out[missing] = new[inverse.reshape(-1)]
+        return out
 
     def _allowances(self, step: int, local: Columns, pair_person: Ints, pair_group: Ints,
                     first_rank: Ints, n: int) -> tuple[Ints, Bools, Ints]:
@@ -382,7 +460,11 @@ class ContributionBounder:
         kept_before[hits] = local["counts"][pair_person[hits], slot[hits]]
         # new groups, per person in the order of their first event
         fresh = np.flatnonzero(~existing)
-        order = fresh[np.argsort(pair_person[fresh] * n + first_rank[fresh])]
+        fresh_person = pair_person[fresh]  # nondecreasing: pairs come by (person, group)
+        if bool((fresh_person[1:] != fresh_person[:-1]).all()):
+            order = fresh  # one new group a person (the usual step): already in order
+        else:
+            order = fresh[np.argsort(fresh_person * n + first_rank[fresh], kind="stable")]
         person = pair_person[order]
         begins = np.concatenate(([True], person[1:] != person[:-1]))
         index = np.arange(order.size, dtype=np.int64)
@@ -454,16 +536,21 @@ def _dense_people(hi: Words, lo: Words) -> tuple[Ints, Words, Words]:
 
 def _locate(hi: Words, lo: Words, qhi: Words, qlo: Words) -> tuple[Ints, Bools]:
     """Where each queried hash is (or would be inserted) in columns sorted by (hi, lo)."""
+    size = hi.size
     left = np.searchsorted(hi, qhi, side="left").astype(np.int64)
-    right = np.searchsorted(hi, qhi, side="right").astype(np.int64)
     position = left.copy()
     found = np.zeros(qhi.size, np.bool_)
-    one = np.flatnonzero(right - left == 1)
+    if not size:
+        return position, found
+    equal = (left < size) & (hi[np.minimum(left, size - 1)] == qhi)
+    many = equal & (left + 1 < size) & (hi[np.minimum(left + 1, size - 1)] == qhi)
+    one = np.flatnonzero(equal & ~many)
     stored = lo[left[one]]
     position[one] += stored < qlo[one]
     found[one] = stored == qlo[one]
-    for i in np.flatnonzero(right - left > 1).tolist():  # shared high words: rare
-        begin, end = int(left[i]), int(right[i])
+    for i in np.flatnonzero(many).tolist():  # shared high words: rare
+        begin = int(left[i])
+        end = int(np.searchsorted(hi, qhi[i], side="right"))
         at = begin + int(np.searchsorted(lo[begin:end], qlo[i]))
         position[i] = at
         found[i] = at < end and lo[at] == qlo[i]

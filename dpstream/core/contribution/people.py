@@ -3,16 +3,48 @@
 At the user level (issue 24) a flow must know which events belong to one person, but a raw
 person id (an e-mail address, an account number) must never enter state, snapshots, logs,
 metrics or error messages. :class:`PersonHasher` replaces every id, as soon as it is decoded,
-by a **keyed** hash: BLAKE2b in keyed mode (RFC 7693; a pseudorandom function under its key)
-with a 16-byte digest, under its own personalisation. The key is the flow's ``people`` lane,
+by a **keyed** 128-bit hash under a secret key: the flow's ``people`` lane,
 ``noise.lane(instance, flow_name, "people")`` (:meth:`dpstream.core.noise.keys.NoiseKey.lane`),
 so it is secret, differs between flow instances (two instances' states cannot be joined on a
 person) and is never stored: whoever lacks the noise key cannot recompute the hash of a
 guessed id, so the hashes in a recovery store do not reveal who is in it by dictionary search.
 
-A hash is returned as a NumPy ``V16`` item: its 16 digest bytes, which order (compared as
-bytes, as :func:`numpy.sort` does) exactly as the 128-bit big-endian integer they spell. The
-bounding state sorts people by it (:mod:`dpstream.core.contribution.bounder`), and
+**The function: CBC-MAC with AES-256 over a canonical, prefix-free encoding of the id.**
+The hash of an id ``x`` is ``CBC_K(unit(x))``: CBC-MAC under AES-256 with key ``K`` (zero IV)
+over the 16-byte blocks of ``unit(x)``, the last state being the hash. ``K`` is keyed BLAKE2b (a
+PRF) under the hasher's key, with its own personalisation (``dpstream-pcbc1``): a key of this
+hasher alone, independent of every other key derived from the noise key. ``unit(x)``, with ``b``
+the UTF-8 bytes of ``x`` (lone surrogates kept) and ``L`` their length, is a length header, then
+``b``, then zero padding to whole blocks; the header is the single byte ``L`` when ``L < 255``,
+else the byte ``255`` and ``L`` as 8 big-endian bytes. So an id of at most 14 bytes is one
+block.
+
+*Batch-independent.* ``unit(x)`` is a function of ``x`` alone, never of the other ids hashed
+with it (its own length in its first block, its own number of blocks), so the hash of an id
+never depends on the batch it comes in; the batch is only grouped by number of blocks to run
+the chains in bulk.
+
+*Prefix-free, hence a PRF.* The header is in the first block and states ``L``, hence the
+number of blocks: two encodings with the same first block have the same length, so neither is
+a proper prefix of the other; and ``unit`` is injective (``L`` says where the padding starts).
+CBC-MAC under a pseudorandom permutation is a pseudorandom function on a prefix-free message
+space (Petrank and Rackoff, "CBC MAC for real-time data sources", 2000; Bellare, Kilian and
+Rogaway, 1994): its advantage against a random function is at most ``O(q^2 l^2 / 2^128)`` for
+``q`` ids of at most ``l`` blocks, plus AES-256's PRP advantage, a computational term as for
+all of dpstream's noise, which the same key drives. (The final encryption under a second key
+that ECBC adds is what makes CBC-MAC safe on messages that are *not* prefix-free; a prefix-free
+encoding needs none, which saves an AES call an id.) So the hashes stand in for a random
+function into ``2^128`` values, and the collision argument below holds as for any such
+function.
+
+*In columns.* The ids of a batch are encoded together (one UTF-8 encoding of their join),
+grouped by their number of blocks, and each group is chained with one AES call per block
+position over all its ids (``cryptography``, AES-NI): no Python work per id (headers of ids
+of 255 bytes or more are written one by one; such ids are rare).
+
+A hash is returned as a NumPy ``V16`` item: the 16 bytes of the final AES block, which order
+(compared as bytes, as :func:`numpy.sort` does) exactly as the 128-bit big-endian integer they
+spell. The bounding state sorts people by it (:mod:`dpstream.core.contribution.bounder`), and
 :func:`person_shards` routes a person by it to one shard of the bounding operator, so that all
 of a person's events meet in one place whatever partition they came from.
 
@@ -22,29 +54,31 @@ collision breaks the argument that a person's presence changes only that person'
 For neighbouring streams ``D`` (with person ``p``) and ``D'`` (without), with ``n`` other
 people, let ``G`` be the event that ``h(p)`` differs from each of the ``n`` other hashes. For a
 truly random function ``h`` into ``2^128`` values, ``P[not G] <= n 2^-128`` (a union bound over
-the ``n`` others; the ids cannot be chosen to collide, because ``h`` is unknown without the key).
-On ``G`` every other person's kept events are the same in ``D`` and ``D'`` and ``p``'s are
-within the caps, so a mechanism that is ``(epsilon, delta)``-DP for one person's bounded
-contribution satisfies ``P[M(D) in S] <= P[M(D) in S, G] + P[not G] <= e^epsilon P[M(D') in S]
-+ delta + n 2^-128`` (and symmetrically): the user-level guarantee is ``(epsilon, delta +
-n 2^-128)``. Keyed BLAKE2b stands in for the random function up to its PRF advantage (a
-computational term, as for all of dpstream's noise, which the same key drives).
-:func:`collision_delta` states the term; :data:`PEOPLE_BOUND` is a public bound on ``n`` that
-needs no count of the data: a stream cannot hold more people than events, and no stream holds
-``2^64`` events, so ``collision_delta(PEOPLE_BOUND) = 2^-64`` (about ``5.4e-20``) covers every
-flow. The kinds add it to the delta they report at the user level.
+the ``n`` others, ``2^-128`` a pair; the ids cannot be chosen to collide, because ``h`` is
+unknown without the key). On ``G`` every other person's kept events are the same in ``D`` and
+``D'`` and ``p``'s are within the caps, so a mechanism that is ``(epsilon, delta)``-DP for one
+person's bounded contribution satisfies ``P[M(D) in S] <= P[M(D) in S, G] + P[not G] <=
+e^epsilon P[M(D') in S] + delta + n 2^-128`` (and symmetrically): the user-level guarantee is
+``(epsilon, delta + n 2^-128)``. The keyed CBC-MAC stands in for the random function up to its
+PRF advantage (above). :func:`collision_delta` states the term; :data:`PEOPLE_BOUND` is a
+public bound on ``n`` that needs no count of the data: a stream cannot hold more people than
+events, and no stream holds ``2^64`` events, so ``collision_delta(PEOPLE_BOUND) = 2^-64``
+(about ``5.4e-20``) covers every flow. The kinds add it to the delta they report at the user
+level.
 """
 
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Sequence
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
 
 from dpstream.core._checks import integer_at_least
+from dpstream.core.noise.coordinates import _name_bytes
 from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import InvalidParameterError
 
@@ -54,7 +88,10 @@ HASH_BYTES: Final = 16
 """The width of a person's hash (128 bits)."""
 PEOPLE_BOUND: Final = 2**64
 """A public bound on the number of people a stream can hold (no stream holds 2^64 events)."""
-_PERSON: Final = b"dpstream-person1"  # BLAKE2b personalisation (domain separation), 16 bytes
+_CBC_PERSON: Final = b"dpstream-pcbc1"  # BLAKE2b personalisation of the AES key
+_SHORT: Final = 255
+"""Ids of fewer UTF-8 bytes have a one-byte header (their length); longer ones nine bytes."""
+_BLOCK: Final = 16
 _MIN_KEY_BYTES: Final = 16
 PersonHashes = npt.NDArray[np.void]
 
@@ -75,19 +112,23 @@ def collision_delta(people: int) -> float:
 
 
 class PersonHasher:
-    """Keyed BLAKE2b-128 of person ids: the only form in which a person enters a flow's state.
+    """Keyed 128-bit CBC-MAC (AES-256, prefix-free encoding) of person ids.
+
+    The only form in which a person enters a flow's state (the module docstring).
 
     Args:
         key: the secret hashing key (the flow's ``people`` lane: at least 16 bytes).
     """
 
-    __slots__ = ("_base",)
+    __slots__ = ("_key", "_local")
 
     def __init__(self, key: bytes) -> None:
         if not isinstance(key, bytes) or len(key) < _MIN_KEY_BYTES:
             raise InvalidParameterError(
                 f"the person hashing key must be at least {_MIN_KEY_BYTES} bytes")
-        self._base = hashlib.blake2b(key=key[:64], digest_size=HASH_BYTES, person=_PERSON)
+        self._key = hashlib.blake2b(b"aes-256 key", key=key[:64], digest_size=32,
+                                    person=_CBC_PERSON).digest()
+        self._local = threading.local()  # one AES encryptor per thread (Bytewax workers)
 
     @classmethod
     def for_flow(cls, noise: NoiseKey, instance: str, flow_name: str) -> PersonHasher:
@@ -100,30 +141,87 @@ class PersonHasher:
     def __reduce__(self) -> tuple[object, ...]:
         raise TypeError("a PersonHasher holds a secret key and is never pickled")
 
+    def _encrypt(self) -> Any:
+        """The AES-256 ECB ``update`` under ``K`` of the calling thread."""
+        update = getattr(self._local, "update", None)
+        if update is None:
+            from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+            update = Cipher(algorithms.AES(self._key), modes.ECB()).encryptor().update
+            self._local.update = update
+        return update
+
     def hash_one(self, person: str) -> bytes:
         """The 16-byte keyed hash of one person id."""
-        h = self._base.copy()
-        h.update(person.encode("utf-8", "surrogatepass"))
-        return h.digest()
+        return bytes(self.hash_many([person])[0].tobytes())
 
     def hash_many(self, people: Sequence[str]) -> PersonHashes:
         """The keyed hashes of ``people``, as a ``V16`` array aligned with them.
 
-        Each distinct id is hashed once (a step's events repeat their people), then the hashes
-        are spread back to the events.
+        Each id's hash is a function of that id alone (the module docstring); the ids are
+        encoded together and chained in bulk, one AES call per number of blocks and block
+        position. A repeated id is hashed again (cheaper than finding the repeats).
+
+        Raises:
+            InvalidParameterError: an id is not a str (its value is not named).
         """
         n = len(people)
+        out = np.empty(n, dtype=f"V{HASH_BYTES}")
         if n == 0:
-            return np.empty(0, dtype=f"V{HASH_BYTES}")
-        distinct: dict[str, bytes] = dict.fromkeys(people, b"")
-        digest = self.hash_one
-        for person in distinct:
-            distinct[person] = digest(person)
-        if len(distinct) == n:  # all distinct: the values are in the events' order
-            joined = b"".join(distinct.values())
-        else:
-            joined = b"".join(map(distinct.__getitem__, people))
-        return np.frombuffer(joined, dtype=f"V{HASH_BYTES}").copy()
+            return out
+        try:
+            data, starts, lengths = _name_bytes(
+                people if isinstance(people, tuple) else tuple(people))
+        except InvalidParameterError:
+            raise InvalidParameterError("a person id must be a str") from None
+        heads = np.where(lengths < _SHORT, 1, 9)
+        sizes = (heads + lengths + _BLOCK - 1) // _BLOCK
+        encrypt = self._encrypt()
+        smallest, largest = int(sizes.min()), int(sizes.max())
+        for size in [smallest] if smallest == largest else np.unique(sizes).tolist():
+            every = smallest == largest
+            rows = np.arange(n) if every else np.flatnonzero(sizes == size)
+            blocks = _units(data, starts, lengths, rows, size).view("V16")
+            state = np.ascontiguousarray(blocks[:, 0]).view(np.uint64)  # the zero IV
+            for j in range(1, size):
+                np.bitwise_xor(np.frombuffer(encrypt(state.view(np.uint8)), dtype=np.uint64),
+                               np.ascontiguousarray(blocks[:, j]).view(np.uint64), out=state)
+            hashes = np.frombuffer(encrypt(state.view(np.uint8)), dtype=out.dtype)
+            if every:
+                return hashes.copy()
+            out[rows] = hashes
+        return out
+
+
+def _units(data: bytes, starts: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64],
+           rows: npt.NDArray[np.int64], size: int) -> npt.NDArray[np.uint8]:
+    """``unit(x)`` of the ids at ``rows`` (all of ``size`` blocks), from their joined bytes.
+
+    An ``(len(rows), 16 size)`` uint8 matrix. The bytes of the ids of each length are copied
+    as whole items (numpy copies an item per row far faster than a row of single bytes).
+    """
+    width = _BLOCK * size
+    mine, first = lengths[rows], starts[rows]
+    units = np.zeros((rows.size, width), np.uint8)
+    if int(mine[0]) >= _SHORT:  # long ids (never sharing a size with short ones): one by one
+        for row, (begin, length) in enumerate(zip(first.tolist(), mine.tolist(), strict=True)):
+            unit = bytes([_SHORT]) + length.to_bytes(8, "big") + data[begin:begin + length]
+            units[row, :len(unit)] = np.frombuffer(unit, np.uint8)
+        return units
+    units[:, 0] = mine
+    shortest, longest = int(mine.min()), int(mine.max())
+    for length in [shortest] if shortest == longest else np.unique(mine).tolist():
+        if length:
+            items = np.ndarray((len(data) - length + 1,), f"V{length}", data, 0, (1,))
+            field = np.dtype({"names": ["f"], "formats": [f"V{length}"], "offsets": [1],
+                              "itemsize": width})
+            names = units.view(field)[:, 0]["f"]
+            if shortest == longest:
+                names[...] = items[first]
+            else:
+                same = np.flatnonzero(mine == length)
+                names[same] = items[first[same]]
+    return units
 
 
 def person_shards(hashes: PersonHashes, shards: int) -> npt.NDArray[np.int64]:
