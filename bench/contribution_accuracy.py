@@ -303,6 +303,33 @@ def release_sink(records: list[dict[str, Any]]) -> Any:
     return KeepSink()
 
 
+OPEN_SPLITS = {"defaults (monitor 0.1, initial 0.2, counter 0.7)": (0.1, 0.2, 0.7),
+               "selection-heavy (monitor 0.5, initial 0.1, counter 0.4)": (0.5, 0.1, 0.4)}
+"""Shares of a key's per-person budget epsilon / L0 in dpstream's open universe."""
+
+
+def open_config(n_keys: int, steps: int, horizon: int, epsilon: float, delta: float,
+                max_keys: int, max_per_key: int, split: tuple[float, float, float]) -> Any:
+    """The open universe at the user level: a key's budget ``epsilon / L0`` split between the
+    threshold monitor (on distinct people; ``monitor.horizon = horizon`` >= T, its threshold
+    the smallest whose admission delta fits ``privacy.delta = delta / L0``), the initial count
+    and the tree, so that a person's total is (epsilon, delta) as for PipelineDP."""
+    from dpstream.platform import parse_config
+
+    per_key = epsilon / max_keys
+    monitor, initial, counter = split
+    return parse_config({
+        "flow": {"name": "contribution", "origin": ORIGIN_ISO, "step": "1s",
+                 "shards": SHARDS},
+        "privacy": {"accounting": "pure", "budget": per_key, "delta": delta / max_keys},
+        "counter": {"epsilon": per_key * counter, "horizon": horizon},
+        "monitor": {"epsilon": per_key * monitor, "horizon": horizon},
+        "admission": {"mode": "open", "initial_epsilon": per_key * initial},
+        "release": {"every": steps},
+        "contribution": {"unit": "user", "user_field": "user", "max_keys": max_keys,
+                         "max_per_key": max_per_key}})
+
+
 def run_dpstream(stream: Stream, cfg: Any, seeds: list[int]) -> dict[str, Any]:
     """The real flow once per noise seed; the last step's value and std per key."""
     from bytewax.testing import run_main
@@ -452,7 +479,8 @@ def rmse_interval(errors: np.ndarray, z: float = 1.96) -> tuple[float, float]:
 
 
 def summarize(stream: Stream, args: argparse.Namespace, dp: dict[str, Any] | None,
-              pdp: dict[str, Any] | None, open_pdp: dict[str, Any] | None) -> dict[str, Any]:
+              pdp: dict[str, Any] | None, open_pdp: dict[str, Any] | None,
+              open_dp: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """Every figure of the results page."""
     truth = true_counts(stream)
     per_person = np.bincount(stream.people, minlength=stream.n_people)
@@ -510,6 +538,19 @@ def summarize(stream: Stream, args: argparse.Namespace, dp: dict[str, Any] | Non
             "noise_95": [lo_d / hi_p, hi_d / lo_p],
             "vs_truth": (out["dpstream"]["vs_truth"]["rmse"]
                          / out["pipelinedp"]["vs_truth"]["rmse"])}
+    if open_dp:
+        out["dpstream_open"] = {}
+        for name, run in open_dp.items():
+            released = run["released"]
+            kept_keys = np.isfinite(released)
+            out["dpstream_open"][name] = {
+                "keys_released_mean": float(kept_keys.sum(axis=1).mean()),
+                "events_in_released_keys": float(np.mean([(truth * k).sum() / truth.sum()
+                                                          for k in kept_keys])),
+                "smallest_released_true_count": float(np.min(np.where(kept_keys, truth,
+                                                                      np.inf))),
+                "noise_released": error_stats(released - bounded_dp[None, :]),
+                "describe": run["describe"]}
     if open_pdp is not None:
         released = open_pdp["released"]
         kept_keys = np.isfinite(released)
@@ -613,16 +654,30 @@ def markdown(s: dict[str, Any], command: list[str], machine: dict[str, Any]) -> 
                   f"noise RMSE on the released keys {o['noise_released']['rmse']:.2f} "
                   "(PipelineDP's naive accountant gives selection and count half of ε each: "
                   f"√2 · L0 · Linf / (ε / 2) = {2 * a['laplace_std']:.2f}).", "",
-                  "dpstream's open universe at the user level (not run here): a key is "
-                  "admitted when its threshold monitor on the number of *distinct people* "
-                  "fires, and its count so far is released once with the initial count's "
-                  "noise; the monitor's and the initial count's ε come out of the same "
-                  "per-person budget (by default 0.1 and 0.2 of a key's budget, the counter "
-                  "0.7), so at the same total ε the counter's noise grows by 1 / 0.7 ≈ 1.43 "
-                  "over the declared universe's, and the admission δ is multiplied by the L0 "
-                  "keys a person can make appear. As with PipelineDP's selection, keys with "
-                  "few distinct people are never released: the error on them is their whole "
-                  "count."]
+                  "dpstream's open universe at the user level: a key is admitted when its "
+                  "threshold monitor on the number of *distinct people* fires, and its count "
+                  "so far is released once with the initial count's noise; the monitor's and "
+                  "the initial count's ε come out of the same per-person budget, so at the "
+                  "same total ε the counter's noise grows by 1 / (its share) over the "
+                  "declared universe's, and the admission δ is multiplied by the L0 keys a "
+                  "person can make appear (privacy.delta = δ / L0 here). The monitor is a "
+                  "continual AboveThreshold over the stream, not a one-shot selection, so its "
+                  "threshold is far higher than PipelineDP's: keys with fewer distinct people "
+                  "are never released, and the error on them is their whole count."]
+        for name, o in s.get("dpstream_open", {}).items():
+            if o["keys_released_mean"] == 0:
+                lines += ["", f"* dpstream, split {name}: no key released. Its monitor: "
+                          + next((line for line in o["describe"].splitlines()
+                                  if line.startswith("monitor:")), "") + "."]
+                continue
+            lines += ["", f"* dpstream, split {name}: {o['keys_released_mean']:.1f} keys "
+                      f"released at the last step on average, holding "
+                      f"{100 * o['events_in_released_keys']:.1f} % of the events; the smallest "
+                      f"released key had {o['smallest_released_true_count']:.0f} true events; "
+                      f"noise RMSE on the released keys {o['noise_released']['rmse']:.1f} "
+                      f"(mean {o['noise_released']['mean']:+.1f}). Its monitor: "
+                      + next((line for line in o["describe"].splitlines()
+                              if line.startswith("monitor:")), "") + "."]
     return "\n".join(lines) + "\n"
 
 
@@ -685,7 +740,12 @@ def main() -> None:
         exact_cfg = dpstream_config(args.keys, args.steps, args.horizon, 1e4, args.max_keys,
                                     args.max_per_key)
         dp["exact"] = np.rint(run_dpstream(stream, exact_cfg, [seeds[0]])["released"][0])
-    summary = summarize(stream, args, dp, pdp, open_pdp)
+    open_dp = None
+    if "dpstream" in sides and args.open:
+        open_dp = {name: run_dpstream(stream, open_config(
+            args.keys, args.steps, args.horizon, args.epsilon, args.delta, args.max_keys,
+            args.max_per_key, split), seeds) for name, split in OPEN_SPLITS.items()}
+    summary = summarize(stream, args, dp, pdp, open_pdp, open_dp)
     text = markdown(summary, sys.argv[1:], machine())
     print(text)
     if not args.quick:
