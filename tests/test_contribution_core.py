@@ -28,6 +28,7 @@ from dpstream.core.contribution import (
     collision_delta,
     person_shards,
 )
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import InvalidParameterError
 
 KEY = bytes(range(32))
@@ -193,6 +194,23 @@ def test_caps_are_respected_exactly_for_a_heavy_person() -> None:
     assert keep2 == [False, False] and first2 == [False, False]
 
 
+@pytest.mark.parametrize("grouping", ["key", "step", "one"])
+def test_caps_above_255_count_in_sixteen_bits(grouping: str) -> None:
+    rule = BoundingRule(grouping, 1 if grouping == "one" else 300, 300)
+    bounder = ContributionBounder(rule)
+    who = person(3, 4)
+    for step in range(3):
+        events: list[Event] = [(who, "k", 0, 1000 * step + i) for i in range(280)]
+        keep, _ = run(bounder, step, events)
+        total = 280 * (step + 1)
+        if grouping == "step":  # a new block every step: 280 of each
+            assert sum(keep) == 280
+        else:  # one key / one group: 300 in all
+            assert sum(keep) == min(280, max(0, 300 - 280 * step))
+        assert total >= sum(keep)
+    assert bounder.nbytes == 16 + {"key": 300 * 6, "step": 2 + 8 + 2, "one": 2}[grouping]
+
+
 def test_step_and_one_groupings_count_blocks_and_rows() -> None:
     who = person(1, 2)
     steps = ContributionBounder(BoundingRule("step", 2, 3))
@@ -236,7 +254,7 @@ def test_a_new_period_resets_and_the_state_does_not_grow_with_periods() -> None:
     # within a period the people seen accumulate; each new period starts from nothing
     assert sizes[0][0] == 51 and sizes[2][0] == 151 and sizes[3][0] == 51
     assert max(sizes) == sizes[2] == sizes[-1]
-    assert sizes[-1][1] == 151 * (16 + 6 * 2)
+    assert sizes[-1][1] == 151 * (16 + 5 * 2)  # uint8 counts: the cap is below 256
 
 
 def test_state_holds_hashes_never_ids_and_refuses_other_caps() -> None:
@@ -273,6 +291,17 @@ def test_the_hasher_is_keyed_deterministic_and_sixteen_bytes() -> None:
     with pytest.raises(InvalidParameterError):
         PersonHasher(b"short")
     assert PersonHasher(KEY).hash_many([]).shape == (0,)
+
+
+def test_a_flows_hasher_is_keyed_by_its_people_lane() -> None:
+    noise = NoiseKey(bytes(range(32)))
+    ids = ["u1", "u2"]
+    flow = PersonHasher.for_flow(noise, "instance-a", "flow").hash_many(ids)
+    lane = PersonHasher(noise.lane("instance-a", "flow", "people")).hash_many(ids)
+    assert flow.tobytes() == lane.tobytes()
+    other = PersonHasher.for_flow(noise, "instance-b", "flow").hash_many(ids)
+    assert not set(flow.tobytes()[i:i + 16] for i in (0, 16)) & \
+        set(other.tobytes()[i:i + 16] for i in (0, 16))
 
 
 def test_v16_sorts_as_the_big_endian_integer_and_shards_by_it() -> None:
@@ -329,14 +358,16 @@ def test_integer_group_arrays_are_interned_like_lists() -> None:
 def test_the_delta_merges_and_chunked_lookups_decide_nothing(rule: BoundingRule,
                                                              steps: list[Step],
                                                              cut: int) -> None:
-    """With a delta merged after every few new people and tiny comparison chunks."""
+    """With a delta merged after every few new people, tiny comparison chunks, and (for odd
+    cuts) the lexsort that replaces the composite sort when it would overflow."""
     from unittest import mock
 
     from dpstream.core.contribution import bounder as module
 
     with mock.patch.object(module, "_DELTA_MIN", 2), \
             mock.patch.object(module, "_DELTA_GROWTH", 1), \
-            mock.patch.object(module, "_CHUNK", 3):
+            mock.patch.object(module, "_CHUNK", 3), \
+            mock.patch.object(module, "_COMPOSITE_LIMIT", 2 if cut % 2 else 1 << 62):
         bounder = ContributionBounder(rule)
         got = []
         for i, (step, events) in enumerate(steps):
@@ -347,3 +378,26 @@ def test_the_delta_merges_and_chunked_lookups_decide_nothing(rule: BoundingRule,
                     if rule.period_of(s) == rule.period_of(step)}
             assert bounder.people == len(held)
     assert got == reference(rule, steps)
+
+
+@pytest.mark.parametrize("grouping", ["key", "step", "one"])
+def test_a_larger_skewed_stream_matches_the_reference(grouping: str) -> None:
+    """20 k events a step from 1.5 k people (Zipf: a few heavy people), 4 partitions
+    interleaved, over 6 steps across two periods, against the plain-Python rule."""
+    rng = np.random.default_rng(24)
+    rule = BoundingRule(grouping, 1 if grouping == "one" else 5, 3, period_steps=4)
+    pool = [person(int(rng.integers(0, 40)), i) for i in range(1500)]  # shared high words
+    steps: list[Step] = []
+    for step in (0, 1, 3, 4, 5, 9):
+        who = (rng.zipf(1.5, 20_000) - 1) % len(pool)
+        key = (rng.zipf(1.3, 20_000) - 1) % 300
+        partition = rng.integers(0, 4, 20_000)
+        events: list[Event] = [(pool[w], f"k{k}" if k % 2 else int(k), int(p), step * 10**6 + i)
+                               for i, (w, k, p) in enumerate(zip(who.tolist(), key.tolist(),
+                                                                 partition.tolist(),
+                                                                 strict=True))]
+        steps.append((step, events))
+    expected = reference(rule, steps)
+    assert decisions(rule, steps) == expected
+    kept = sum(sum(keep) for keep, _ in expected)
+    assert 0 < kept < sum(len(events) for _, events in steps)  # the caps bind, not everything

@@ -437,3 +437,66 @@ def test_releases_carry_the_unit_the_caps_the_period_and_the_person_totals(unit:
     plain = RecordEncoder("f", ORIGIN, 1.0, 1e-6, instance="i")
     record = orjson.loads(plain.encode_columns(columns)[0][2])
     assert record["privacy"]["unit"] == "event" and "person" not in record["privacy"]
+
+
+# --- through a real flow --------------------------------------------------------------------
+
+
+@pytest.mark.flow
+def test_a_user_level_flow_admits_keys_by_people_and_reports_the_person() -> None:
+    """A real in-memory flow (the bounding stage, the counters shards, the encoder).
+
+    ``few`` gets 12 kept events from 4 people (3 each, ``max_per_key = 3``), ``many`` 12 events
+    from 12 people. With threshold 8 and monitor epsilon 20 (query noise DLap(1/5), threshold
+    noise DLap(1/10): a deviation of 2 counts has probability below 1e-4), the people count
+    admits ``many`` and not ``few``, though both have 12 events: the event count would admit
+    both. Every release reports the unit, the caps and the person's totals.
+    """
+    from support.flows import run_in_memory
+    from support.messages import raw
+
+    from dpstream.platform import parse_config as platform_config
+
+    origin = 1_790_000_000
+    cfg = platform_config({
+        "flow": {"name": "u", "origin": "2026-09-21T14:13:20Z", "step": "1s", "shards": 2,
+                 "end": "2026-09-21T14:13:26Z"},
+        "privacy": {"budget": 30.0, "delta": 1e-6},
+        "counter": {"epsilon": 5.0, "horizon": 64},
+        "monitor": {"epsilon": 20.0, "threshold": 8, "horizon": 100},
+        "admission": {"mode": "open", "initial_epsilon": 2.0},
+        "contribution": {"unit": "user", "user_field": "user", "max_keys": 2,
+                         "max_per_key": 3},
+        "metrics": {"port": 0}})
+    events = [("few", f"f{p}") for p in range(4) for _ in range(5)]  # 5 each, 3 kept
+    events += [("many", f"m{p}") for p in range(12)]
+    items = []
+    for offset, (key, user) in enumerate(events):
+        ts = origin + 1.25 + offset / 100
+        items.append(raw(offset % 2, orjson.dumps({"key": key, "ts": ts, "user": user}),
+                         offset // 2, ts))
+    out = run_in_memory(cfg, items, KEY, instance="u-1", partitions=2)
+    alerts = [orjson.loads(v)["key"] for role, _, v in out if role == "alerts"]
+    assert alerts == ["many"]
+    releases = [orjson.loads(v) for role, _, v in out if role == "releases"]
+    assert releases and {r["key"] for r in releases} == {"many"}
+    person = cfg.person_privacy()
+    assert person is not None
+    for record in releases:
+        privacy = record["privacy"]
+        assert privacy["unit"] == "user"
+        assert privacy["person"] == {"period": "lifetime",
+                                     "caps": [["max_keys", 2], ["max_per_key", 3]],
+                                     "epsilon": person.epsilon, "delta": person.delta}
+    assert person.epsilon == pytest.approx(2 * (20.0 + 2.0 + 5.0))
+
+
+def test_a_user_level_shard_takes_buckets_that_name_no_person_as_events_only() -> None:
+    """A bucket by name without people (an input no person is named in) adds events only."""
+    spec = _open_user_spec()
+    shard = ShardState(spec, 2, None, KEY)
+    shard.merge(0, PeopleCounts({"k": 3}, {"k": 3}))
+    shard.merge(0, {"k": 50})
+    pending = shard.pending[0]
+    assert isinstance(pending, PeopleCounts)
+    assert pending.events == {"k": 53} and pending.people == {"k": 3}

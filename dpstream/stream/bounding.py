@@ -61,7 +61,7 @@ from dpstream.core.contribution.people import PersonHasher
 from dpstream.core.contribution.rules import BoundingRule
 from dpstream.core.noise.keys import NoiseKey
 from dpstream.stream.barrier import StepBarrier, binding, check_binding, end_step_of
-from dpstream.stream.clock import PersonEvents, ShardUpdate, StepClock
+from dpstream.stream.clock import PassThrough, PersonEvents, ShardUpdate, StepClock
 from dpstream.stream.operators import stepped_shards
 
 __all__ = ["BoundingShard", "bound_contributions", "person_clocks"]
@@ -110,7 +110,7 @@ class BoundingShard(StepBarrier):
         self.observe = observe
         rule = BoundingRule.from_contribution(config.contribution)
         self.sent: int | None = None  # the frontier the kind's shards last heard from here
-        self._out: dict[int, list[dict[int, Any]]] = {}  # closed, unsent, per kind shard
+        self._out: dict[int, dict[int, Any]] = {}  # closed, unsent: {kind shard: {step: bucket}}
         self._groups = getattr(router, "contribution_groups", None)
         self._route_bounded = getattr(router, "route_bounded", None)
         if state is None:
@@ -131,48 +131,46 @@ class BoundingShard(StepBarrier):
         """Steps without events publish nothing here: skipped (the frontier still moves)."""
         return True
 
-    def close(self, step: int, bucket: list[PersonEvents] | None) -> Sequence[Any]:
+    def close(self, step: int, bucket: list[PersonEvents | PassThrough] | None
+              ) -> Sequence[Any]:
         """Bound ``step``'s events and route the kept ones to the kind's shards (sent later).
 
         The events are sorted by (partition, offset) first: the bounder's decisions and the
-        order of the kept payloads then depend on the input alone.
+        order of the kept payloads then depend on the input alone. Records that are no
+        person's (:class:`~dpstream.stream.clock.PassThrough`: PMWG's questions) follow the
+        kept events unbounded, in (partition, offset) order, through the kind's ``route``.
         """
         if not bucket:
             return []
-        public = [part for part in bucket if part.public]
-        if public:  # no person's payloads (e.g. questions): routed on as they are
-            self._collect(self.router.route(PersonEvents.merge(public).in_order().payloads,
-                                            step))
-            bucket = [part for part in bucket if not part.public]
-            if not bucket:
-                return []
-        events = PersonEvents.merge(bucket).in_order()
-        groups: Any = (events.payloads if self._groups is None  # keys, or declared positions
-                       else self._groups(events.payloads))
-        keep, first = self.bounder.keep(step, events.people, groups, events.partitions,
-                                        events.offsets)
-        kept = np.flatnonzero(keep)
-        if self.observe is not None:
-            self.observe(int(kept.size), len(events) - int(kept.size))
-        if not kept.size:
+        through = [b for b in bucket if isinstance(b, PassThrough)]
+        people = [b for b in bucket if isinstance(b, PersonEvents)]
+        payloads: list[Any] | np.ndarray = []
+        first: Any = None
+        if people:
+            events = PersonEvents.merge(people).in_order()
+            groups: Any = (events.payloads if self._groups is None
+                           else self._groups(events.payloads))
+            keep, first = self.bounder.keep(step, events.people, groups, events.partitions,
+                                            events.offsets)
+            kept = np.flatnonzero(keep)
+            if self.observe is not None:
+                self.observe(int(kept.size), len(events) - int(kept.size))
+            if kept.size:
+                payloads, first = events.take(kept).payloads, np.asarray(first)[kept]
+        if through:  # a kind with such records routes with its route (no route_bounded)
+            if self._route_bounded is not None:
+                raise RuntimeError("records without people need the kind's route")
+            payloads = [*payloads, *PassThrough.merge_in_order(through)]
+        if not len(payloads):
             return []
-        payloads = events.take(kept).payloads
         if self._route_bounded is not None:
-            per_shard = self._route_bounded(payloads, np.asarray(first)[kept], step)
+            per_shard = self._route_bounded(payloads, first, step)
         else:
             per_shard = self.router.route(payloads, step)
-        self._collect(per_shard)
-        return []
-
-    def _collect(self, per_shard: list[dict[int, Any]]) -> None:
-        """Hold one routing's ``{step: bucket}`` per kind shard until :meth:`_send`."""
         for shard, buckets in enumerate(per_shard):
-            held = self._out.setdefault(shard, []) if buckets else []
-            for step, one in buckets.items():  # into the first increments without that step
-                free = next((h for h in held if step not in h), None)
-                if free is None:
-                    held.append(free := {})
-                free[step] = one
+            if buckets:
+                self._out.setdefault(shard, {}).update(buckets)
+        return []
 
     def _close_until(self, end: int, seconds: float | None = None,
                      whole: bool = False) -> list[Any]:
@@ -208,14 +206,9 @@ class BoundingShard(StepBarrier):
             return []
         self.sent = frontier
         out, self._out = self._out, {}
-        me = self.shard if self.shard is not None else -1
-        updates = []
-        for s in range(self.kind_shards):
-            # a step's public and bounded buckets are two increments of one step: one update
-            # each (the kind's barrier merges them), every one carrying the new frontier
-            increments = out.get(s) or [{}]
-            updates += [(str(s), ShardUpdate(s, me, frontier, one)) for one in increments]
-        return updates
+        return [(str(s), ShardUpdate(s, self.shard if self.shard is not None else -1, frontier,
+                                     out.get(s, {})))
+                for s in range(self.kind_shards)]
 
     def to_state(self) -> dict[str, Any]:
         """Plain-data snapshot: binding, barrier, pending events (hashes only), bounder."""

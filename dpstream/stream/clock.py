@@ -75,19 +75,17 @@ gives the clock a :class:`~dpstream.core.contribution.people.PersonHasher`
 (:attr:`StepClock.hasher`, keyed by the flow's secret lane ``(instance, flow name,
 "people")``). The kind's decoder then also fills :attr:`StepClock.decoded_people`, the person
 of each payload it returns, 1:1 (a record without a non-empty string in the user field is a
-dead letter, reason :func:`bad_person`; an input that is no person's, such as PMWG's
-questions, leaves it empty: those payloads bypass the caps, see below). :meth:`StepClock.process`
-hashes the people of the
+dead letter, reason :func:`bad_person`). :meth:`StepClock.process` hashes the people of the
 accepted records at once (keyed BLAKE2b-128: only the 16-byte hash leaves this method, never
 the id) and sends, instead of the kind's routing, one update per *person shard* whose buckets
 are :class:`PersonEvents` columns (hash, input partition, offset, payload): the bounding
 stage (:mod:`dpstream.stream.bounding`) keeps each person's events within the caps and routes
 the kept ones to the kind's shards. Which person shard an event goes to, and what its bucket
-holds, depends on that record alone, so batching changes nothing here either. Payloads of a
-decode that named no person (``decoded_people`` set to an empty list: the analyst's questions,
-not people's data) go, unbounded, as a *public* :class:`PersonEvents` bucket to the person
-shard ``partition % shards``, which routes them on with the kind's ``route``; a decoder at the
-user level that does not set ``decoded_people`` at all is a bug and stops the batch.
+holds, depends on that record alone, so batching changes nothing here either. A partition
+whose records are no person's (:meth:`StepClock.carries_people` false: PMWG's questions)
+sends them as a :class:`PassThrough` bucket, which the stage routes on unbounded. A decoder
+at the user level that does not set ``decoded_people`` for a partition of people is a bug and
+stops the batch.
 """
 
 from __future__ import annotations
@@ -110,13 +108,14 @@ from dpstream.messages import (
     RawMessage,
 )
 
-__all__ = ["ClockRules", "MAX_SECONDS", "UNDECODABLE", "PersonEvents", "ShardUpdate", "StepClock",
-           "bad_person", "bad_time", "event_seconds", "iso_seconds", "undecodable"]
+__all__ = ["ClockRules", "MAX_SECONDS", "UNDECODABLE", "PassThrough", "PersonEvents",
+           "ShardUpdate", "StepClock", "bad_person", "bad_time", "event_seconds", "iso_seconds",
+           "undecodable"]
 
 MAX_SECONDS: Final = 253_402_300_799.0  # 9999-12-31T23:59:59Z: keeps every step index in int64
 UNDECODABLE: Final = "undecodable record"
 _UNSET: Final[list[str]] = []
-"""``decoded_people`` before a decode: a decoder that leaves it so has not named the people."""
+"""``decoded_people`` before a decode: a decoder that leaves it so has named no people."""
 """How the dead-letter reason of every undecodable record starts (:func:`undecodable`)."""
 
 
@@ -262,9 +261,6 @@ class PersonEvents:
     partitions: np.ndarray
     offsets: np.ndarray
     payloads: list[Any] | np.ndarray
-    public: bool = False
-    """Payloads that are no person's (e.g. questions): routed on without bounding (the
-    ``people`` column then holds zero hashes)."""
 
     def __len__(self) -> int:
         return int(self.people.shape[0])
@@ -279,11 +275,9 @@ class PersonEvents:
             payloads = np.concatenate([np.asarray(p.payloads) for p in parts])
         else:
             payloads = [x for p in parts for x in p.payloads]
-        if len({p.public for p in parts}) != 1:
-            raise ValueError("a bucket is either people's events or public payloads")
         return cls(np.concatenate([p.people for p in parts]),
                    np.concatenate([p.partitions for p in parts]),
-                   np.concatenate([p.offsets for p in parts]), payloads, parts[0].public)
+                   np.concatenate([p.offsets for p in parts]), payloads)
 
     def take(self, index: np.ndarray) -> PersonEvents:
         """The events at ``index`` (int positions), in that order."""
@@ -291,12 +285,41 @@ class PersonEvents:
         picked = (payloads[index] if isinstance(payloads, np.ndarray)
                   else [payloads[i] for i in index.tolist()])
         return PersonEvents(self.people[index], self.partitions[index], self.offsets[index],
-                            picked, self.public)
+                            picked)
 
     def in_order(self) -> PersonEvents:
         """The events sorted by (partition, offset): the order the bounder decides in."""
         order = np.lexsort((self.offsets, self.partitions))
         return self.take(order)
+
+
+@dataclass
+class PassThrough:
+    """A bucket of records that are no person's, at the user level: passed on unbounded.
+
+    A kind's input can hold records that are not data about people (PMWG's questions, asked
+    by the analyst): :meth:`StepClock.carries_people` says so per partition, and the bounding
+    stage hands them to the kind's ``route`` as they are, after the step's kept events, in
+    (partition, offset) order (so their order does not depend on the batching either). They
+    cost no one's cap and are not counted as kept or dropped.
+
+    Attributes:
+        partitions: each record's input partition (int64).
+        offsets: each record's offset in its partition (int64; -1 if the source gave none).
+        payloads: each record's payload as the kind's decoder gave it.
+    """
+
+    partitions: np.ndarray
+    offsets: np.ndarray
+    payloads: list[Any]
+
+    @classmethod
+    def merge_in_order(cls, parts: list[PassThrough]) -> list[Any]:
+        """The payloads of every bucket of ``parts``, sorted by (partition, offset)."""
+        payloads = [x for p in parts for x in p.payloads]
+        order = np.lexsort((np.concatenate([p.offsets for p in parts]),
+                            np.concatenate([p.partitions for p in parts])))
+        return [payloads[i] for i in order.tolist()]
 
 
 class StepClock:
@@ -347,6 +370,20 @@ class StepClock:
         """The dead letter of an unusable record."""
         partition, raw, offset, topic, _, _ = message
         return DeadLetter(reason, raw or b"", topic, partition, offset)
+
+    def _fresh_people(self) -> None:
+        """Before a decode at the user level: no people named yet."""
+        if self.hasher is not None:
+            self.decoded_people = _UNSET
+
+    def _named_people(self, partition: int) -> list[str]:
+        """The people the last decode named (a decoder that named none is a bug)."""
+        if not self.carries_people(partition):
+            return []
+        if self.decoded_people is _UNSET:
+            raise RuntimeError(f"{type(self).__name__}.decode did not set decoded_people at "
+                               "contribution.unit = 'user'")
+        return self.decoded_people
 
     def _decode_guarded(
             self, partition: int, messages: RawBatch, dead: list[DeadLetter]
@@ -402,9 +439,8 @@ class StepClock:
             times.extend(float(t) for t in at)
             refs.extend([i] * len(at))
             if self.hasher is not None:
-                people.extend(self._named_people())
-        if self.hasher is not None:
-            self.decoded_people = people
+                people.extend(self._named_people(partition))
+        self.decoded_people = people
         if parts and all(isinstance(one, np.ndarray) for one in parts):
             return np.concatenate(parts), times, refs  # the kind's payload type, kept
         return [p for one in parts for p in one], times, refs
@@ -472,17 +508,39 @@ class StepClock:
         return [ShardUpdate(s, self.partition, self.frontier(), {})
                 for s in range(self._targets())]
 
-    def _fresh_people(self) -> None:
-        """Before a decode at the user level: no people named yet."""
-        if self.hasher is not None:
-            self.decoded_people = _UNSET
+    def carries_people(self, partition: int) -> bool:
+        """Whether ``partition``'s records are people's events, bounded at the user level.
 
-    def _named_people(self) -> list[str]:
-        """The people the last decode named (a kind's decoder that named none is a bug)."""
-        if self.decoded_people is _UNSET:
-            raise RuntimeError(f"{type(self).__name__}.decode did not set decoded_people at "
-                               "contribution.unit = 'user' (an empty list: no person's data)")
-        return self.decoded_people
+        Every partition does unless the kind says otherwise (PMWG: its questions partitions):
+        those records then go to the bounding stage as a :class:`PassThrough`, unbounded.
+        """
+        return True
+
+    def _route_through(self, messages: RawBatch, payloads: Any, refs: range | list[int],
+                       keep: np.ndarray | None, steps: int | list[int]
+                       ) -> list[dict[int, Any]]:
+        """The accepted records of a partition without people, as :class:`PassThrough`.
+
+        They all go to one person shard (the partition's, modulo the person shards): the
+        stage passes them on unbounded, so which shard carries them changes nothing.
+        """
+        per_shard: list[dict[int, Any]] = [{} for _ in range(self.person_shards)]
+        if keep is not None:
+            refs = [refs[i] for i in keep.tolist()]
+        n = len(refs)
+        offsets = messages.offsets
+        offset_column = np.fromiter((-1 if o is None else o for o in map(offsets.__getitem__,
+                                                                         refs)),
+                                    dtype=np.int64, count=n)
+        step_of = (np.full(n, steps, dtype=np.int64) if isinstance(steps, int)
+                   else np.asarray(steps, dtype=np.int64))
+        into = per_shard[messages.partition % self.person_shards]
+        for step in np.unique(step_of).tolist():
+            index = np.flatnonzero(step_of == step)
+            into[int(step)] = PassThrough(np.full(index.size, messages.partition,
+                                                  dtype=np.int64), offset_column[index],
+                                          [payloads[i] for i in index.tolist()])
+        return per_shard
 
     def _targets(self) -> int:
         """How many shards this clock's updates go to (person shards at the user level)."""
@@ -497,28 +555,28 @@ class StepClock:
         The people are hashed here, at once; the raw ids go no further.
         """
         assert self.hasher is not None
-        people = self._named_people()
-        public = not people  # no person's payloads (e.g. questions): unbounded
-        if len(people) != len(refs) and not public:
+        people = self._named_people(messages.partition)
+        if len(people) != len(refs):
             raise RuntimeError("the kind's decoder gave a person for "
                                f"{len(people)} of {len(refs)} payloads (decoded_people)")
         shards = self.person_shards
         per_shard: list[dict[int, Any]] = [{} for _ in range(shards)]
         if keep is not None:
-            people = people if public else [people[i] for i in keep.tolist()]
+            people = [people[i] for i in keep.tolist()]
             refs = [refs[i] for i in keep.tolist()]
-        n = len(refs)
+        n = len(people)
         if not n:
             return per_shard
-        hashes = (np.zeros(n, dtype="V16") if public
-                  else self.hasher.hash_many(people))
-        offsets = messages.offsets
-        events = PersonEvents(
-            hashes, np.full(n, messages.partition, dtype=np.int64),
-            np.fromiter((-1 if o is None else o for o in map(offsets.__getitem__, refs)),
-                        dtype=np.int64, count=n), payloads, public)
-        owner = (np.full(n, messages.partition % shards, dtype=np.int64) if public
-                 else person_shards(hashes, shards).astype(np.int64))
+        hashes = self.hasher.hash_many(people)
+        try:  # offsets are ints from Kafka; a source without them gives None (-1)
+            offsets = np.array(messages.offsets, dtype=np.int64)
+        except TypeError:
+            offsets = np.array([-1 if o is None else o for o in messages.offsets], np.int64)
+        if not (isinstance(refs, range) and len(refs) == len(offsets)):
+            offsets = offsets[np.asarray(refs, dtype=np.int64)]
+        events = PersonEvents(hashes, np.full(n, messages.partition, dtype=np.int64), offsets,
+                              payloads)
+        owner = person_shards(hashes, shards).astype(np.int64)
         step_of = (np.full(n, steps, dtype=np.int64) if isinstance(steps, int)
                    else np.asarray(steps, dtype=np.int64))
         order = np.lexsort((owner, step_of))  # by step, then shard; stable within
@@ -647,9 +705,14 @@ class StepClock:
         self.events += len(accepted)
         self.dead_letters += len(dead)
         at_steps = single_step if single_step is not None else accepted_steps
+        per_shard: list[dict[int, Any]]
         if self.hasher is not None:
-            per_shard = self._route_people(messages, accepted, refs, chosen, at_steps) \
-                if len(accepted) else [{} for _ in range(self.person_shards)]
+            if not len(accepted):
+                per_shard = [{} for _ in range(self.person_shards)]
+            elif self.carries_people(partition):
+                per_shard = self._route_people(messages, accepted, refs, chosen, at_steps)
+            else:  # no person's records (PMWG's questions): past the bounding, unbounded
+                per_shard = self._route_through(messages, accepted, refs, chosen, at_steps)
         else:
             per_shard = self.route(accepted, at_steps)
         frontier = self.frontier()

@@ -40,16 +40,18 @@ group is added at its first event, whose keep is certain, and once the person is
 is added). There is no Python loop per event (the interning of keys excepted: a dict lookup).
 
 **The state** holds, per person seen this period, in columns sorted by hash: the hash (two
-uint64 words, 16 bytes), and what the caps need: ``key``: the person's group ids (int32) and
-kept counts (uint16), ``max_groups`` of each (``16 + 6 max_groups`` bytes: 64 at ``max_groups =
-8``); ``step``: groups used, the last step with a kept event and its kept count (28 bytes);
-``one``: the kept count (18 bytes). People new in a step are merged into a small sorted *delta*
-(one sort-merge per step, at the cost of the delta's size), and the delta into the main columns
-when it outgrows ``max(2^16, 64 sqrt(main))``: a step's cost does not grow with all the people
-held, and no column has spare capacity (the bytes above are exact). A step in a later period
-drops the whole state first (the period's people, counts and key ids): the state does not grow
-with the number of periods. The state holds no person id (only keyed hashes) but does hold
-per-person counts: keep the recovery store secret.
+uint64 words, 16 bytes), and what the caps need, counted in uint8 when the cap is at most 255
+(else uint16): ``key``: the person's group ids (int32) and kept counts, ``max_groups`` of each
+(``16 + 5 max_groups`` bytes: 56 at ``max_groups = 8``; 64 with caps above 255); ``step``:
+groups used, the last step with a kept event and its kept count (26 bytes); ``one``: the kept
+count (17 bytes). People new in a step are merged into a small sorted *delta* (one sort-merge
+per step, at the cost of the delta's size), and the delta into the main columns when it outgrows
+``max(2^16, 64 sqrt(main))``: a step moves O(delta) rows rather than all the people held, a
+merge (O(main) rows) comes once per ``64 sqrt(main)`` new people or more, and no column has
+spare capacity (the bytes above are exact). A step in a later period drops the whole state first
+(the period's people, counts and key ids): the state does not grow with the number of periods.
+The state holds no person id (only keyed hashes) but does hold per-person counts: keep the
+recovery store secret.
 """
 
 from __future__ import annotations
@@ -141,13 +143,14 @@ class ContributionBounder:
 
     def _empty_columns(self, count: int) -> Columns:
         grouping, width = self.rule.grouping, self.rule.max_groups
+        counts = _counter(self.rule.max_per_group)
         if grouping == "key":
             return {"groups": np.full((count, width), _NO_GROUP, np.int32),
-                    "counts": np.zeros((count, width), np.uint16)}
+                    "counts": np.zeros((count, width), counts)}
         if grouping == "step":
-            return {"used": np.zeros(count, np.uint16), "last": np.full(count, -1, np.int64),
-                    "count": np.zeros(count, np.uint16)}
-        return {"count": np.zeros(count, np.uint16)}
+            return {"used": np.zeros(count, _counter(width)),
+                    "last": np.full(count, -1, np.int64), "count": np.zeros(count, counts)}
+        return {"count": np.zeros(count, counts)}
 
     def _compact(self) -> None:
         """Merge the delta into the main columns."""
@@ -272,13 +275,13 @@ class ContributionBounder:
         local, where = self._gather(uhi, ulo)
         if grouping == "key":
             assert groups is not None
-            gid = self._intern(groups)
-            pair_of, pair_person, pair_group = _pairs(pid, gid, len(self._keys))
+            order, sorted_pair, pair_person, pair_group = _by_pair(
+                pid, self._intern(groups), len(self._keys), rank)
         else:
-            pair_of, pair_person = pid, np.arange(uhi.size, dtype=np.int64)
+            order = np.argsort(pid * n + rank)
+            sorted_pair = pid[order]
+            pair_person = np.arange(uhi.size, dtype=np.int64)
             pair_group = np.zeros(uhi.size, np.int64)
-        order = np.argsort(pair_of * n + rank)
-        sorted_pair = pair_of[order]
         starts = np.flatnonzero(np.concatenate(([True], sorted_pair[1:] != sorted_pair[:-1])))
         sizes = np.diff(np.append(starts, n))
         rank_in_pair = np.arange(n, dtype=np.int64) - starts[sorted_pair]
@@ -338,8 +341,10 @@ class ContributionBounder:
             ids = np.array([table.setdefault(k, len(table)) for k in distinct.tolist()],
                            dtype=np.int64)
             return ids[inverse.reshape(-1)]
-        setdefault = table.setdefault
-        return np.fromiter([setdefault(k, len(table)) for k in groups], np.int64, len(groups))
+        for key in dict.fromkeys(groups):  # the distinct keys, in order of first appearance
+            if key not in table:
+                table[key] = len(table)
+        return np.fromiter(map(table.__getitem__, groups), np.int64, len(groups))
 
     def _allowances(self, step: int, local: Columns, pair_person: Ints, pair_group: Ints,
                     first_rank: Ints, n: int) -> tuple[Ints, Bools, Ints]:
@@ -393,21 +398,27 @@ class ContributionBounder:
         """Add the step's kept events to the step's people's columns."""
         grouping = self.rule.grouping
         if grouping == "one":
-            local["count"][pair_person] += kept.astype(np.uint16)
+            local["count"][pair_person] += kept.astype(local["count"].dtype)
         elif grouping == "step":
             old = ~new_group
-            local["count"][pair_person[old]] += kept[old].astype(np.uint16)
+            local["count"][pair_person[old]] += kept[old].astype(local["count"].dtype)
             start = new_group & (allowance > 0)
             person = pair_person[start]
-            local["used"][person] += np.uint16(1)
+            local["used"][person] += local["used"].dtype.type(1)
             local["last"][person] = step
             local["count"][person] = kept[start]
         else:
-            old = np.flatnonzero(~new_group)
-            local["counts"][pair_person[old], slot[old]] += kept[old].astype(np.uint16)
-            start = np.flatnonzero(new_group & (allowance > 0))
-            local["groups"][pair_person[start], slot[start]] = pair_group[start]
-            local["counts"][pair_person[start], slot[start]] = kept[start]
+            held = np.flatnonzero(~new_group)
+            local["counts"][pair_person[held], slot[held]] += kept[held].astype(
+                local["counts"].dtype)
+            added = np.flatnonzero(new_group & (allowance > 0))
+            local["groups"][pair_person[added], slot[added]] = pair_group[added]
+            local["counts"][pair_person[added], slot[added]] = kept[added]
+
+
+def _counter(cap: int) -> type[np.unsignedinteger[Any]]:
+    """The narrowest column that counts up to ``cap`` (uint8 up to 255, else uint16)."""
+    return np.uint8 if cap <= np.iinfo(np.uint8).max else np.uint16
 
 
 def _ranks(partition: Ints, offset: Ints) -> Ints:
@@ -459,18 +470,26 @@ def _locate(hi: Words, lo: Words, qhi: Words, qlo: Words) -> tuple[Ints, Bools]:
     return position, found
 
 
-def _pairs(pid: Ints, gid: Ints, groups: int) -> tuple[Ints, Ints, Ints]:
-    """Dense ids of the events' (person, group) pairs, in that order, and each pair's parts."""
-    people = int(pid.max()) + 1
-    if people * max(groups, 1) < _COMPOSITE_LIMIT:
-        distinct, pair_of = np.unique(pid * groups + gid, return_inverse=True)
-        return pair_of.reshape(-1).astype(np.int64), distinct // groups, distinct % groups
-    order = np.lexsort((gid, pid))
-    p, g = pid[order], gid[order]
+def _by_pair(pid: Ints, gid: Ints, groups: int, rank: Ints) -> tuple[Ints, Ints, Ints, Ints]:
+    """The events in (person, group, rank) order, their pairs' dense ids, each pair's parts.
+
+    One sort of the composite ``(pid groups + gid) n + rank`` when it fits in 62 bits (ranks
+    are distinct, so no two events tie), else a lexsort of the three.
+    """
+    n = pid.size
+    span = (int(pid.max()) + 1) * max(groups, 1)
+    if span * n < _COMPOSITE_LIMIT:
+        composite = (pid * groups + gid) * n + rank
+        order = np.argsort(composite)
+        pair_key = composite[order] // n
+        p = pair_key // max(groups, 1)
+        g = pair_key - p * groups
+    else:
+        order = np.lexsort((rank, gid, pid))
+        p, g = pid[order], gid[order]
     begins = np.concatenate(([True], (p[1:] != p[:-1]) | (g[1:] != g[:-1])))
-    pair_of = np.empty(pid.size, np.int64)
-    pair_of[order] = np.cumsum(begins) - 1
-    return pair_of, p[begins], g[begins]
+    sorted_pair = np.cumsum(begins) - 1
+    return order, sorted_pair, p[begins], g[begins]
 
 
 assert HASH_BYTES == 16  # two uint64 words a person

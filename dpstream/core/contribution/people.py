@@ -38,7 +38,6 @@ flow. The kinds add it to the delta they report at the user level.
 from __future__ import annotations
 
 import hashlib
-import operator
 from collections.abc import Sequence
 from typing import Final
 
@@ -46,6 +45,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dpstream.core._checks import integer_at_least
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import InvalidParameterError
 
 __all__ = ["HASH_BYTES", "PEOPLE_BOUND", "PersonHasher", "collision_delta", "person_shards"]
@@ -89,6 +89,11 @@ class PersonHasher:
                 f"the person hashing key must be at least {_MIN_KEY_BYTES} bytes")
         self._base = hashlib.blake2b(key=key[:64], digest_size=HASH_BYTES, person=_PERSON)
 
+    @classmethod
+    def for_flow(cls, noise: NoiseKey, instance: str, flow_name: str) -> PersonHasher:
+        """The hasher of a flow: keyed by its lane ``noise.lane(instance, flow_name, "people")``."""
+        return cls(noise.lane(instance, flow_name, "people"))
+
     def __repr__(self) -> str:
         return "PersonHasher(<secret key>)"
 
@@ -110,14 +115,14 @@ class PersonHasher:
         n = len(people)
         if n == 0:
             return np.empty(0, dtype=f"V{HASH_BYTES}")
-        distinct = dict.fromkeys(people)
+        distinct: dict[str, bytes] = dict.fromkeys(people, b"")
         digest = self.hash_one
         for person in distinct:
             distinct[person] = digest(person)
         if len(distinct) == n:  # all distinct: the values are in the events' order
-            joined = b"".join(distinct.values())  # type: ignore[arg-type]
-        else:  # n >= 2 here, so itemgetter returns a tuple
-            joined = b"".join(operator.itemgetter(*people)(distinct))
+            joined = b"".join(distinct.values())
+        else:
+            joined = b"".join(map(distinct.__getitem__, people))
         return np.frombuffer(joined, dtype=f"V{HASH_BYTES}").copy()
 
 

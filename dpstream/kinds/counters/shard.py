@@ -147,6 +147,8 @@ class ShardState(StepBarrier):
                       else bucket.named(self._declared_keys))
         elif isinstance(pending, list):
             self.pending[step] = self._named(pending)
+        if self.spec.user_level and not isinstance(bucket, PeopleCounts):
+            bucket = PeopleCounts(bucket, {})  # events that name no person count no one
         if isinstance(bucket, PeopleCounts):
             merged = self.pending.get(step)
             if merged is None:
