@@ -2,7 +2,7 @@
 
 **The stream** (synthetic, fixed seed; every parameter is a flag). ``--people`` people (100,000)
 whose event counts are Zipf-distributed (``numpy.random.Generator.zipf`` with exponent
-``--people-zipf`` 1.9, truncated at ``--max-events`` 10,000 events a person: about 1.15 M
+``--people-zipf`` 1.9, truncated at ``--max-events`` 10,000 events a person: about 1.08 M
 events; half the people have one event, the top 0.1 % have about a thousand or more); each
 event's key is drawn independently from ``--keys`` keys (1,000) with Zipf probabilities
 ``∝ 1 / rank^s`` (``--keys-zipf`` s = 1.0) and its time uniformly over ``--steps`` one-second
@@ -68,7 +68,7 @@ of the same per-person budget).
 
 Usage::
 
-    python bench/contribution_accuracy.py                      # ~10 min; results/issue24-accuracy
+    python bench/contribution_accuracy.py --open               # ~4-10 min; results/issue24-accuracy
     python bench/contribution_accuracy.py --quick              # a smoke run (writes nothing)
     python bench/contribution_accuracy.py --sides pipelinedp   # the baseline alone
 """
