@@ -13,8 +13,10 @@ it) and ``delta``.
 
 Every run is PipelineDP's ``DPEngine.aggregate`` on the whole stream with ``Metrics.COUNT``,
 ``NoiseKind.LAPLACE`` and a ``NaiveBudgetAccountant`` holding the whole (epsilon, delta): one
-aggregation, so the count gets all of it. PipelineDP bounds contributions by sampling with
-``np.random.choice`` (per (person, key) Linf events, then per person L0 keys) and draws its
+aggregation, so with public partitions the count gets all of epsilon; with private partition
+selection the accountant splits it between the selection and the count (half each).
+PipelineDP bounds contributions by sampling with ``np.random.choice`` (per (person, key) Linf
+events, then per person L0 keys) and draws its
 Laplace noise in the C++ library (``pydp``), so seeding numpy before a run fixes the sampling
 and not the noise: each seed is run twice, at the configured epsilon and at ``epsilon = 1e9``
 (noise of scale ~L0 Linf 1e-9), and the second run's rounded counts are the first run's
