@@ -1,0 +1,395 @@
+"""Neighbouring PEOPLE through the whole flow (issue 24; pitfall 17).
+
+The user-level sibling of the one-event tests (test_neighbours, test_pmwg_neighbours,
+test_erm_neighbours): two input streams differ in ALL the events of one person, the target,
+placed adversarially: spread over many keys (histogram cells, blocks), steps and partitions,
+far more events than the caps, on both sides of a period boundary, holding the first and the
+last event of the input, and (coupled runs) as the person whose keyed hash is the smallest or
+the largest of all. Every kind (counters: declared keys under the tree / pure epsilon and the
+BLT / zCDP, an open universe with admission under both; PMWG; ERM) runs under both periods
+(a lifetime, and a duration of a few steps), through the real Bytewax dataflow
+(:func:`harness.run_flow`). What must hold:
+
+* **coupled runs** (same noise key): every record that is not about the target's kept keys
+  (the keys the bounding rule, :func:`harness.reference_kept`, keeps the target's events on)
+  is byte-identical, so removing a person changes which events of no one else are kept; the
+  target's keys' records have the same structure, and their values move by exactly the
+  target's kept contribution (declared counters) or within the stated sensitivity (the cap
+  times the periods the person was active in so far; PMWG's public size);
+* **over 300 noise keys** (and 16 separate pilot keys that fix the statistic's threshold
+  halfway between the two worlds' medians, so that the threshold owes nothing to the keys it
+  is tested on), the frequency of an output event about the target's keys gives a
+  Clopper-Pearson lower bound on the privacy loss (alpha = 1e-3 per interval: a correct flow
+  exceeds its claim with probability < 2e-3 per test) that stays below the per-person claim
+  derived from the configuration: at the user level every configured per-key / per-histogram /
+  per-block parameter is what one person's bounded contribution costs there, so a person
+  costs (counters) L0 times the per-key epsilon (or rho), (PMWG) the histogram's size and
+  PMWG epsilon, (ERM) max_blocks times the largest per-block cost, per period, times the
+  periods the person is active in;
+* **power**: the same statistic with the bounding turned off in the test only (the rule
+  patched to caps of 65 535 while the configuration, the noise and the records still claim
+  the small caps) gives a bound above the claim, in the same scenarios: the target's events
+  far exceed the caps precisely so that an unbounded flow is caught.
+
+Runtime: a dataflow run of these small scenarios takes ~10-30 ms; each statistical test is
+(16 + 300) x 2 runs, the power checks (16 + 120) x 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import statistics as stats
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+from harness import (
+    ORIGIN,
+    PERSON_FIELD,
+    Item,
+    Placed,
+    Record,
+    epsilon_lower_bound,
+    kafka_view,
+    make_config,
+    placed_events,
+    reference_kept,
+    run_flow,
+    without_person,
+)
+
+from dpstream.config import MAX_CAP, FlowConfig
+from dpstream.core.accounting.ledger import zcdp_to_approx_dp
+from dpstream.core.noise.keys import NoiseKey
+
+pytestmark = [pytest.mark.privacy]
+
+TARGET = "target-person"
+STEPS = 12
+PERIODS = {"lifetime": None, "4s": 4}
+PILOT = range(70_000, 70_016)
+KEYS_STAT = range(71_000, 71_300)
+KEYS_POWER = range(72_000, 72_120)
+
+
+def contribution(period: str, **caps: int) -> dict[str, Any]:
+    return {"unit": "user", "user_field": PERSON_FIELD, "period": period, **caps}
+
+
+def periods_active(kept: Sequence[Placed], period_steps: int | None,
+                   through: int | None = None) -> int:
+    """In how many periods the person has kept events (through step ``through``)."""
+    if period_steps is None:
+        return 1 if kept else 0
+    return len({e.step // period_steps for e in kept if through is None or e.step <= through})
+
+
+# -- counters -----------------------------------------------------------------------------------
+
+COUNTER_KEYS = [f"k{i}" for i in range(8)]
+COUNTER_CAPS = {"max_keys": 2, "max_per_key": 2}
+COUNTER_MODES = [("declared", "pure"), ("declared", "zcdp"), ("open", "pure"), ("open", "zcdp")]
+PER_KEY = 200  # the target's events on each of its keys (the caps keep 2 a key, 2 keys a period)
+
+
+def counters_config(mode: str, accounting: str, period: str) -> FlowConfig:
+    tables: dict[str, dict[str, Any]] = {"contribution": contribution(period, **COUNTER_CAPS)}
+    if mode == "declared":
+        tables["admission"] = {"keys": COUNTER_KEYS}
+    return make_config(mode, accounting, **tables)
+
+
+def counters_background(mode: str, seed: int = 0) -> list[Item]:
+    """40 people over every step and partition, some of them above the caps too; in the open
+    universe also 400 distinct people on 'k0' (steps 2-4) and on 'k1' (steps 5-7), so that
+    both keys are admitted on the number of distinct people."""
+    rng = random.Random(seed)
+    items = []
+    for p in range(40):
+        person = f"p{p:02d}"
+        keys = rng.sample(COUNTER_KEYS, rng.randint(1, 4))
+        for _ in range(rng.randint(1, 9)):
+            t = rng.randrange(STEPS) + 0.05 + 0.9 * rng.random()
+            items.append(Item(rng.randrange(3), {"key": rng.choice(keys), "ts": ORIGIN + t,
+                                                 PERSON_FIELD: person}, t))
+    for t in range(STEPS):  # every partition hears of every step
+        for partition in range(3):
+            items.append(Item(partition, {"key": "k7", "ts": ORIGIN + t + 0.5,
+                                          PERSON_FIELD: f"clock-{t}-{partition}"}, t + 0.5))
+    if mode == "open":
+        for key, first in (("k0", 2), ("k1", 5)):
+            for i in range(400):
+                t = first + (i % 3) + 0.1 + 0.8 * (i / 400)
+                items.append(Item(i % 3, {"key": key, "ts": ORIGIN + t,
+                                          PERSON_FIELD: f"{key}-crowd-{i}"}, t))
+    return items
+
+
+def counters_target(person: str = TARGET, per_key: int = PER_KEY) -> list[Item]:
+    """The target: ``per_key`` events on each of k0..k5 over every step and partition, the
+    first event of the input (k0, partition 0), the last (k5, partition 2), and events on both
+    sides of each period boundary of a 4-step period (steps 3|4 and 7|8)."""
+    items = [Item(0, {"key": "k0", "ts": ORIGIN, PERSON_FIELD: person}, 0.0),
+             Item(2, {"key": "k5", "ts": ORIGIN + STEPS - 0.001, PERSON_FIELD: person},
+                  STEPS - 0.001)]
+    for edge in (4, 8):  # the last instant of a period, the first of the next
+        for key, t in (("k1", edge - 0.001), ("k2", edge + 0.0)):
+            items.append(Item(edge % 3, {"key": key, "ts": ORIGIN + t, PERSON_FIELD: person}, t))
+    for i, key in enumerate(COUNTER_KEYS[:6]):
+        for j in range(per_key):
+            t = (i * 5 + j) % STEPS + 0.02 + 0.96 * j / per_key
+            items.append(Item((i + j) % 3, {"key": key, "ts": ORIGIN + t, PERSON_FIELD: person},
+                              t))
+    return items
+
+
+def counters_worlds(mode: str, person: str = TARGET) -> tuple[list[Item], list[Item]]:
+    everyone = counters_background(mode) + counters_target(person)
+    return without_person(everyone, person), everyone
+
+
+def counters_kept(config: FlowConfig, items: Sequence[Item], person: str = TARGET
+                  ) -> list[Placed]:
+    c = config.contribution
+    events = placed_events(kafka_view(items), lambda body: body["key"])[person]
+    return reference_kept(events, "key", c.cap("max_keys"), c.cap("max_per_key"),
+                          c.period_steps)
+
+
+def per_key_claim(config: FlowConfig) -> tuple[float, float]:
+    """(epsilon, rho) of one key as configured: the admission, monitor and counter charges."""
+    charges = config.per_key_charges()  # type: ignore[attr-defined]
+    epsilon = sum(float(c.epsilon or 0) for c in charges)
+    rho = sum(float(c.rho or 0) for c in charges)
+    return epsilon, rho
+
+
+def counters_claim(config: FlowConfig, periods: int) -> float:
+    """The per-person epsilon: L0 keys a period, each costing its configured charge."""
+    epsilon, rho = per_key_claim(config)
+    l0 = config.contribution.cap("max_keys") * periods
+    if config.privacy.accounting == "pure":
+        return l0 * epsilon
+    return zcdp_to_approx_dp(l0 * (rho + epsilon**2 / 2), config.privacy.delta)
+
+
+def about(records: Sequence[Record], keys: set[str]) -> list[Record]:
+    return [r for r in records if r[1].get("key") in keys]
+
+
+def canonical(records: Sequence[Record], keys: set[str]) -> list[str]:
+    """The records not about ``keys`` (dead letters included), canonically encoded."""
+    return sorted(json.dumps(r, sort_keys=True) for r in records if r[1].get("key") not in keys)
+
+
+def values(records: Sequence[Record], key: str) -> dict[int, float]:
+    return {b["step"]: b["value"] for role, b in records
+            if role == "releases" and b.get("key") == key}
+
+
+def masked(records: Sequence[Record]) -> list[str]:
+    return sorted(json.dumps([role, {k: v for k, v in b.items() if k != "value"}],
+                             sort_keys=True) for role, b in records)
+
+
+def run_counters(config: FlowConfig, items: Sequence[Item], noise: NoiseKey, **kw: Any
+                 ) -> list[Record]:
+    return run_flow(config, kafka_view(items), noise, partitions=3, **kw)
+
+
+def check_coupled_counters(config: FlowConfig, mode: str, worlds: tuple[list, list],
+                           person: str, seeds: Sequence[int], **kw: Any) -> int:
+    """The coupled checks of the module docstring; returns the runs whose monitors agreed."""
+    kept = counters_kept(config, worlds[1], person)
+    keys = {e.group for e in kept}
+    assert kept and len(keys) >= 2, "the target must be kept on several keys"
+    period = config.contribution.period_steps
+    linf = config.contribution.cap("max_per_key")
+    agreed = 0
+    for seed in seeds:
+        noise = NoiseKey.for_tests(seed)
+        r0, r1 = (run_counters(config, w, noise, instance=f"c{seed}", **kw) for w in worlds)
+        assert canonical(r0, keys) == canonical(r1, keys)  # no one else's events moved
+        assert person not in json.dumps(r1)  # no raw id anywhere in the output
+        a0, a1 = about(r0, keys), about(r1, keys)
+        alerts = [sorted((b["key"], b["step"]) for role, b in a if role == "alerts")
+                  for a in (a0, a1)]
+        if mode == "open" and alerts[0] != alerts[1]:
+            continue  # the monitor decided differently: the epsilon tests cover this
+        agreed += 1
+        assert masked(a0) == masked(a1)
+        for key in keys:
+            v0, v1 = values(r0, key), values(r1, key)
+            assert v0.keys() == v1.keys()
+            for step, value in v0.items():
+                moved = v1[step] - value
+                exact = sum(1 for e in kept if e.group == key and e.step <= step)
+                sensitivity = linf * periods_active(kept, period, step)
+                assert exact <= sensitivity
+                if mode == "declared":  # the cumulative count moves by the kept events
+                    assert moved == pytest.approx(exact, abs=1e-6), (key, step)
+                else:  # the open universe counts from admission: at most the kept events
+                    assert -1e-6 <= moved <= exact + 1e-6, (key, step)
+    return agreed
+
+
+@pytest.mark.flow
+@pytest.mark.parametrize("period", list(PERIODS))
+@pytest.mark.parametrize(("mode", "accounting"), COUNTER_MODES)
+def test_counters_one_person_changes_only_their_kept_keys(mode, accounting, period):
+    config = counters_config(mode, accounting, period)
+    agreed = check_coupled_counters(config, mode, counters_worlds(mode), TARGET, range(4))
+    assert agreed >= 2
+    if mode == "open":  # the crowd's keys were admitted: their records were compared
+        r = run_counters(config, counters_background(mode), NoiseKey.for_tests(0))
+        assert {"k0", "k1"} <= {b.get("key") for _role, b in r}
+
+
+def hash_extreme_person(config: FlowConfig, noise: NoiseKey, instance: str, people: list[str],
+                        largest: bool) -> str:
+    """Of candidate names, the one whose keyed hash is below (or above) every person's."""
+    import numpy as np
+    from dpstream.core.contribution.people import PersonHasher
+
+    hasher = PersonHasher(noise.lane(instance, config.name, "people"))
+    candidates = [f"{TARGET}-{i}" for i in range(64)]
+    def as_int(h: Any) -> int:
+        return int.from_bytes(bytes(h), "big")
+    others = [as_int(h) for h in hasher.hash_many(people)]
+    mine = [as_int(h) for h in hasher.hash_many(candidates)]
+    pick = int(np.argmax(mine)) if largest else int(np.argmin(mine))
+    assert (mine[pick] > max(others)) if largest else (mine[pick] < min(others))
+    return candidates[pick]
+
+
+@pytest.mark.flow
+@pytest.mark.parametrize("largest", [False, True], ids=["smallest hash", "largest hash"])
+@pytest.mark.parametrize("period", list(PERIODS))
+def test_counters_first_and_last_person_by_hash(largest, period):
+    """The target as the first (or last) person of the bounding's order and of its shard."""
+    config = counters_config("declared", "pure", period)
+    base = counters_background("declared")
+    people = sorted({i.body[PERSON_FIELD] for i in base})
+    noise = NoiseKey.for_tests(5)
+    person = hash_extreme_person(config, noise, "c5", people, largest)
+    everyone = base + counters_target(person)
+    worlds = (without_person(everyone, person), everyone)
+    assert check_coupled_counters(config, "declared", worlds, person, [5]) == 1
+
+
+@pytest.mark.flow
+def test_counters_two_workers_and_small_batches_publish_the_same():
+    config = counters_config("declared", "zcdp", "4s")
+    _, items = counters_worlds("declared")
+    noise = NoiseKey.for_tests(9)
+    expected = sorted(map(repr, run_counters(config, items, noise, batch=64)))
+    assert sorted(map(repr, run_counters(config, items, noise, batch=5, workers=2))) == expected
+
+
+# -- the statistical tests, shared by the kinds ---------------------------------------------------
+
+Statistic = Callable[[list[Record]], "float | None"]
+
+
+def frequencies(run: Callable[[Sequence[Item], NoiseKey, str], list[Record]],
+                worlds: tuple[list[Item], list[Item]], statistic: Statistic,
+                keys: range) -> tuple[float, list[int], list[int]]:
+    """The threshold from the pilot keys, then how often ``statistic >= threshold`` per world.
+
+    The threshold is halfway between the two worlds' medians on :data:`PILOT` (keys apart from
+    ``keys``): where the two distributions differ most for a location shift of symmetric noise.
+    A run whose statistic is None (the key was not released) is not counted.
+    """
+    medians = []
+    for items in worlds:
+        pilot = [statistic(run(items, NoiseKey.for_tests(s), f"p{s}")) for s in PILOT]
+        present = [v for v in pilot if v is not None]
+        assert len(present) >= len(PILOT) // 2, "the statistic is rarely defined"
+        medians.append(stats.median(present))
+    threshold = sum(medians) / 2
+    hits, totals = [0, 0], [0, 0]
+    for s in keys:
+        noise = NoiseKey.for_tests(s)
+        for world, items in enumerate(worlds):
+            value = statistic(run(items, noise, f"k{s}"))
+            if value is None:
+                continue
+            totals[world] += 1
+            hits[world] += value >= threshold
+    return threshold, hits, totals
+
+
+def bounding_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Turn the bounding off in this test only: the rule gets caps of 65 535, while the
+    configuration (and so every mechanism's noise and every record's claim) keeps the small
+    caps."""
+    from dpstream.core.contribution import rules
+
+    original = rules.BoundingRule.from_contribution
+
+    def unbounded(contribution: Any) -> Any:
+        return dataclasses.replace(original(contribution), max_groups=MAX_CAP,
+                                   max_per_group=MAX_CAP)
+
+    monkeypatch.setattr(rules.BoundingRule, "from_contribution", staticmethod(unbounded))
+
+
+def counters_statistic(config: FlowConfig, worlds: tuple[list, list]) -> tuple[Statistic, int]:
+    """The value of the target's first kept key at the last step (cumulative: every kept event
+    of the key is in it), and the periods the target is active in."""
+    kept = counters_kept(config, worlds[1])
+    key = kept[0].group
+    if config.admission.mode == "open":  # type: ignore[attr-defined]
+        key = next(e.group for e in kept if e.group in ("k0", "k1"))
+
+    def value(records: list[Record]) -> float | None:
+        return values(records, key).get(STEPS - 1)
+
+    return value, periods_active(kept, config.contribution.period_steps)
+
+
+@pytest.mark.statistical
+@pytest.mark.parametrize("period", list(PERIODS))
+@pytest.mark.parametrize(("mode", "accounting"), COUNTER_MODES)
+def test_counters_empirical_epsilon_of_a_person_stays_below_the_claim(mode, accounting, period):
+    config = counters_config(mode, accounting, period)
+    worlds = counters_worlds(mode)
+    statistic, active = counters_statistic(config, worlds)
+    claim = counters_claim(config, active)
+
+    def run(items, noise, instance):
+        return run_counters(config, items, noise, instance=instance, batch=256)
+
+    threshold, hits, totals = frequencies(run, worlds, statistic, KEYS_STAT)
+    assert min(totals) >= 150, totals  # enough runs released the key
+    bound = epsilon_lower_bound(hits[0], totals[0], hits[1], totals[1])
+    print(f"\n{mode}/{accounting}/{period}: {hits}/{totals} above {threshold:.1f}: bound "
+          f"{bound:.3f}, claim {claim:.3f}")
+    assert bound <= claim, (hits, totals, bound, claim)
+
+
+@pytest.mark.statistical
+@pytest.mark.parametrize("period", list(PERIODS))
+def test_counters_power_bounding_off_is_caught(monkeypatch, period):
+    """The tree under pure epsilon (a claim 300 runs can reach): with the bounding off, the
+    target's 200 events a key move the statistic by ~200 against a noise std of ~32 (the tree
+    at Linf = 2): the bound (~3, the most 120 runs can show) exceeds the claim (1.6 or 3.2)."""
+    bounding_off(monkeypatch)
+    config = counters_config("declared", "pure", period)
+    worlds = counters_worlds("declared")
+    noise = NoiseKey.for_tests(3)
+    r0, r1 = (run_counters(config, w, noise, batch=256) for w in worlds)
+    statistic, active = counters_statistic(config, worlds)
+    moved = statistic(r1) - statistic(r0)  # type: ignore[operator]
+    assert moved > 100, moved  # the patch took: far more than the caps' kept events moved it
+    claim = counters_claim(config, active)
+
+    def run(items, noise, instance):
+        return run_counters(config, items, noise, instance=instance, batch=256)
+
+    _threshold, hits, totals = frequencies(run, worlds, statistic, KEYS_POWER)
+    bound = epsilon_lower_bound(hits[0], totals[0], hits[1], totals[1])
+    print(f"\nbounding off/{period}: {hits}/{totals}: bound {bound:.3f}, claim {claim:.3f}")
+    assert bound > claim, (hits, totals, bound, claim)
