@@ -63,6 +63,7 @@ __all__ = [
     "STATUS_SCHEMA",
     "SUPPORTED_SCHEMAS",
     "Alert",
+    "PersonLevel",
     "Answer",
     "ApproxDp",
     "DeadLetter",
@@ -149,11 +150,31 @@ class ApproxDp(_Data, frozen=True, kw_only=True):
     delta: float
 
 
+class PersonLevel(_Data, frozen=True, kw_only=True):
+    """The user level's terms (only on records of a flow with ``contribution.unit = "user"``).
+
+    Attributes:
+        caps: the kind's caps per period (``max_rows``; ``max_keys`` and ``max_per_key``; ...).
+        period: ``lifetime``, or the period in steps (``"24 steps"``): a person active in k
+            periods is protected at k times the per-period level.
+        epsilon: the flow's per-person epsilon (pure, or of (ε, δ) from zCDP), per period.
+        delta: its δ (0 under pure accounting), not counting the hash-collision δ
+            (at most people x 2^-128).
+        rho: the per-person ρ (zCDP flows only).
+    """
+
+    caps: dict[str, int]
+    period: str
+    epsilon: float
+    delta: float
+    rho: float | None = None
+
+
 class Privacy(_Data, frozen=True, kw_only=True):
     """What a record has cost, per privacy unit.
 
     Attributes:
-        unit: the privacy unit (``event``).
+        unit: the privacy unit (``event``, or ``user``: one person's events per period).
         accounting: the ledger's unit: ``epsilon`` or ``rho`` (releases); ``pure`` or ``zcdp``
             (answers, models); ``approx_dp`` (ERMG models: ε of (ε, δ)).
         cost: this record's own cost (models).
@@ -161,6 +182,7 @@ class Privacy(_Data, frozen=True, kw_only=True):
         budget: what it may spend.
         delta: the δ of the guarantee, where there is one.
         approx_dp: the (ε, δ) a zCDP spend implies.
+        person: at the user level only: the caps, the period and the per-person total.
     """
 
     unit: str
@@ -170,6 +192,7 @@ class Privacy(_Data, frozen=True, kw_only=True):
     budget: float
     delta: float | None = None
     approx_dp: ApproxDp | None = None
+    person: PersonLevel | None = None
 
     @property
     def remaining(self) -> float:

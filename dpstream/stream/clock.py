@@ -123,6 +123,10 @@ def bad_time(field: str) -> str:
     return f"field {field!r} missing or not a finite Unix time in seconds or an ISO-8601 string"
 
 
+def bad_person(field: str) -> str:
+    return f"field {field!r} missing or not a non-empty string"
+
+
 def undecodable(exc: BaseException) -> str:
     """The dead-letter reason of a record whose decoding raised ``exc``.
 

@@ -55,6 +55,17 @@ schedulers pass ``beta_i <= beta / (1 + beta)`` (BBScheduler) or
 ``beta <= 1/(e - 1) ~ 0.58``. In the
 ``(p, p', p'', g)`` form it is ``p' = 1, p'' = 0``.
 
+**A person's rows** (``sensitivity = m``, the user level's ``max_rows``). When the protected
+unit is a person who adds at most ``m`` rows, neighbouring histograms differ by at most ``m``
+in L1 (``m`` cells, each by at most ``m``, in all ``m``). The box then draws
+``DLap(m / epsilon)`` per cell: the Laplace mechanism at L1 sensitivity ``m`` and scale
+``m / epsilon`` is ``epsilon``-DP (Dwork & Roth 2014, Theorem 3.6; the discrete Laplace pmf
+ratio at an integer shift ``d`` is ``exp(-|d| epsilon / m)``, and the shifts of the cells sum
+to at most ``m``), so the scheduler's ``epsilon_i`` now pays for one person. Its error is
+``m`` times the event level's, which is Definition 4 with ``g = 2 m (1 + N ln 2)``: the
+scheduler's ``gamma`` and accuracy follow from ``g``. Its name carries ``m`` (so its noise
+coordinates differ from the event level's, pitfall 13); ``m = 1`` is the event-level box.
+
 **Exact sampling.** All noise comes from the exact samplers of
 :mod:`dpstream.core.noise.samplers` (Canonne, Kamath, Steinke 2020): the
 noisy histogram draws one discrete Laplace per cell. Floating point appears
@@ -313,41 +324,47 @@ def synopsis_from_state(state: dict[str, Any]) -> Synopsis:
 
 
 class NoisyHistogram:
-    """The ``epsilon``-DP Laplace histogram: every cell plus exact ``DLap(1/epsilon)`` noise.
+    """The ``epsilon``-DP Laplace histogram: every cell plus exact ``DLap(m/epsilon)`` noise.
 
-    ``(p, p', p'', g) = (1, 1, 0, 2 (1 + N ln 2))`` for ``beta <= 1/e`` (module docstring).
+    ``(p, p', p'', g) = (1, 1, 0, 2 m (1 + N ln 2))`` for ``beta <= 1/e`` (module docstring).
 
     Args:
         universe_size: the number of cells ``N``.
+        sensitivity: ``m``, the rows one protected unit may add (1: one event).
 
     Raises:
         InvalidParameterError: ``universe_size`` is not an integer >= 1.
 
     """
 
-    __slots__ = ("name", "p", "p_prime", "p_double_prime", "g", "universe_size")
+    __slots__ = ("name", "p", "p_prime", "p_double_prime", "g", "universe_size", "sensitivity")
 
-    def __init__(self, universe_size: int) -> None:
+    def __init__(self, universe_size: int, sensitivity: int = 1) -> None:
         self.universe_size = integer_at_least("universe_size", universe_size, 1)
-        self.name = "noisy-histogram"
+        self.sensitivity = integer_at_least("sensitivity", sensitivity, 1)
+        self.name = "noisy-histogram" if self.sensitivity == 1 \
+            else f"noisy-histogram-m{self.sensitivity}"
         self.p = 1.0
         self.p_prime = 1.0
         self.p_double_prime = 0.0
         self.g = 2.0 * (1.0 + self.universe_size * math.log(2.0))
+        if self.sensitivity != 1:
+            self.g *= self.sensitivity
 
     @staticmethod
-    def noise_scale(epsilon: float) -> Fraction:
-        """Return the exact discrete Laplace scale ``1 / epsilon`` of every cell."""
-        return Fraction(1) / exact(positive_finite("epsilon", epsilon))
+    def noise_scale(epsilon: float, sensitivity: int = 1) -> Fraction:
+        """Return the exact discrete Laplace scale ``m / epsilon`` of every cell."""
+        return Fraction(sensitivity) / exact(positive_finite("epsilon", epsilon))
 
     def error_bound(self, n: int, epsilon: float, alpha: float, beta: float) -> float:
-        """Return ``2 (N ln 2 + ln(1/beta)) / (epsilon n)``; ``alpha`` is not used.
+        """Return ``2 m (N ln 2 + ln(1/beta)) / (epsilon n)``; ``alpha`` is not used.
 
         With probability at least ``1 - beta`` every query in ``[0, 1]^N`` is
         answered within this bound (Chernoff bound of the module docstring).
         """
         size, eps = _check_run(n, epsilon, alpha, beta)
-        return 2.0 * (self.universe_size * math.log(2.0) + math.log(1.0 / beta)) / (eps * size)
+        bound = 2.0 * (self.universe_size * math.log(2.0) + math.log(1.0 / beta)) / (eps * size)
+        return bound if self.sensitivity == 1 else bound * self.sensitivity
 
     def run(
         self,
@@ -358,7 +375,7 @@ class NoisyHistogram:
         beta: float,
         rng_for: RngFor,
     ) -> HistogramSynopsis:
-        """Release ``(counts + DLap(1/epsilon)) / n`` cell by cell, all from ``rng_for("cells")``.
+        """Release ``(counts + DLap(m/epsilon)) / n`` cell by cell, all from ``rng_for("cells")``.
 
         Raises:
             InvalidParameterError: bad counts or parameters.
@@ -366,7 +383,7 @@ class NoisyHistogram:
         """
         cells = _check_counts(counts, self.universe_size)
         size, _ = _check_run(n, epsilon, alpha, beta)
-        scale = self.noise_scale(epsilon)
+        scale = self.noise_scale(epsilon, self.sensitivity)
         rng = rng_for("cells")
         noisy = [c + discrete_laplace(rng, scale) for c in cells.tolist()]
         return HistogramSynopsis(np.array(noisy, dtype=np.float64) / size)

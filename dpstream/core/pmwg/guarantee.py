@@ -14,7 +14,16 @@ Theorem 16 with (B.6) for other ``p``; Theorem 19 with (B.11), Theorem 8 at ``p 
 the theorem supports, the query budget at ``t = n`` and ``2n``, the noise at ``t = n`` and
 the privacy cost. A violated precondition is reported, not refused: **privacy never depends
 on it** (PMWG's privacy cost is computed from the noise actually used, see
-:mod:`dpstream.core.pmwg.spec`), only the theorem's accuracy does. No noise and no state:
+:mod:`dpstream.core.pmwg.spec`), only the theorem's accuracy does.
+
+**At the user level** (``spec.sensitivity = m > 1``) the noise function is the event level's
+at ``epsilon / m`` (:mod:`dpstream.core.pmwg.spec`: ``xi`` is linear in ``epsilon`` and every
+mode's ``c`` is divided by ``m``), and the accuracy theorems depend on the privacy parameter
+only through ``xi``: every theorem is therefore evaluated at ``epsilon / m`` (alpha_min, the
+query budget, the paper's ``c`` the modes are compared with, Theorem 8's ``epsilon <= 1``),
+and the noise reported is the scaled one (``m`` times the event level's). The theorems speak
+of the **bounded** database (each person's first ``max_rows`` rows); what bounding drops is a
+bias they do not cover, and the report says so. No noise and no state:
 a deterministic function of public parameters.
 """
 
@@ -124,7 +133,8 @@ def accuracy_guarantee(spec: PmwgSpec) -> Guarantee:
     ``kappa = 1``. A violated precondition is reported, not refused: privacy does not
     depend on it, but the theorem then does not guarantee accuracy.
     """
-    eps, alpha, beta = float(spec.epsilon), float(spec.alpha), float(spec.beta)
+    rows = int(spec.sensitivity)  # m rows a person may add: the theorems run at epsilon / m
+    eps, alpha, beta = float(spec.epsilon) / rows, float(spec.alpha), float(spec.beta)
     n, cells, p, q = int(spec.n), int(spec.universe_size), float(spec.p), spec.q
     log_nn = math.log(cells * n)
     pre: list[Precondition] = []
@@ -161,6 +171,11 @@ def accuracy_guarantee(spec: PmwgSpec) -> Guarantee:
     pre.append(Precondition(src, f"alpha >= {alpha_min:.6g} (kappa = 1)", repr(alpha),
                             alpha >= alpha_min))
     notes: list[str] = []
+    if rows != 1:
+        notes.append(f"user level: one person adds at most {rows} rows (Delta_t = {rows}/t); "
+                     f"the theorems are evaluated at epsilon / {rows} = {eps:.6g} and speak of "
+                     "the bounded database (rows beyond the cap are dropped: a bias they do "
+                     "not cover)")
     paper_c = spec.paper_coefficient
     if spec.mode == "paper":
         covered = True

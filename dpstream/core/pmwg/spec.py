@@ -15,6 +15,15 @@ mechanism itself is :class:`~dpstream.core.pmwg.mechanism.Pmwg`.
 **Time and sensitivity** (the public size ``t``, the query value's sensitivity ``1/t``, the
 assumptions of Theorem 20) are stated once, in :mod:`dpstream.core.pmwg.mechanism`.
 
+**One person, ``m`` rows** (``sensitivity = m``; the user level's ``max_rows``). A person
+adds at most ``m`` rows, so a query value moves by ``Delta_t = m / t`` and everything below
+holds with ``xi_t Delta_t = c m t^(p-1)``: ``S_t``, the grid ``g_t``, the round charge and
+the worst case are computed with the factor ``m``, and every mode's ``c`` is ``m`` times
+smaller than the event level's (the paper's ``c`` is its ``c`` at ``epsilon / m``, as
+``xi`` is linear in ``epsilon``), so the configured ``epsilon`` (or ``rho``) is what one
+**person** costs. The noise, in fraction units, is ``m`` times larger. ``m = 1`` is the event
+level, bit for bit (the digest too).
+
 **Noise functions.** ``delta = 0`` (``accounting="pure"``): Algorithm 1's
 ``xi_t = alpha^2 n^(1/2) eps t^(1/2) / (162 log(Nn))`` at ``p = 1/2``, otherwise (B.5)'s
 ``alpha^2 (1-p)^2 n^(1-p) eps t^p / (126 log(Nn))``. ``delta > 0`` (``"zcdp"``):
@@ -111,6 +120,8 @@ class PmwgSpec:
         hard_query_cap: practical mode only: the number of rounds started at ``n`` that
             the budget pays for.
         threshold: the NSG threshold ``T`` (fraction units); ``None`` means ``2 alpha / 3``.
+        sensitivity: ``m``, the rows one protected unit may add (1: one event; at the user
+            level ``max_rows``): ``Delta_t = m / t``.
 
     """
 
@@ -125,6 +136,7 @@ class PmwgSpec:
     mode: Mode = "paper"
     hard_query_cap: int | None = None
     threshold: float | None = None
+    sensitivity: int = 1
 
     def __post_init__(self) -> None:
         eps = _check_real("epsilon", self.epsilon)
@@ -153,6 +165,9 @@ class PmwgSpec:
         if not is_integer(self.universe_size) or self.universe_size < 2:
             raise InvalidParameterError(
                 f"universe_size must be an integer >= 2, got {self.universe_size!r}")
+        if not is_integer(self.sensitivity) or self.sensitivity < 1:
+            raise InvalidParameterError(
+                f"sensitivity must be an integer >= 1, got {self.sensitivity!r}")
         p = _check_real("p", self.p)
         if not 0 <= p < 1:
             raise InvalidParameterError(f"p must be in [0, 1), got {self.p!r}")
@@ -223,10 +238,15 @@ class PmwgSpec:
 
     @functools.cached_property
     def paper_coefficient(self) -> float:
-        """The paper's ``c`` (Algorithm 1 at p = 1/2 with delta = 0, (B.5) otherwise)."""
-        return paper_coefficient(self.accounting, float(self.epsilon), float(self.delta),
-                                 float(self.alpha), int(self.n), int(self.universe_size),
-                                 float(self.p))
+        """The paper's ``c`` (Algorithm 1 at p = 1/2 with delta = 0, (B.5) otherwise).
+
+        At ``sensitivity = m`` it is the paper's ``c`` at ``epsilon / m`` (group privacy over
+        ``m`` rows), i.e. ``m`` times smaller (``xi`` is linear in ``epsilon``).
+        """
+        c = paper_coefficient(self.accounting, float(self.epsilon), float(self.delta),
+                              float(self.alpha), int(self.n), int(self.universe_size),
+                              float(self.p))
+        return c if self.sensitivity == 1 else c / int(self.sensitivity)
 
     def _sum_factor(self) -> float:
         """Return :func:`~dpstream.core.pmwg.worst_case.sum_factor` for this spec."""
@@ -239,11 +259,12 @@ class PmwgSpec:
         if self.mode == "paper":
             return self.paper_coefficient
         if self.mode == "solved":
-            return solved_coefficient(self.accounting, self.budget, self._sum_factor())
+            return solved_coefficient(self.accounting, self.budget, self._sum_factor(),
+                                      int(self.sensitivity))
         n = int(self.n)
         return practical_coefficient(self.accounting, self.budget,
                                      int(self.hard_query_cap or 1), n, self.q,
-                                     lambda c: self._s_exact(n, c))
+                                     lambda c: self._s_exact(n, c), int(self.sensitivity))
 
     # -- the noise function and the grid --
     def _xi(self, t: int, c: float) -> float:
@@ -264,19 +285,23 @@ class PmwgSpec:
         return self._xi(self._check_t(t), self.xi_coefficient)
 
     def grid_exponent(self, t: int) -> int:
-        """Return ``e`` with the NSG grid at time ``t`` being ``g_t = 2^e`` eta-units."""
+        """Return ``e`` with the NSG grid at time ``t`` being ``g_t = 2^e`` eta-units.
+
+        ``g_t = 2^(floor(log2(xi_t Delta_t)) - 32)``, ``Delta_t = m / t``.
+        """
         t = self._check_t(t)
-        return _floor_log2(Fraction(self.xi(t)) / t) - GRID_BITS
+        return _floor_log2(Fraction(self.xi(t)) * int(self.sensitivity) / t) - GRID_BITS
 
     def _s_exact(self, t: int, c: float) -> Fraction:
-        ratio = Fraction(self._xi(t, c)) / t
+        ratio = Fraction(self._xi(t, c)) * int(self.sensitivity) / t
         return ratio * (1 + _XI_FLOAT_SLACK) + _pow2(_floor_log2(ratio) - GRID_BITS)
 
     def sensitivity_bound(self, t: int) -> Fraction:
         """Return ``S_t = xi_t Delta_t (1 + 1e-12) + g_t``, exactly (eta-units).
 
-        It bounds how much any NSG comparison of a round started at ``t`` (and the
-        numeric answer of a round halted at ``t``) moves on neighbouring databases.
+        ``Delta_t = m / t`` (``m = sensitivity``). It bounds how much any NSG comparison of
+        a round started at ``t`` (and the numeric answer of a round halted at ``t``) moves
+        on neighbouring databases.
         """
         return self._s_exact(self._check_t(t), self.xi_coefficient)
 
@@ -292,9 +317,12 @@ class PmwgSpec:
         """Return (B.1) (pure) or ``tau`` (zcdp) for this spec's ``xi``, evaluated numerically.
 
         No grid term or float slack: this is the paper's quantity, with the infinite sum as
-        exact terms plus an analytic upper bound of the tail.
+        exact terms plus an analytic upper bound of the tail. At ``sensitivity = m`` it is
+        evaluated at ``c m`` (``xi_t Delta_t = c m t^(p-1)``).
         """
         c = self.xi_coefficient
+        if self.sensitivity != 1:
+            c *= int(self.sensitivity)
         factor = self._sum_factor()
         return c * factor if self.accounting == "pure" else c * c * factor
 
@@ -307,7 +335,8 @@ class PmwgSpec:
         if self.mode == "practical":
             return self.budget
         return float_at_least(Fraction(
-            cost_of_coefficient(self.accounting, self._sum_factor(), self.xi_coefficient)))
+            cost_of_coefficient(self.accounting, self._sum_factor(), self.xi_coefficient,
+                                int(self.sensitivity))))
 
     def worst_case_charge(self) -> PrivacyCharge:
         """Return the charge committed when the mechanism starts (modes paper/solved)."""
@@ -343,6 +372,8 @@ class PmwgSpec:
             -1 if self.hard_query_cap is None else int(self.hard_query_cap),
             str(self.threshold_value), self.xi_coefficient.hex(),
         )
+        if self.sensitivity != 1:  # the user level's max_rows (the event level's digest kept)
+            fields = (*fields, "sensitivity", int(self.sensitivity))
         return hashlib.blake2b(encode_coordinates(fields), digest_size=8,
                                person=b"dpstream-params").hexdigest()
 

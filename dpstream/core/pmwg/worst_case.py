@@ -11,6 +11,17 @@ commits to its ledger. One round started at ``t0`` and halted at ``t1`` costs at
 ``S_t0 + S_t1 / 8``, ``S_t = xi_t Delta_t (1 + 10^-12) + g_t <= sigma c t^(p-1)``,
 ``sigma = (1 + 2^-50)(1 + 10^-12)(1 + 2^-32)`` (:mod:`dpstream.core.pmwg.sparse_vector`).
 
+**A person, not an event** (``sensitivity = m``, the ``max_rows`` cap of the user level).
+When one person may add up to ``m`` rows, a query value ``f(D_t) = sum w_i count_i / t``
+moves by at most ``Delta_t = m / t`` (``m`` cells move by one each, weights in ``[0, 1]``,
+``t`` public), so ``S_t = xi_t m / t (1 + 10^-12) + g_t`` with the grid proportional to
+``xi_t m / t``: every bound below holds with ``c`` replaced by ``c m`` (the sums are
+functions of ``xi_t Delta_t = c m t^(p-1)`` alone). :func:`cost_of_coefficient` therefore
+evaluates the cost at ``c m`` (rounded **up** to a float), and the modes choose ``c``
+``m`` times smaller, so that the noise (scale ``4 / xi_t`` and ``8 / xi_t`` in fraction
+units) is ``m`` times larger and each charge is the configured one, now for one person's
+``m`` rows. At ``m = 1`` every function is the event-level one, operation for operation.
+
 **Accounting** (recorded in a :class:`~dpstream.core.accounting.ledger.PrivacyLedger`, which is
 part of
 the state; :attr:`~dpstream.core.pmwg.mechanism.Answer.spent` is its total).
@@ -75,6 +86,7 @@ __all__ = [
     "paper_coefficient",
     "practical_coefficient",
     "round_cost",
+    "scaled_coefficient",
     "solved_coefficient",
     "sum_factor",
 ]
@@ -120,11 +132,20 @@ def sum_factor(accounting: str, alpha: float, n: int, cells: int, q: float) -> f
     return math.pow(n, -2 * q) * (1.0 + k2 * log_n) + k2 * _weighted_b_sum(n, cells, 2 * q)
 
 
-def cost_of_coefficient(accounting: str, factor: float, c: float) -> float:
+def scaled_coefficient(c: float, sensitivity: int = 1) -> float:
+    """Return a float at least ``c m`` exactly (``m = sensitivity``): ``xi_t Delta_t / t^(p-1)``."""
+    if sensitivity == 1:
+        return c
+    return float_at_least(Fraction(c) * sensitivity)
+
+
+def cost_of_coefficient(accounting: str, factor: float, c: float, sensitivity: int = 1) -> float:
     """Return the worst-case cost (ledger units) of coefficient ``c`` (modes paper/solved).
 
-    ``factor`` is :func:`sum_factor`'s.
+    ``factor`` is :func:`sum_factor`'s; ``sensitivity`` is ``m`` (``Delta_t = m / t``): the
+    cost is that of ``c m`` at ``m = 1`` (module docstring).
     """
+    c = scaled_coefficient(c, sensitivity)
     if accounting == "pure":
         return c * factor * SIGMA * (1.0 + SUM_SLACK)
     return c * c * factor * SIGMA * SIGMA * (1.0 + SUM_SLACK) / 2.0
@@ -142,25 +163,34 @@ def round_cost(accounting: str, s: Fraction) -> Fraction:
     return (s * s + (s / 8) ** 2) / 2
 
 
-def solved_coefficient(accounting: str, budget: float, factor: float) -> float:
-    """Return mode ``"solved"``'s ``c``: the largest whose computed worst case fits ``budget``."""
+def solved_coefficient(accounting: str, budget: float, factor: float,
+                       sensitivity: int = 1) -> float:
+    """Return mode ``"solved"``'s ``c``: the largest whose computed worst case fits ``budget``.
+
+    With ``sensitivity = m`` the worst case is evaluated at ``c m``, so ``c`` is ``m`` times
+    smaller (module docstring).
+    """
     factor_slack = factor * (1.0 + SUM_SLACK)
     if accounting == "pure":
         c = budget / (factor_slack * SIGMA)
     else:
         c = math.sqrt(2.0 * budget / factor_slack) / SIGMA
-    while not fits(cost_of_coefficient(accounting, factor, c), budget):
+    if sensitivity != 1:
+        c /= sensitivity
+    while not fits(cost_of_coefficient(accounting, factor, c, sensitivity), budget):
         c = math.nextafter(c, 0.0)
     return c
 
 
 def practical_coefficient(
     accounting: str, budget: float, cap: int, n: int, q: float,
-    sensitivity_at_n: Callable[[float], Fraction],
+    sensitivity_at_n: Callable[[float], Fraction], sensitivity: int = 1,
 ) -> float:
     """Return mode ``"practical"``'s ``c``: ``cap`` rounds started at ``n`` fit ``budget``.
 
-    ``sensitivity_at_n(c)`` is the exact ``S_n`` of coefficient ``c``.
+    ``sensitivity_at_n(c)`` is the exact ``S_n`` of coefficient ``c`` (it includes the
+    factor ``m = sensitivity`` of ``Delta_t = m / t``; the first guess divides by ``m`` so
+    that the search starts next to the answer).
     """
     # cap rounds at n: cap * round_cost(S_n) <= budget, S_n ~ c n^-q (1 + slack)
     per_round = budget / cap
@@ -169,6 +199,8 @@ def practical_coefficient(
     else:
         s_target = math.sqrt(per_round * 128.0 / 65.0)
     c = s_target / (math.pow(n, -q) * SIGMA)
+    if sensitivity != 1:
+        c /= sensitivity
     ledger_budget = exact(budget)
     while cap * exact(float_at_least(round_cost(accounting, sensitivity_at_n(c)))) \
             > ledger_budget:

@@ -4,6 +4,40 @@
 of the shared ones, and refuses a configuration whose histograms cost more per event than
 ``privacy.budget`` (an event is in every histogram, so their costs add). What the flow does
 with it: :mod:`dpstream.kinds.pmwg.kind`.
+
+**The user level** (``[contribution] unit = "user"``, cap ``max_rows = m`` per period). The
+bounding stage keeps each person's first ``m`` rows of the period (in step, partition, offset
+order) and drops the rest, so, per period, *one person adds at most m rows to the database*,
+and every row is in **every** histogram (one event is one row of each: the decoder places it
+in each universe, or nowhere). Each configured privacy parameter then means what one person
+costs in that histogram:
+
+* *the public size counter* counts rows: one person moves its increments by at most ``m`` in
+  L1, so its spec gets ``sensitivity = m`` (tree: discrete Laplace scale ``m (levels) /
+  epsilon``; BLT: ``sigma`` times ``m``) and still charges ``size_epsilon`` / ``size_rho``
+  (the counters' module docstrings derive it); the public size ``t`` then moves by at most
+  ``m`` per person, which nothing needs (``t`` is a post-processing of the counter);
+* *PMWG*: a query value ``sum w_i count_i / t`` (``w_i`` in ``[0, 1]``, ``t`` public) moves
+  by at most ``m / t``; :class:`~dpstream.core.pmwg.spec.PmwgSpec` with ``sensitivity = m``
+  divides ``xi`` by ``m`` and computes every round's cost and the worst case with
+  ``Delta_t = m / t`` (:mod:`dpstream.core.pmwg.worst_case`), so ``epsilon`` is one
+  person's cost;
+* *the noisy histogram* (``mechanism = "histogram"``): L1 sensitivity ``m``, each cell's noise
+  ``DLap(m / epsilon_i)`` (:class:`~dpstream.core.pmwg.blackboxes.NoisyHistogram`), the
+  scheduler's charges unchanged.
+
+*Per person, in all.* A person's kept rows are in every histogram, and nothing else of theirs
+enters the flow, so the flow is the adaptive composition of the histograms' mechanisms on
+inputs that each move by at most one person's ``m`` rows: the per-person total is the **sum
+over histograms** of (size counter + mechanism) — exactly what the flow ledger sums and
+``privacy.budget`` caps, now per person (pure: ``epsilon``; zCDP: ``rho``, reported as
+``(epsilon, delta)`` with ``privacy.delta``). The stage routes people by a keyed 128-bit hash;
+two people who collide share one cap, which is accounted as a ``delta`` of at most
+``people x 2^-128`` (the bounding core's ``collision_delta``), added to the total. With
+``period`` a whole number of steps the guarantee is per period (the stage forgets the caps when
+a period closes); a person active in ``k`` periods is protected at ``k`` times that level
+(basic composition). ``m = 1`` at the event level: every spec, digest and noise draw is the
+event level's.
 """
 
 from __future__ import annotations
@@ -14,6 +48,7 @@ from typing import Any, Final
 
 from dpstream.config import FlowConfig, Section, build_spec, parse_common, positive
 from dpstream.core.accounting.ledger import PrivacyCharge, PrivacyLedger
+from dpstream.core.counting import blt_counter, tree_counter
 from dpstream.core.counting.blt_counter import BltCounterSpec
 from dpstream.core.counting.tree_counter import TreeCounterSpec
 from dpstream.core.noise.coordinates import parameter_digest
@@ -21,6 +56,7 @@ from dpstream.core.pmwg.attributes import UniverseError
 from dpstream.core.pmwg.bb_scheduler import BBSchedulerSpec
 from dpstream.core.pmwg.blackboxes import NoisyHistogram
 from dpstream.core.pmwg.guarantee import accuracy_guarantee
+from dpstream.core.pmwg.sparse_vector import dlap_variance
 from dpstream.core.pmwg.spec import PmwgSpec
 from dpstream.core.pmwg.universe import Universe
 from dpstream.errors import ConfigError
@@ -47,6 +83,8 @@ class HistogramConfig:
     """PMWG's parameters (with ``mechanism = "pmwg"``)."""
     scheduler: BBSchedulerSpec | None = None
     """BBScheduler's parameters (with ``mechanism = "histogram"``)."""
+    rows: int = 1
+    """The rows one protected unit may add per period (1: an event; ``max_rows``: a person)."""
 
     @property
     def size_cost(self) -> float:
@@ -64,12 +102,36 @@ class HistogramConfig:
         assert self.pmwg is not None
         return [self.size.charge, self.pmwg.worst_case_charge()]
 
+    def box(self) -> NoisyHistogram:
+        """The noisy-histogram black box (``mechanism = "histogram"``), at L1 sensitivity m."""
+        return NoisyHistogram(self.universe.size, self.rows)
+
+    def noise_std(self) -> dict[str, float]:
+        """Each output's noise std at the configured cap (``rows``).
+
+        ``size``: the public size counter's worst estimate std over its first epoch, in rows;
+        ``answer``: PMWG's hard-answer noise std at ``t = n`` (fraction units) or the noisy
+        histogram's per-cell noise std over ``n`` at its first release (fraction units).
+        """
+        s = self.size
+        size = (tree_counter.worst_step_std(s, s.horizon) if isinstance(s, TreeCounterSpec)
+                else blt_counter.worst_step_std(s, s.horizon))
+        if self.pmwg is not None:
+            answer = accuracy_guarantee(self.pmwg).answer_std_at_n
+        else:
+            assert self.scheduler is not None
+            scale = NoisyHistogram.noise_scale(self.scheduler.epoch_epsilon(0), self.rows)
+            answer = math.sqrt(dlap_variance(scale)) / self.n
+        return {f"{self.name}.size": size, f"{self.name}.answer": answer}
+
     @property
     def digest(self) -> str:
         """The parameters a flow instance binds (universe, size counter, mechanism)."""
         s = self.size
         size = (f"tree:{s.epsilon!r}:{s.horizon}" if isinstance(s, TreeCounterSpec)
                 else f"blt:{s.rho!r}:{s.horizon}")
+        if self.rows != 1:  # the user level's cap scales every noise (the event level's kept)
+            size += f":rows={self.rows}"
         mechanism = (self.pmwg.digest if self.pmwg is not None
                      else repr(sorted(self.scheduler.to_dict().items())))  # type: ignore[union-attr]
         return parameter_digest(self.name, self.mechanism, self.universe.digest(), size,
@@ -87,8 +149,46 @@ class PmwgConfig(FlowConfig):
 
     @property
     def mechanisms_digest(self) -> str:
-        """One digest of every histogram's parameters (what a resume must not change)."""
-        return parameter_digest(self.accounting, *(h.digest for h in self.histograms))
+        """One digest of every histogram's parameters (what a resume must not change).
+
+        At the user level the contribution table (unit, user field, period, caps) is bound
+        too: a store made with other caps or another period is refused.
+        """
+        if not self.contribution.user_level:
+            return parameter_digest(self.accounting, *(h.digest for h in self.histograms))
+        c = self.contribution
+        caps = ",".join(f"{name}={value}" for name, value in c.caps)
+        return parameter_digest(self.accounting, *(h.digest for h in self.histograms),
+                                "contribution", c.unit, c.user_field,
+                                -1 if c.period_steps is None else c.period_steps, caps)
+
+    def per_person(self) -> dict[str, float]:
+        """The per-unit total over every histogram (a person's at the user level).
+
+        ``epsilon`` (pure) or ``rho`` and its ``epsilon`` at ``delta`` (zCDP): the sum of every
+        histogram's committed charges (size counter + mechanism; the practical mode's budget),
+        the bound the module docstring derives. The hash-collision ``delta`` is not included
+        (it depends on the number of people; :meth:`describe` states it).
+        """
+        ledger = self.ledger()
+        for h in self.histograms:
+            for charge in h.charges:
+                ledger.charge(charge)
+        if self.accounting == "pure":
+            return {"epsilon": float(ledger.spent), "delta": 0.0}
+        return {"rho": float(ledger.spent),
+                "epsilon": float(ledger.epsilon_spent(self.delta)), "delta": self.delta}
+
+    def noise_std(self) -> dict[str, float]:
+        """Each output's noise std at the configured caps.
+
+        ``HISTOGRAM.size`` and ``HISTOGRAM.answer`` per histogram
+        (:meth:`HistogramConfig.noise_std`).
+        """
+        out: dict[str, float] = {}
+        for h in self.histograms:
+            out.update(h.noise_std())
+        return out
 
     def ledger(self) -> PrivacyLedger:
         """A ledger of one event's cost over all histograms (checked at start-up)."""
@@ -103,10 +203,20 @@ class PmwgConfig(FlowConfig):
                 ledger.charge(charge)
         lines = [f"flow {self.name!r} (pmwg): one step = {self.step_seconds:g} s from "
                  f"{self.origin.isoformat()}",
-                 self.describe_clock(),
-                 f"privacy unit: one event; accounting {self.accounting}; per-event budget "
-                 f"{ledger.budget:g} {ledger.unit}, committed at most {ledger.spent:.6g} "
-                 f"{ledger.unit} over {len(self.histograms)} histogram(s)"]
+                 self.describe_clock()]
+        if not self.contribution.user_level:
+            lines.append(f"privacy unit: one event; accounting {self.accounting}; per-event "
+                         f"budget {ledger.budget:g} {ledger.unit}, committed at most "
+                         f"{ledger.spent:.6g} {ledger.unit} over {len(self.histograms)} "
+                         "histogram(s)")
+        else:
+            rows = self.contribution.cap("max_rows")
+            lines += [self.contribution.describe(),
+                      f"accounting {self.accounting}; per-person budget {ledger.budget:g} "
+                      f"{ledger.unit}, committed at most {ledger.spent:.6g} {ledger.unit} "
+                      f"over {len(self.histograms)} histogram(s) (a person's {rows} rows are "
+                      f"in every histogram: the costs add; each noise is scaled by {rows}), "
+                      "plus a hash-collision delta <= people x 2^-128"]
         if self.accounting == "zcdp":
             lines.append(f"as (epsilon, delta): ({ledger.epsilon_spent(self.delta):.4g}, "
                          f"{self.delta:g})")
@@ -119,7 +229,7 @@ class PmwgConfig(FlowConfig):
                                                 h.pmwg.epsilon if h.pmwg is not None
                                                 else h.scheduler.epsilon,  # type: ignore
 
-                                                h.pmwg.alpha if h.pmwg else 0.05))
+                                                h.pmwg.alpha if h.pmwg else 0.05, h.rows))
             if h.pmwg is not None:
                 lines.extend("  " + line for line in accuracy_guarantee(h.pmwg).lines())
             elif h.scheduler is not None:
@@ -128,18 +238,26 @@ class PmwgConfig(FlowConfig):
                              f"{h.scheduler.accuracy(h.n):.4g} with probability "
                              f"{1 - h.scheduler.beta:g} (Theorem 27), first release at t = "
                              f"{h.n}")
+            if self.contribution.user_level:
+                lines.append("  noise std at the caps: " + ", ".join(
+                    f"{name} {std:.4g}" for name, std in h.noise_std().items()))
         return "\n".join(lines)
 
 
-def which_mechanism(universe_size: int, n: int, epsilon: float, alpha: float) -> str:
+def which_mechanism(universe_size: int, n: int, epsilon: float, alpha: float,
+                    rows: int = 1) -> str:
     """Which mechanism suits a histogram (docs/pmwg.md, "PMWG or a noisy histogram?").
 
     A noisy histogram answers every question, with an error that grows like the square root
     of the cells a question covers: at most ``sqrt(N)`` noise standard deviations of
     ``sqrt(2)/epsilon`` events over ``t``. When that is far below ``alpha`` at the starting
     size (``sqrt(N) * sqrt(2) / epsilon << alpha * n``) it wins outright; otherwise PMWG, whose
-    error does not grow with ``N``, answers more questions for the same budget.
+    error does not grow with ``N``, answers more questions for the same budget. At the user
+    level both mechanisms' noise grows by ``rows`` (``max_rows``): the comparison is made at
+    ``epsilon / rows``.
     """
+    if rows != 1:
+        epsilon /= rows
     histogram_error = math.sqrt(universe_size) * math.sqrt(2.0) / (epsilon * n)
     ratio = histogram_error / alpha
     verdict = ("the noisy histogram ('histogram') answers everything within alpha"
@@ -150,7 +268,7 @@ def which_mechanism(universe_size: int, n: int, epsilon: float, alpha: float) ->
             f"alpha = {alpha:g} -> {verdict}")
 
 
-def _histogram(section: Section, accounting: str, delta: float) -> HistogramConfig:
+def _histogram(section: Section, accounting: str, delta: float, rows: int) -> HistogramConfig:
     name = section.get("name", None, str)
     if not name or not all(c.isalnum() or c in "_.-" for c in name) or len(name) > 64:
         raise ConfigError(f"{section.where('name')} must be 1-64 characters of "
@@ -165,15 +283,16 @@ def _histogram(section: Section, accounting: str, delta: float) -> HistogramConf
     except UniverseError as exc:
         raise ConfigError(str(exc)) from None
     horizon = section.get("size_horizon", 2**20, int)
+    scaled: dict[str, Any] = {} if rows == 1 else {"sensitivity": rows}  # max_rows per person
     if accounting == "pure":
         size: Any = build_spec(TreeCounterSpec, section.where("size_epsilon"),
                                epsilon=positive(section.get("size_epsilon", 0.1, float),
                                                 section.where("size_epsilon")),
-                               horizon=horizon)
+                               horizon=horizon, **scaled)
     else:
         size = build_spec(BltCounterSpec, section.where("size_rho"),
                           rho=positive(section.get("size_rho", 0.005, float),
-                                       section.where("size_rho")), horizon=horizon)
+                                       section.where("size_rho")), horizon=horizon, **scaled)
     section.used.update({"size_epsilon", "size_rho"})
     where = f"[histograms] {name!r}"
     epsilon = positive(section.get("epsilon", 0.9, float), section.where("epsilon"))
@@ -187,24 +306,26 @@ def _histogram(section: Section, accounting: str, delta: float) -> HistogramConf
                                   "'histogram' does not use it")
         section.finish()
         scheduler = build_spec(BBSchedulerSpec.for_black_box, where,
-                               black_box=NoisyHistogram(universe.size), epsilon=epsilon,
+                               black_box=NoisyHistogram(universe.size, rows), epsilon=epsilon,
                                beta=beta, n=n, delta=pure_delta)
-        return HistogramConfig(name, mechanism, universe, size, n, scheduler=scheduler)
+        return HistogramConfig(name, mechanism, universe, size, n, scheduler=scheduler,
+                               rows=rows)
     pmwg = build_spec(
         PmwgSpec, where, epsilon=epsilon, delta=pure_delta,
         alpha=section.get("alpha", 0.05, float), beta=beta, n=n, universe_size=universe.size,
         p=section.get("p", 0.5, float), accounting=accounting,
         mode=section.get("mode", "practical", str),
         hard_query_cap=section.get("hard_queries", None, int),
-        threshold=section.get("threshold", None, float))
+        threshold=section.get("threshold", None, float), sensitivity=rows)
     section.finish()
-    return HistogramConfig(name, mechanism, universe, size, n, pmwg=pmwg)
+    return HistogramConfig(name, mechanism, universe, size, n, pmwg=pmwg, rows=rows)
 
 
 def parse_config(raw: dict[str, Any], source: str = "<dict>") -> PmwgConfig:
     """Validate a PMWG configuration (as read from TOML)."""
     fields, tables = parse_common(
-        raw, source, kind_tables=frozenset({"privacy", "histograms"}), topics=TOPICS, caps=("max_rows",),
+        raw, source, kind_tables=frozenset({"privacy", "histograms"}), topics=TOPICS,
+        caps=("max_rows",),
         origin_required=("for a pmwg flow: every histogram's size counter steps from step 0, "
                          "which starts at the origin (set it near the deployment time, e.g. "
                          "origin = '2026-11-20T00:00:00Z')"))
@@ -222,7 +343,8 @@ def parse_config(raw: dict[str, Any], source: str = "<dict>") -> PmwgConfig:
     if not isinstance(entries, list) or not entries:
         raise ConfigError("a pmwg flow needs at least one [[histograms]] table "
                           "(name, universe, epsilon, alpha, n, ...)")
-    histograms = tuple(_histogram(Section(entry, f"histograms[{i}]"), accounting, delta)
+    rows = fields["contribution"].cap("max_rows")  # 1 at the event level
+    histograms = tuple(_histogram(Section(entry, f"histograms[{i}]"), accounting, delta, rows)
                        for i, entry in enumerate(entries))
     names = [h.name for h in histograms]
     if len(set(names)) != len(names):

@@ -5,6 +5,16 @@ events topic becomes its cell in every histogram (a dead letter if it fits a uni
 a question on the queries topic becomes a pending question placed at its record timestamp,
 and both are routed to the shard of their histogram. Placing records in steps, trusting
 timestamps and detecting late records is the shared clock's job.
+
+**At the user level** (``[contribution] unit = "user"``) an event must also name its person:
+a non-empty string in ``contribution.user_field``, or it is a dead letter
+(:func:`~dpstream.stream.clock.bad_person`). The decoder fills :attr:`PmwgClock.decoded_people`
+aligned with the event payloads (the clock hashes them at once: the raw ids go no further),
+and an event's payload is then its cells themselves (one int64 row, a cell per histogram)
+rather than an index into the decoder's last batch, because the bounding stage routes the
+kept payloads later, with :meth:`PmwgClock.route`. Questions name no person: they are the
+analyst's, not the data's, and ``decoded_people`` is empty for a batch of questions. At the
+event level nothing changes (the same payloads, the same work per record).
 """
 
 from __future__ import annotations
@@ -17,7 +27,7 @@ import orjson
 
 from dpstream.kinds.pmwg.config import PmwgConfig
 from dpstream.messages import DeadLetter, RawBatch, RawMessage
-from dpstream.stream.clock import StepClock, bad_time, event_seconds
+from dpstream.stream.clock import StepClock, bad_person, bad_time, event_seconds
 from dpstream.stream.sharding import shard_of
 
 __all__ = ["MAX_QUERY_ID", "PmwgClock"]
@@ -38,6 +48,10 @@ class PmwgClock(StepClock):
         self.shard_of = [shard_of(h.name, config.shards) for h in config.histograms]
         self.names = {h.name: i for i, h in enumerate(config.histograms)}
         self._cells: np.ndarray = np.empty((len(config.histograms), 0), dtype=np.int64)
+        contribution = config.contribution
+        self.user_field = contribution.user_field if contribution.user_level else None
+        self.decoded_people: list[str] = []
+        """At the user level: the person of each event payload of the last decode."""
 
     def dead_letter(self, reason: str, message: RawMessage) -> DeadLetter:
         """Dead letters name the Kafka partition of their topic."""
@@ -55,6 +69,8 @@ class PmwgClock(StepClock):
     def _decode_events(self, messages: RawBatch, dead: list[DeadLetter]
                        ) -> tuple[list[Any], np.ndarray | list[float], list[int]]:
         time_field = self.config.time_field
+        user_field = self.user_field
+        people: list[str] = []
         records: list[dict[str, Any]] = []
         times: list[float] = []
         refs: list[int] = []
@@ -71,6 +87,12 @@ class PmwgClock(StepClock):
             if ts is None:
                 dead.append(self.dead_letter(bad_time(time_field), message))
                 continue
+            if user_field is not None:
+                person = record.get(user_field)
+                if not isinstance(person, str) or not person:
+                    dead.append(self.dead_letter(bad_person(user_field), message))
+                    continue
+                people.append(person)
             records.append(record)
             times.append(ts)
             refs.append(i)
@@ -93,6 +115,10 @@ class PmwgClock(StepClock):
         keep = np.flatnonzero(fits)
         self._cells = (np.stack(columns)[:, keep] if columns
                        else np.empty((0, len(keep)), dtype=np.int64))
+        if user_field is not None:  # self-contained payloads: the bounding stage routes later
+            self.decoded_people = [people[j] for j in keep.tolist()]
+            return (np.ascontiguousarray(self._cells.T), [times[j] for j in keep.tolist()],
+                    [refs[j] for j in keep.tolist()])
         return (list(range(len(keep))), [times[j] for j in keep.tolist()],
                 [refs[j] for j in keep.tolist()])
 
@@ -101,6 +127,8 @@ class PmwgClock(StepClock):
         payloads: list[Any] = []
         times: list[float] = []
         refs: list[int] = []
+        if self.user_field is not None:
+            self.decoded_people = []  # questions are the analyst's: no person, no bounding
         for i, message in enumerate(messages):
             partition, raw, offset, _, broker_ms, _ = message
             try:
@@ -120,9 +148,13 @@ class PmwgClock(StepClock):
 
     def route(self, payloads: list[Any] | np.ndarray, steps: int | list[int]
               ) -> list[dict[int, Any]]:
-        """Per shard and step: cell counts per histogram, and the questions asked."""
+        """Per shard and step: cell counts per histogram, and the questions asked.
+
+        Event payloads are indexes into the last decoded batch (event level) or rows of
+        cells, one per histogram (user level: what the bounding stage kept).
+        """
         per_shard: list[dict[int, Any]] = [{} for _ in range(self.config.shards)]
-        if not payloads:
+        if len(payloads) == 0:
             return per_shard
         step_array = (np.full(len(payloads), steps, dtype=np.int64) if isinstance(steps, int)
                       else np.asarray(steps, dtype=np.int64))
@@ -133,8 +165,9 @@ class PmwgClock(StepClock):
                 bucket["queries"].append(payload[1:])
             return per_shard
         rows = np.asarray(payloads, dtype=np.int64)
+        by_histogram = rows.T if rows.ndim == 2 else self._cells[:, rows]
         for h, (name, shard) in enumerate(zip(self.names, self.shard_of, strict=True)):
-            cells = self._cells[h, rows]
+            cells = by_histogram[h]
             for step in np.unique(step_array).tolist():
                 values, counts = np.unique(cells[step_array == step], return_counts=True)
                 bucket = per_shard[shard].setdefault(step, {"cells": {}, "queries": []})

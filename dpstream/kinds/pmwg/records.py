@@ -21,6 +21,17 @@ class AnswerEncoder:
 
     def __init__(self, config: PmwgConfig, instance: str = "") -> None:
         self.config, self.instance = config, instance
+        self.unit = "event"
+        self.person: schemas.PersonLevel | None = None
+        contribution = config.contribution
+        if contribution.user_level:  # every answer states the per-person terms
+            total = config.per_person()
+            period = ("lifetime" if contribution.period_steps is None
+                      else f"{contribution.period_steps} steps")
+            self.unit = "user"
+            self.person = schemas.PersonLevel(
+                caps=dict(contribution.caps), period=period, epsilon=total["epsilon"],
+                delta=total["delta"], rho=total.get("rho"))
 
     def encode(self, a: AnswerRecord) -> Encoded:
         """One answer record on the answers topic."""
@@ -35,8 +46,8 @@ class AnswerEncoder:
             window=schemas.Window.of_steps(config.origin, config.step_seconds, a.step),
             t=a.t, kind=a.kind, value=_clamp(a.value), reason=a.reason,
             hard_queries=a.hard_queries,
-            privacy=schemas.Privacy(unit="event", accounting=config.accounting, spent=a.spent,
-                                    budget=a.budget, approx_dp=approx),
+            privacy=schemas.Privacy(unit=self.unit, accounting=config.accounting, spent=a.spent,
+                                    budget=a.budget, approx_dp=approx, person=self.person),
             kinds=None if a.kinds is None else tuple(a.kinds))
         return "answers", a.histogram.encode(), schemas.encode(record)
 

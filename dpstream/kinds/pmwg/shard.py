@@ -21,7 +21,7 @@ from dpstream.core.counting.blt_counter import BltCounter
 from dpstream.core.counting.tree_counter import TreeCounter, TreeCounterSpec
 from dpstream.core.noise.keys import NoiseKey
 from dpstream.core.pmwg.bb_scheduler import BBScheduler
-from dpstream.core.pmwg.blackboxes import HistogramSynopsis, NoisyHistogram
+from dpstream.core.pmwg.blackboxes import HistogramSynopsis
 from dpstream.core.pmwg.mechanism import Answer, Pmwg
 from dpstream.core.pmwg.queries import LinearQuery
 from dpstream.core.pmwg.query_compiler import QueryCompiler
@@ -64,7 +64,7 @@ class _ScheduledHistogram:
     def __init__(self, config: HistogramConfig, noise: NoiseKey, coords: tuple[Any, ...],
                  state: dict[str, Any] | None) -> None:
         assert config.scheduler is not None
-        box = NoisyHistogram(config.universe.size)
+        box = config.box()  # at L1 sensitivity max_rows at the user level
         coords = (*coords, "bbscheduler")
         self.scheduler = (BBScheduler(config.scheduler, box, noise, coords) if state is None
                           else BBScheduler.from_state(state, config.scheduler, box, noise,
