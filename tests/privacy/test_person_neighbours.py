@@ -393,3 +393,329 @@ def test_counters_power_bounding_off_is_caught(monkeypatch, period):
     bound = epsilon_lower_bound(hits[0], totals[0], hits[1], totals[1])
     print(f"\nbounding off/{period}: {hits}/{totals}: bound {bound:.3f}, claim {claim:.3f}")
     assert bound > claim, (hits, totals, bound, claim)
+
+
+# -- PMWG -----------------------------------------------------------------------------------------
+
+PMWG_STEPS = 8  # the size counter's horizon
+PMWG_CAPS = {"max_rows": 3}
+PMWG_PARTITIONS = {"events": 2, "queries": 1}
+QUESTION = {"schema": "dpstream.query/1", "kind": "count",
+            "where": [{"attr": "country", "eq": "fr"}]}
+COUNTRIES = ["de", "fr", "uk"]
+
+
+def pmwg_config(period: str) -> FlowConfig:
+    from dpstream.platform import parse_config
+
+    return parse_config({
+        "flow": {"kind": "pmwg", "name": "n", "origin": "2026-09-21T14:13:20Z", "step": "1s",
+                 "shards": 2},
+        "privacy": {"accounting": "pure", "budget": 1.0},
+        "metrics": {"port": 0},
+        "contribution": contribution(period, **PMWG_CAPS),
+        "histograms": [{"name": "h", "universe": [{"name": "country", "values": COUNTRIES}],
+                        "epsilon": 0.6, "size_epsilon": 0.4, "size_horizon": PMWG_STEPS,
+                        "alpha": 0.1, "n": 40, "mode": "practical", "hard_queries": 3}],
+    })
+
+
+def pmwg_worlds(rows_per_step: int = 100) -> tuple[list[Item], list[Item]]:
+    """30 people with 1-10 rows each (some above the cap), a row of someone new in every step
+    and partition, two questions a step (partition 2); the target: ``rows_per_step`` 'fr' rows
+    in every step over both partitions, the first event of the input, the last event, and rows
+    on both sides of the period boundary (steps 3|4)."""
+    rng = random.Random(1)
+    items = []
+    for p in range(30):
+        for _ in range(rng.randint(1, 10)):
+            t = rng.randrange(PMWG_STEPS) + 0.05 + 0.8 * rng.random()
+            items.append(Item(rng.randrange(2), {"country": rng.choice(COUNTRIES),
+                                                 "ts": ORIGIN + t, PERSON_FIELD: f"p{p}"}, t))
+    for step in range(PMWG_STEPS):
+        for partition in range(2):
+            t = step + 0.5
+            items.append(Item(partition, {"country": "de", "ts": ORIGIN + t,
+                                          PERSON_FIELD: f"clock-{step}-{partition}"}, t))
+        for i in range(2):
+            items.append(Item(2, {"id": f"q{step}-{i}", "histogram": "h", "query": QUESTION},
+                              step + 0.9, topic="queries"))
+    target = [0.0, PMWG_STEPS - 0.001, 3.999, 4.0]
+    target += [step + 0.01 + 0.98 * j / rows_per_step for step in range(PMWG_STEPS)
+               for j in range(rows_per_step)]
+    for j, t in enumerate(target):
+        items.append(Item(j % 2, {"country": "fr", "ts": ORIGIN + t, PERSON_FIELD: TARGET}, t))
+    return without_person(items, TARGET), items
+
+
+def pmwg_kept(config: FlowConfig, items: Sequence[Item]) -> list[Placed]:
+    c = config.contribution
+    events = placed_events(kafka_view(items), lambda body: "h")[TARGET]
+    return reference_kept(events, "one", 1, c.cap("max_rows"), c.period_steps)
+
+
+def pmwg_claim(config: FlowConfig, periods: int) -> float:
+    """A person adds at most max_rows rows to the histogram a period: the size counter and
+    PMWG are charged their configured epsilon for that (their noise scaled by max_rows)."""
+    h = config.histograms[0]  # type: ignore[attr-defined]
+    return periods * (float(h.size.epsilon) + float(h.pmwg.epsilon))
+
+
+def run_pmwg(config: FlowConfig, items: Sequence[Item], noise: NoiseKey, **kw: Any
+             ) -> list[Record]:
+    return run_flow(config, kafka_view(items), noise, partitions=PMWG_PARTITIONS, **kw)
+
+
+NOISY_ANSWER = ("t", "kind", "value", "reason", "hard_queries", "privacy")
+
+
+@pytest.mark.flow
+@pytest.mark.parametrize("period", list(PERIODS))
+def test_pmwg_one_person_moves_the_size_within_the_cap(period):
+    """Same questions answered in the same steps and order; the public size moves by at most
+    max_rows a period the target was active in so far (the size counter adds the same noisy
+    nodes in both worlds); where the hard/easy decisions agree, nothing else differs."""
+    config = pmwg_config(period)
+    worlds = pmwg_worlds()
+    kept = pmwg_kept(config, worlds[1])
+    assert len(kept) == PMWG_CAPS["max_rows"] * (1 if period == "lifetime" else 2)
+    moved_somewhere = False
+    for seed in range(4):
+        noise = NoiseKey.for_tests(200 + seed)
+        r0, r1 = (run_pmwg(config, w, noise, instance=f"m{seed}") for w in worlds)
+        assert TARGET not in json.dumps(r1)
+        a0 = [b for role, b in r0 if role == "answers"]
+        a1 = [b for role, b in r1 if role == "answers"]
+        assert [(b["id"], b["step"]) for b in a0] == [(b["id"], b["step"]) for b in a1]
+        assert [r for r in r0 if r[0] != "answers"] == [r for r in r1 if r[0] != "answers"]
+        for x, y in zip(a0, a1, strict=True):
+            cap = PMWG_CAPS["max_rows"] * periods_active(kept, config.contribution.period_steps,
+                                                         x["step"])
+            assert 0 <= y["t"] - x["t"] <= cap, (x["step"], x["t"], y["t"])
+            moved_somewhere |= y["t"] != x["t"]
+            same = {k: v for k, v in x.items() if k not in NOISY_ANSWER}
+            assert same == {k: v for k, v in y.items() if k not in NOISY_ANSWER}
+            assert x["privacy"]["unit"] == y["privacy"]["unit"] == "user"
+    assert moved_somewhere  # the target's kept rows do count
+
+
+def pmwg_statistic(records: list[Record]) -> float | None:
+    """The public size t of the last step's first answer."""
+    last = [b["t"] for role, b in records if role == "answers" and b["step"] == PMWG_STEPS - 1]
+    return float(last[0]) if last else None
+
+
+@pytest.mark.statistical
+@pytest.mark.parametrize("period", list(PERIODS))
+def test_pmwg_empirical_epsilon_of_a_person_stays_below_the_claim(period):
+    config = pmwg_config(period)
+    worlds = pmwg_worlds()
+    claim = pmwg_claim(config, periods_active(pmwg_kept(config, worlds[1]),
+                                              config.contribution.period_steps))
+
+    def run(items, noise, instance):
+        return run_pmwg(config, items, noise, instance=instance, batch=256)
+
+    threshold, hits, totals = frequencies(run, worlds, pmwg_statistic, KEYS_STAT)
+    bound = epsilon_lower_bound(hits[0], totals[0], hits[1], totals[1])
+    print(f"\npmwg/{period}: {hits}/{totals} t above {threshold:.1f}: bound {bound:.3f}, "
+          f"claim {claim:.3f}")
+    assert bound <= claim, (hits, totals, bound, claim)
+
+
+@pytest.mark.statistical
+@pytest.mark.parametrize("period", list(PERIODS))
+def test_pmwg_power_bounding_off_is_caught(monkeypatch, period):
+    """With the bounding off the target's 800 rows move t by ~800 against the size counter's
+    noise (scaled for max_rows = 3): the bound exceeds the claim (1 or 2)."""
+    bounding_off(monkeypatch)
+    config = pmwg_config(period)
+    worlds = pmwg_worlds()
+    noise = NoiseKey.for_tests(3)
+    r0, r1 = (run_pmwg(config, w, noise, batch=256) for w in worlds)
+    moved = pmwg_statistic(r1) - pmwg_statistic(r0)  # type: ignore[operator]
+    assert moved > 400, moved  # the patch took
+    claim = pmwg_claim(config, periods_active(pmwg_kept(config, worlds[1]),
+                                              config.contribution.period_steps))
+
+    def run(items, noise, instance):
+        return run_pmwg(config, items, noise, instance=instance, batch=256)
+
+    _threshold, hits, totals = frequencies(run, worlds, pmwg_statistic, KEYS_POWER)
+    bound = epsilon_lower_bound(hits[0], totals[0], hits[1], totals[1])
+    print(f"\npmwg bounding off/{period}: {hits}/{totals}: bound {bound:.3f}, claim {claim:.3f}")
+    assert bound > claim, (hits, totals, bound, claim)
+
+
+# -- ERM ------------------------------------------------------------------------------------------
+
+ERM_STEPS = 4
+ERM_CAPS = {"max_rows_per_block": 2, "max_blocks": 2}
+ERM_PERIODS = {"lifetime": None, "2s": 2}
+D = 3
+
+
+def erm_config(period: str) -> FlowConfig:
+    """Algorithms 2 + 4 over one stream, a block a step (b0 = 6), pure epsilon 0.25 a level:
+    a block's contribution costs at most 0.5 over every model it trains."""
+    from dpstream.platform import parse_config
+
+    return parse_config({
+        "flow": {"kind": "erm", "name": "nb", "origin": "2026-09-21T14:13:20Z", "step": "1s",
+                 "shards": 2},
+        "privacy": {"accounting": "pure", "epsilon": 0.25},
+        "metrics": {"port": 0},
+        "contribution": contribution(period, **ERM_CAPS),
+        "model": {"classes": ["no", "yes"], "dimension": D, "clip_norm": 2.0,
+                  "regularization": 1.0, "streams": ["a"]},
+        "release": {"algorithm": "continual", "block_size": 6, "base_blocks": 1,
+                    "window_blocks": 3, "sampling": False},
+    })
+
+
+def erm_worlds(rows_per_block: int = 30) -> tuple[list[Item], list[Item]]:
+    """6 rows a step of 6 other people each step (someone new on each partition every step),
+    and the target: ``rows_per_block`` rows with features far above the clip norm in every
+    block over both partitions, the first and the last event of the input, rows on both sides
+    of each period boundary."""
+    rng = random.Random(3)
+    items = []
+    for step in range(ERM_STEPS):
+        for i in range(6):
+            x = [rng.gauss(0, 1.2) for _ in range(D)]
+            label = "yes" if 1.5 * x[0] - x[1] + 0.5 * x[2] + rng.gauss(0, 0.7) > 0 else "no"
+            t = step + 0.05 + 0.9 * rng.random()
+            items.append(Item(i % 2, {"features": x, "label": label, "ts": ORIGIN + t,
+                                      PERSON_FIELD: f"p{step}-{i}"}, t))
+    times = [0.0, ERM_STEPS - 0.001, 1.999, 2.0]
+    times += [step + 0.01 + 0.98 * j / rows_per_block for step in range(ERM_STEPS)
+              for j in range(rows_per_block)]
+    for j, t in enumerate(times):
+        items.append(Item(j % 2, {"features": [40.0, 40.0, 40.0], "label": "no",
+                                  "ts": ORIGIN + t, PERSON_FIELD: TARGET}, t))
+    return without_person(items, TARGET), items
+
+
+def erm_kept(config: FlowConfig, items: Sequence[Item]) -> list[Placed]:
+    c = config.contribution
+    events = placed_events(kafka_view(items), lambda body: None)[TARGET]
+    return reference_kept(events, "step", c.cap("max_blocks"), c.cap("max_rows_per_block"),
+                          c.period_steps)
+
+
+def erm_claim(config: FlowConfig, periods: int) -> float:
+    """A person's rows in one block (at most max_rows_per_block, the per-block sensitivity the
+    noise is scaled for) cost at most the schedule's per-block budget over every model that
+    block trains; a person reaches at most max_blocks blocks a period."""
+    per_block = float(config.schedule.budget())  # type: ignore[attr-defined]
+    return periods * config.contribution.cap("max_blocks") * per_block
+
+
+def run_erm(config: FlowConfig, items: Sequence[Item], noise: NoiseKey, **kw: Any
+            ) -> list[Record]:
+    return run_flow(config, kafka_view(items), noise, partitions=2, **kw)
+
+
+NOISY_MODEL = ("coef", "intercept", "holdout")
+
+
+def depends_on(body: dict[str, Any], steps: set[int]) -> bool:
+    return any(first <= s <= last for first, last in body["depends_on"] for s in steps)
+
+
+@pytest.mark.flow
+@pytest.mark.parametrize("period", list(ERM_PERIODS))
+def test_erm_one_person_moves_only_the_models_of_their_kept_blocks(period):
+    """The same models at the same steps with the same fields but the weights; the weights of
+    a model whose dependency chain holds none of the target's kept blocks byte-identical."""
+    config = erm_config(period)
+    worlds = erm_worlds()
+    kept = erm_kept(config, worlds[1])
+    blocks = {e.step for e in kept}
+    assert len(kept) == 2 * len(blocks) and blocks == (
+        {0, 1} if period == "lifetime" else {0, 1, 2, 3})
+    for seed in range(3):
+        noise = NoiseKey.for_tests(300 + seed)
+        r0, r1 = (run_erm(config, w, noise, instance=f"e{seed}") for w in worlds)
+        assert TARGET not in json.dumps(r1)
+        assert [r for r in r0 if r[0] != "models"] == [r for r in r1 if r[0] != "models"]
+        m0 = [b for role, b in r0 if role == "models"]
+        m1 = [b for role, b in r1 if role == "models"]
+        assert len(m0) == len(m1) > 0
+        moved = 0
+        for x, y in zip(m0, m1, strict=True):
+            assert {k: v for k, v in x.items() if k not in NOISY_MODEL} == \
+                {k: v for k, v in y.items() if k not in NOISY_MODEL}
+            assert x["privacy"]["unit"] == "user"
+            if not depends_on(x, blocks):
+                assert x == y
+            moved += x != y
+        assert moved > 0  # the target's kept rows do train
+
+
+def erm_statistic(config: FlowConfig, worlds: tuple[list, list]) -> Statistic:
+    """A linear likelihood-ratio direction over the released weights: the coupled difference
+    of the two worlds' weights (the noise cancels) over each model's noise std, fixed on a
+    pilot key apart from the tested ones."""
+    noise = NoiseKey.for_tests(PILOT[0])
+    r0, r1 = (run_erm(config, w, noise, instance="d") for w in worlds)
+
+    def weights(body: dict[str, Any]) -> list[float]:
+        return [v for row in body["coef"] for v in row] + list(body["intercept"])
+
+    def key(body: dict[str, Any]) -> tuple:
+        return (body["step"], body["role"], body["level"])
+
+    direction = {}
+    for x, y in zip((b for r, b in r0 if r == "models"), (b for r, b in r1 if r == "models"),
+                    strict=True):
+        diff = [b - a for a, b in zip(weights(x), weights(y), strict=True)]
+        if any(diff):
+            direction[key(x)] = [d / x["noise"]["std"] for d in diff]
+    assert len(direction) >= 2, "the target should move several models"
+
+    def value(records: list[Record]) -> float | None:
+        found = {key(b): b for role, b in records if role == "models"}
+        return sum(sum(w * v for w, v in zip(direction[k], weights(found[k]), strict=True))
+                   for k in direction)
+
+    return value
+
+
+@pytest.mark.statistical
+@pytest.mark.parametrize("period", list(ERM_PERIODS))
+def test_erm_empirical_epsilon_of_a_person_stays_below_the_claim(period):
+    config = erm_config(period)
+    worlds = erm_worlds()
+    claim = erm_claim(config, periods_active(erm_kept(config, worlds[1]),
+                                             config.contribution.period_steps))
+
+    def run(items, noise, instance):
+        return run_erm(config, items, noise, instance=instance, batch=256)
+
+    threshold, hits, totals = frequencies(run, worlds, erm_statistic(config, worlds), KEYS_STAT)
+    bound = epsilon_lower_bound(hits[0], totals[0], hits[1], totals[1])
+    print(f"\nerm/{period}: {hits}/{totals} above {threshold:.2f}: bound {bound:.3f}, "
+          f"claim {claim:.3f}")
+    assert bound <= claim, (hits, totals, bound, claim)
+
+
+@pytest.mark.statistical
+@pytest.mark.parametrize("period", list(ERM_PERIODS))
+def test_erm_power_bounding_off_is_caught(monkeypatch, period):
+    """With the bounding off the target's 30+ extreme rows a block (15 times the cap) move the
+    weights far more than the noise scaled for 2 rows covers: the bound exceeds the claim."""
+    bounding_off(monkeypatch)
+    config = erm_config(period)
+    worlds = erm_worlds()
+    claim = erm_claim(config, periods_active(erm_kept(config, worlds[1]),
+                                             config.contribution.period_steps))
+
+    def run(items, noise, instance):
+        return run_erm(config, items, noise, instance=instance, batch=256)
+
+    _threshold, hits, totals = frequencies(run, worlds, erm_statistic(config, worlds),
+                                           KEYS_POWER)
+    bound = epsilon_lower_bound(hits[0], totals[0], hits[1], totals[1])
+    print(f"\nerm bounding off/{period}: {hits}/{totals}: bound {bound:.3f}, claim {claim:.3f}")
+    assert bound > claim, (hits, totals, bound, claim)
