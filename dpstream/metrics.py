@@ -93,6 +93,9 @@ answers and ``exhausted`` model records, each of which sets
 * ``dpstream_kafka_client_errors_total{client}`` (client: consumer, producer, admin) --
   error-level librdkafka log lines and error callbacks.
 * ``dpstream_input_lag_records{partition}`` -- exact; see above.
+* ``dpstream_bounding_events_total{outcome}`` -- exact; at the user level, the events the
+  contribution bounding kept (``outcome="kept"``) or dropped beyond a person's caps
+  (``"dropped"``); never a person.
 * ``dpstream_clamped_records_total{topic, bound}`` -- exact; records of an input topic
   placed at a limit of the producer clock's clamp (``bound="ahead"``: stamped more than
   ``flow.max_skew`` ahead of the partition's trusted clock; ``"behind"``: more than
@@ -255,6 +258,10 @@ class FlowMetrics:
                 "dpstream_dead_letters",
                 "Records sent to the dead-letter topic, by reason (exact: operator data).",
                 ["flow", "reason"], registry=r)
+            self.bounding = Counter(
+                "dpstream_bounding_events",
+                "Events the contribution bounding kept or dropped at the user level, by "
+                "outcome (exact: operator data).", ["flow", "outcome"], registry=r)
         self.releases = Counter("dpstream_releases", "Private counts released.",
                                 ["flow", "mechanism"], registry=r)
         self.refused = Counter("dpstream_refused_releases",
@@ -370,6 +377,18 @@ class FlowMetrics:
                 self.events.labels(self.flow).inc(amount)
         elif name.startswith("dead_letter:"):
             self.dead_letters.labels(self.flow, name.split(":", 1)[1]).inc(amount)
+
+    def observe_bounding(self, kept: int, dropped: int) -> None:
+        """Count the events a closed step's contribution bounding kept and dropped.
+
+        Exact operator data (how much people contribute beyond the caps): recorded only with
+        ``exact_counts``.
+        """
+        if self.exact_counts:
+            if kept:
+                self.bounding.labels(self.flow, "kept").inc(kept)
+            if dropped:
+                self.bounding.labels(self.flow, "dropped").inc(dropped)
 
     def observe_undecodable(self, partition: int, offset: int | None, reason: str) -> None:
         """Log an undecodable record (a dead letter; counted by :meth:`observe_input`)."""

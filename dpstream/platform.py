@@ -30,6 +30,7 @@ from bytewax.inputs import FixedPartitionedSource, Source, StatefulSourcePartiti
 from bytewax.outputs import Sink
 
 from dpstream.config import FlowConfig, kind_name, read_config
+from dpstream.core.contribution.people import PersonHasher
 from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import ConfigError, DpstreamError
 from dpstream.io.kafka import (
@@ -46,7 +47,8 @@ from dpstream.kinds.erm.kind import KIND as ERM
 from dpstream.kinds.pmwg.kind import KIND as PMWG
 from dpstream.messages import RawBatch, RawMessage
 from dpstream.metrics import FlowMetrics
-from dpstream.stream.clock import ShardUpdate
+from dpstream.stream.bounding import BoundingShard, bound_contributions, person_clocks
+from dpstream.stream.clock import ShardUpdate, StepClock
 from dpstream.stream.encoded import encode_dead_letter, flatten
 from dpstream.stream.operators import assign_steps
 from dpstream.stream.quarantine import Quarantine, SkippedRecord
@@ -244,6 +246,16 @@ def check_broker_time(config: FlowConfig, clients: KafkaClients) -> None:
             log.info("input topic %s: records carry broker time (LogAppendTime)", topic)
 
 
+def _bounding_shard(router: StepClock, config: FlowConfig, mechanisms: str, noise: NoiseKey,
+                    instance: str, partitions: int, metrics: FlowMetrics | None,
+                    state: dict[str, Any] | None) -> BoundingShard:
+    """One person shard of the bounding stage (dropped events: an exact metric, if on)."""
+    observe = metrics.observe_bounding if metrics is not None and metrics.exact_counts \
+        else None
+    return BoundingShard(router, config, mechanisms, noise, instance, partitions, state,
+                         observe)
+
+
 def build_flow(
     config: FlowConfig,
     noise: NoiseKey,
@@ -324,13 +336,23 @@ def build_flow(
         metrics.declare_input_topics(topics)
         metrics.set_instance(instance)
     skipped = frozenset(SkippedRecord(*record) for record in skip_records)
-    assigned = assign_steps("assign_steps", raw, kind.clock(config, bases), metrics,
+    make_clock = kind.clock(config, bases)
+    user_level = config.contribution.user_level
+    if user_level:  # people hashed at once, events routed to person shards (bounding.py)
+        make_clock = person_clocks(make_clock, PersonHasher(noise.lane(
+            instance, config.name, "people")), config.shards)
+    assigned = assign_steps("assign_steps", raw, make_clock, metrics,
                             Quarantine(skipped, bases))
-    parts = FlowParts(config, noise, instance, total, metrics, options)
+    parts = FlowParts(config, noise, instance, config.shards if user_level else total,
+                      metrics, options)
     updates = assigned.updates
     if config.end is not None:  # every shard exists, so each closes through flow.end at EOF
         updates = op.merge("with_every_shard", updates,
                            op.input("every_shard", flow, _EveryShard(config.shards)))
+    if user_level:  # the kind's shards hear from every person shard (its partitions)
+        updates = bound_contributions("bounding", updates, partial(
+            _bounding_shard, kind.clock(config, bases)(None), config,
+            kind.binding(config).mechanisms_digest, noise, instance, total, metrics))
     encoded = op.merge("encoded", kind.wire(parts, updates),
                        op.map("encode_dead", assigned.dead_letters,
                               partial(encode_dead_letter, config.name,

@@ -69,6 +69,19 @@ on how records were batched, so a replay rejects exactly the same records.
 A flow kind subclasses :class:`StepClock` with two methods: :meth:`~StepClock.decode` (what
 a record holds, or why it is a dead letter) and :meth:`~StepClock.route` (which shard gets
 what, per step). Everything about time is here, once.
+
+**People, at the user level** (``contribution.unit = "user"``, pitfall 17). The platform
+gives the clock a :class:`~dpstream.core.contribution.people.PersonHasher`
+(:attr:`StepClock.hasher`, keyed by the flow's secret lane ``(instance, flow name,
+"people")``). The kind's decoder then also fills :attr:`StepClock.decoded_people`, the person
+of each payload it returns, 1:1 (a record without a non-empty string in the user field is a
+dead letter, reason :func:`bad_person`). :meth:`StepClock.process` hashes the people of the
+accepted records at once (keyed BLAKE2b-128: only the 16-byte hash leaves this method, never
+the id) and sends, instead of the kind's routing, one update per *person shard* whose buckets
+are :class:`PersonEvents` columns (hash, input partition, offset, payload): the bounding
+stage (:mod:`dpstream.stream.bounding`) keeps each person's events within the caps and routes
+the kept ones to the kind's shards. Which person shard an event goes to, and what its bucket
+holds, depends on that record alone, so batching changes nothing here either.
 """
 
 from __future__ import annotations
@@ -81,6 +94,7 @@ from typing import Any, Final, Protocol
 
 import numpy as np
 
+from dpstream.core.contribution.people import PersonHasher, person_shards
 from dpstream.messages import (
     TICK,
     TIMESTAMP_CREATE_TIME,
@@ -90,8 +104,8 @@ from dpstream.messages import (
     RawMessage,
 )
 
-__all__ = ["ClockRules", "MAX_SECONDS", "UNDECODABLE", "ShardUpdate", "StepClock", "bad_time",
-           "event_seconds", "iso_seconds", "undecodable"]
+__all__ = ["ClockRules", "MAX_SECONDS", "UNDECODABLE", "PersonEvents", "ShardUpdate", "StepClock",
+           "bad_person", "bad_time", "event_seconds", "iso_seconds", "undecodable"]
 
 MAX_SECONDS: Final = 253_402_300_799.0  # 9999-12-31T23:59:59Z: keeps every step index in int64
 UNDECODABLE: Final = "undecodable record"
@@ -124,6 +138,11 @@ def bad_time(field: str) -> str:
 
 
 def bad_person(field: str) -> str:
+    """The dead-letter reason of a record without a usable person (user level).
+
+    Names the field, never its value: the reason labels a metric and a person id must not
+    reach one (pitfall 17).
+    """
     return f"field {field!r} missing or not a non-empty string"
 
 
@@ -217,8 +236,63 @@ class ShardUpdate:
     increments: dict[int, Any] = field(default_factory=dict)
 
 
+@dataclass
+class PersonEvents:
+    """A bucket of events at the user level, in columns: who, where from, and what.
+
+    Attributes:
+        people: each event's person, as the keyed 16-byte hash (dtype ``V16``), never the id.
+        partitions: each event's input partition (int64).
+        offsets: each event's offset in its partition (int64; -1 if the source gave none).
+        payloads: each event's payload as the kind's decoder gave it (a list, or an array).
+
+    Together ``(partition, offset)`` names an event uniquely and orders a person's events
+    deterministically, whatever the batching (the bounder's order).
+    """
+
+    people: np.ndarray
+    partitions: np.ndarray
+    offsets: np.ndarray
+    payloads: list[Any] | np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.people.shape[0])
+
+    @classmethod
+    def merge(cls, parts: list[PersonEvents]) -> PersonEvents:
+        """The events of every bucket of ``parts``, in their order, as one bucket."""
+        if len(parts) == 1:
+            return parts[0]
+        payloads: list[Any] | np.ndarray
+        if all(isinstance(p.payloads, np.ndarray) for p in parts):
+            payloads = np.concatenate([np.asarray(p.payloads) for p in parts])
+        else:
+            payloads = [x for p in parts for x in p.payloads]
+        return cls(np.concatenate([p.people for p in parts]),
+                   np.concatenate([p.partitions for p in parts]),
+                   np.concatenate([p.offsets for p in parts]), payloads)
+
+    def take(self, index: np.ndarray) -> PersonEvents:
+        """The events at ``index`` (int positions), in that order."""
+        payloads = self.payloads
+        picked = (payloads[index] if isinstance(payloads, np.ndarray)
+                  else [payloads[i] for i in index.tolist()])
+        return PersonEvents(self.people[index], self.partitions[index], self.offsets[index],
+                            picked)
+
+    def in_order(self) -> PersonEvents:
+        """The events sorted by (partition, offset): the order the bounder decides in."""
+        order = np.lexsort((self.offsets, self.partitions))
+        return self.take(order)
+
+
 class StepClock:
     """The broker-time watermark of one input partition, and the placement of its records."""
+
+    hasher: PersonHasher | None = None
+    """The keyed person hash at the user level (set by the platform), else None."""
+    person_shards: int = 0
+    """How many person shards the updates go to at the user level (set with :attr:`hasher`)."""
 
     def __init__(self, rules: ClockRules, state: dict[str, Any] | None = None) -> None:
         self.rules = rules
@@ -233,6 +307,8 @@ class StepClock:
         # and those of the last batch, per bound: (how many, the first one's offset)
         self.clamped: dict[tuple[str, str], int] = {}
         self.clamped_last: dict[str, tuple[int, int | None]] = {}
+        self.decoded_people: list[str] = []
+        """At the user level, the person of each payload the last :meth:`decode` returned."""
 
     # -- what a flow kind provides --
     def decode(self, partition: int, messages: RawBatch, dead: list[DeadLetter]
@@ -304,11 +380,15 @@ class StepClock:
         parts: list[Any] = []
         times: list[float] = []
         refs: list[int] = []
+        people: list[str] = []
         for i in indexes:
             one, at, _ = self.decode(partition, _alone(messages, i), dead)
             parts.append(one)
             times.extend(float(t) for t in at)
             refs.extend([i] * len(at))
+            if self.hasher is not None:
+                people.extend(self.decoded_people)
+        self.decoded_people = people
         if parts and all(isinstance(one, np.ndarray) for one in parts):
             return np.concatenate(parts), times, refs  # the kind's payload type, kept
         return [p for one in parts for p in one], times, refs
@@ -374,7 +454,48 @@ class StepClock:
             return []
         self.closed = max(target, self.closed) if self.closed is not None else target
         return [ShardUpdate(s, self.partition, self.frontier(), {})
-                for s in range(self.rules.shards)]
+                for s in range(self._targets())]
+
+    def _targets(self) -> int:
+        """How many shards this clock's updates go to (person shards at the user level)."""
+        return self.person_shards if self.hasher is not None else self.rules.shards
+
+    def _route_people(self, messages: RawBatch, payloads: Any, refs: range | list[int],
+                      keep: np.ndarray | None, steps: int | list[int]
+                      ) -> list[dict[int, Any]]:
+        """The accepted events as :class:`PersonEvents` per person shard and step.
+
+        ``keep``: the accepted payloads' positions among the decoded ones (None: all).
+        The people are hashed here, at once; the raw ids go no further.
+        """
+        assert self.hasher is not None
+        people = self.decoded_people
+        if len(people) != len(refs):
+            raise RuntimeError("the kind's decoder gave a person for "
+                               f"{len(people)} of {len(refs)} payloads (decoded_people)")
+        shards = self.person_shards
+        per_shard: list[dict[int, Any]] = [{} for _ in range(shards)]
+        if keep is not None:
+            people = [people[i] for i in keep.tolist()]
+            refs = [refs[i] for i in keep.tolist()]
+        n = len(people)
+        if not n:
+            return per_shard
+        hashes = self.hasher.hash_many(people)
+        offsets = messages.offsets
+        events = PersonEvents(
+            hashes, np.full(n, messages.partition, dtype=np.int64),
+            np.fromiter((-1 if o is None else o for o in map(offsets.__getitem__, refs)),
+                        dtype=np.int64, count=n), payloads)
+        owner = person_shards(hashes, shards).astype(np.int64)
+        step_of = (np.full(n, steps, dtype=np.int64) if isinstance(steps, int)
+                   else np.asarray(steps, dtype=np.int64))
+        order = np.lexsort((owner, step_of))  # by step, then shard; stable within
+        cuts = np.flatnonzero((np.diff(step_of[order]) != 0) | (np.diff(owner[order]) != 0)) + 1
+        for group in np.split(order, cuts):
+            first = int(group[0])
+            per_shard[int(owner[first])][int(step_of[first])] = events.take(group)
+        return per_shard
 
     def process(self, partition: int, messages: RawBatch | list[RawMessage]
                 ) -> tuple[list[ShardUpdate], list[DeadLetter]]:
@@ -432,6 +553,7 @@ class StepClock:
         accepted: Any = []
         accepted_steps: list[int] = []
         single_step: int | None = None
+        chosen: np.ndarray | None = None  # the accepted payloads' positions (None: all)
         if len(times):
             origin, step_len, lateness = rules.origin_seconds, rules.step_seconds, \
                 rules.lateness_seconds
@@ -482,7 +604,7 @@ class StepClock:
             if ok.all():
                 accepted, kept = payloads, steps
             else:
-                keep = np.flatnonzero(ok)
+                keep = chosen = np.flatnonzero(ok)
                 kept = steps[keep]
                 accepted = (payloads[keep] if isinstance(payloads, np.ndarray)
                             else [payloads[i] for i in keep.tolist()])
@@ -492,9 +614,13 @@ class StepClock:
                 accepted_steps = kept.astype(np.int64).tolist()
         self.events += len(accepted)
         self.dead_letters += len(dead)
-        per_shard = self.route(accepted, single_step if single_step is not None
-                               else accepted_steps)
+        at_steps = single_step if single_step is not None else accepted_steps
+        if self.hasher is not None:
+            per_shard = self._route_people(messages, accepted, refs, chosen, at_steps) \
+                if len(accepted) else [{} for _ in range(self.person_shards)]
+        else:
+            per_shard = self.route(accepted, at_steps)
         frontier = self.frontier()
         dead.sort(key=lambda letter: letter.offset if letter.offset is not None else -1)
         return [ShardUpdate(s, partition, frontier, per_shard[s])
-                for s in range(rules.shards)], dead
+                for s in range(self._targets())], dead

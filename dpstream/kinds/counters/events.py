@@ -7,6 +7,11 @@ such as msgspec's ``RecursionError`` on deep nesting, makes it a dead letter nam
 exception's type) and counts events per key and step,
 grouped by the key's shard. Placing records in steps, trusting timestamps and detecting late
 records is the shared clock's job (:mod:`dpstream.stream.clock`).
+
+At the user level (``EventRules.user_field`` set) the events are ``{"key": ..., "ts": ...,
+"user": ...}`` and both paths also read the person (a non-empty string, else a dead letter,
+:func:`~dpstream.stream.clock.bad_person`) into ``decoded_people``; the event-level decoders
+are left as they are.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from dpstream.stream.clock import (
     MAX_SECONDS,
     ShardUpdate,
     StepClock,
+    bad_person,
     bad_time,
     iso_seconds,
     undecodable,
@@ -58,6 +64,7 @@ __all__ = [
 MAX_KEY_LENGTH = 256
 _KEY = attrgetter("key")
 _TS = attrgetter("ts")
+_USER = attrgetter("user")
 _bad_time = bad_time
 
 
@@ -83,6 +90,8 @@ class EventRules:
     """With the producer clock: how far ahead of the watermark an event may be placed."""
     end: datetime | None = None
     """``flow.end``: the public end of a bounded run (None: not set)."""
+    user_field: str | None = None
+    """At the user level, the field that names the person (None: the event level)."""
 
     @property
     def origin_seconds(self) -> float:
@@ -101,16 +110,20 @@ class PartitionClock(StepClock):
     def __init__(self, rules: EventRules, state: dict[str, Any] | None = None) -> None:
         super().__init__(rules, state)
         self.rules: EventRules = rules
+        user = rules.user_field
+        people: list[tuple[str, Any]] = [] if user is None else [("user", str)]
+        rename = {"key": rules.key_field, "ts": rules.time_field,
+                  **({} if user is None else {"user": user})}
         event_type = msgspec.defstruct(
-            "Event", [("key", str), ("ts", float | str)],
-            rename={"key": rules.key_field, "ts": rules.time_field}, gc=False)
+            "Event", [("key", str), ("ts", float | str), *people], rename=rename, gc=False)
         # a Struct made at run time: its fields are not known statically, so events are Any
         self._decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(event_type)
+        strict_people: list[tuple[str, Any]] = [] if user is None else [
+            ("user", Annotated[str, msgspec.Meta(min_length=1)])]
         strict_type = msgspec.defstruct(  # the fast path: key length and float time checked in C
             "StrictEvent",
             [("key", Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_KEY_LENGTH)]),
-             ("ts", float)],
-            rename={"key": rules.key_field, "ts": rules.time_field}, gc=False)
+             ("ts", float), *strict_people], rename=rename, gc=False)
         self._strict_decoder = msgspec.json.Decoder(strict_type)
 
     def decode(self, partition: int, messages: RawBatch, dead: list[DeadLetter]
@@ -190,6 +203,9 @@ class PartitionClock(StepClock):
         key = event.get(self.rules.key_field)
         if not isinstance(key, str) or not key:
             return _bad_key(self.rules.key_field)
+        user = self.rules.user_field
+        if user is not None and (not isinstance(event.get(user), str) or not event.get(user)):
+            return bad_person(user)
         return _bad_time(self.rules.time_field)
 
     def _decode_batch(self, messages: RawBatch
@@ -218,6 +234,8 @@ class PartitionClock(StepClock):
             return None
         keys = list(map(_KEY, events))
         times = np.fromiter(map(_TS, events), dtype=np.float64, count=len(events))
+        if self.rules.user_field is not None:
+            self.decoded_people = list(map(_USER, events))
         layout = self.rules.declared
         if layout is None:
             return keys, times
@@ -240,6 +258,8 @@ class PartitionClock(StepClock):
         keys: list[str] = []
         times: list[float] = []
         refs: list[int] = []
+        user_level = rules.user_field is not None
+        people: list[str] = []
         for i, (_, raw, offset, topic, _, _) in enumerate(messages):
             try:
                 event = decode(raw)  # type: ignore[arg-type]
@@ -259,12 +279,18 @@ class PartitionClock(StepClock):
                 reason = _bad_key(rules.key_field)
             elif len(key) > MAX_KEY_LENGTH:
                 reason = f"field {rules.key_field!r} longer than {MAX_KEY_LENGTH} characters"
+            elif user_level and not event.user:
+                reason = bad_person(rules.user_field)  # type: ignore[arg-type]
             if reason is not None:
                 dead.append(DeadLetter(reason, raw or b"", topic, partition, offset))
                 continue
             keys.append(key)
             times.append(ts)
             refs.append(i)
+            if user_level:
+                people.append(event.user)
+        if user_level:
+            self.decoded_people = people
         if layout is None:
             return keys, times, refs
         positions = layout.positions(keys)  # one vectorized lookup for the whole batch
@@ -277,4 +303,6 @@ class PartitionClock(StepClock):
             keep = known.tolist()
             times = list(itertools.compress(times, keep))
             refs = list(itertools.compress(refs, keep))
+            if user_level:
+                self.decoded_people = list(itertools.compress(people, keep))
         return positions[known], times, refs

@@ -357,6 +357,7 @@ def event_rules(config: CountersConfig) -> EventRules:
         step_seconds=config.step_seconds, lateness_seconds=config.lateness_seconds,
         shards=config.shards, declared=config.declared_layout, clock=config.clock,
         max_skew_seconds=config.max_skew_seconds, end=config.end,
+        user_field=config.contribution.user_field if config.contribution.user_level else None,
     )
 
 
