@@ -62,7 +62,9 @@ Laplace calibrated to an L1 sensitivity). (ii) Our excess risk is measured again
 ``λ||θ||²/2`` for a comparator ``θ``) is not privacy's and is not in ``g``. (iii) The smooth
 form ``J_t(released) − J_t(w*) <= ((β_s + λ)/2)||ν||²`` (``β_s`` the loss's smoothness) would
 give ``p = p' = 2`` with ``g ∝ (β_s + λ) L² P³/λ²``; we declare the Lipschitz form. The ``g``
-only sets the reported ``α_t`` (:meth:`Ermg.accuracy`), never the privacy.
+only sets the reported ``α_t`` (:meth:`Ermg.accuracy`), never the privacy. At ``unit =
+"user"`` (``ErmSpec.unit_rows = r``) ``Δ`` and hence the noise are ``r`` times larger, and so is
+``g``; a person's total is derived in :mod:`dpstream.core.erm.contribution`.
 
 **Accounting and reporting.** Every run uses every block seen so far, so the events of block
 ``s`` have paid ``ρ_s = Σ ε_t²/2`` over the runs at steps ``>= s``; the oldest block has paid
@@ -175,7 +177,7 @@ class OutputPerturbation:
         self.p_double_prime = 0.0
         self.g = float(
             erm.lipschitz ** 2 * size ** 1.5 * (1.0 + math.log(2.0 * size)) * (1.0 + 2.0**-10)
-            / erm.regularization
+            * int(erm.unit_rows) / erm.regularization
         )
         self.erm = erm
         self._train: TrainFn = _default_train if train is None else train

@@ -40,6 +40,18 @@ upper bound computed from the very floats the solver uses). Under replace-one th
 documented, not used by the flow). A *private* count in the normaliser would break this: one
 event would rescale every other event's weight.
 
+**The privacy unit's rows** (``unit_rows``, ``r``; 1 at the event level). At ``unit = "user"``
+the contribution stage keeps at most ``r = max_rows_per_block`` rows of one person in one block,
+so neighbouring blocks differ by up to ``r`` rows added or removed. Removing them one at a time
+changes ``J`` by one term each time, with the normaliser fixed, so by the bound above and the
+triangle inequality the minimisers are at most ``r L / (lambda n̄)`` apart:
+:meth:`ErmSpec.sensitivity` returns that, and everything calibrated on it (the grid, the
+certified precision, the noise level and its cost) then covers one person's ``r`` rows of a
+block, so each configured per-block charge is what one person's bounded rows cost there
+(:mod:`dpstream.core.erm.contribution` sums a person's blocks). ``unit_rows`` is bound into
+:meth:`ErmSpec.to_dict` only when it is not 1, so event-level snapshots and noise keep their
+bytes.
+
 **What is not taken from the paper** (see also :mod:`~dpstream.core.erm.output_noise`
 and :mod:`~dpstream.core.erm.sampling`). (a) Its experiments (Fig. 4) use the Lipschitz constant
 ``(k - 1)/(2 m k) ||X||_F`` of the cross-entropy (after Yedida et al. 2021). That number depends
@@ -108,6 +120,8 @@ class ErmSpec:
         intercept: whether a constant feature is appended (``columns = d + 1``).
         accounting: ``"pure"`` (epsilon, discrete Laplace) or ``"zcdp"`` (rho, discrete
             Gaussian).
+        unit_rows: ``r >= 1``, the most rows the privacy unit may have in one block (1: one
+            event; ``max_rows_per_block`` at ``unit = "user"``); the sensitivity scales with it.
 
     """
 
@@ -117,6 +131,7 @@ class ErmSpec:
     regularization: float
     intercept: bool = True
     accounting: Accounting = "pure"
+    unit_rows: int = 1
 
     def __post_init__(self) -> None:
         classes = self.classes
@@ -137,6 +152,7 @@ class ErmSpec:
             raise InvalidParameterError(
                 f"accounting must be one of {_ACCOUNTINGS}, got {self.accounting!r}"
             )
+        integer_at_least("unit_rows", self.unit_rows, 1)
         object.__setattr__(self, "_index", {c: i for i, c in enumerate(classes)})
 
     # -- shape and constants --
@@ -295,14 +311,14 @@ class ErmSpec:
         return positive_finite("normalizer", normalizer)
 
     def sensitivity(self, normalizer: float) -> Fraction:
-        """Return ``L / (lambda n̄)`` (add/remove), an exact rational upper bound.
+        """Return ``r L / (lambda n̄)`` (add/remove ``r = unit_rows`` rows), an exact upper bound.
 
         ``lambda`` and ``n̄`` are taken as the exact values of the floats the solver uses;
-        ``sqrt(2)`` is replaced by a rational just above it.
+        ``sqrt(2)`` is replaced by a rational just above it. ``r = 1`` at the event level.
         """
         n = self._check_normalizer(normalizer)
         lip = Fraction(1) if self.binary else _SQRT2_UP
-        return lip / (Fraction(float(self.regularization)) * Fraction(n))
+        return int(self.unit_rows) * lip / (Fraction(float(self.regularization)) * Fraction(n))
 
     def replace_sensitivity(self, normalizer: float) -> Fraction:
         """Return ``2 L / (lambda n̄)``, the replace-one sensitivity (paper 004, Lemma A.1).
@@ -328,7 +344,7 @@ class ErmSpec:
             "regularization": float(self.regularization),
             "intercept": self.intercept,
             "accounting": self.accounting,
-        }
+        } | ({} if self.unit_rows == 1 else {"unit_rows": int(self.unit_rows)})
 
 
 @dataclass(frozen=True, eq=False)

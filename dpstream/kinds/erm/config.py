@@ -12,16 +12,17 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import numpy as np
 import orjson
 
 from dpstream.config import FlowConfig, Section, build_spec, parse_common, positive
+from dpstream.core.erm.contribution import PersonCost, check_user_level, noise_std, person_cost
 from dpstream.core.erm.schedules.spec import ScheduleSpec
 from dpstream.core.erm.spec import ErmSpec
 from dpstream.core.noise.coordinates import parameter_digest
-from dpstream.errors import ConfigError
+from dpstream.errors import ConfigError, InvalidParameterError
 
 __all__ = ["ALGORITHMS", "MAX_STREAMS", "TOPICS", "ErmConfig", "Holdout", "parse_config"]
 
@@ -29,6 +30,7 @@ TOPICS: Final = {"input_topic": "events", "models_topic": "models",
                  "dead_letter_topic": "dead-letters"}
 ALGORITHMS: Final = ("continual", "multi-resolution", "sliding-window", "independent", "ermg")
 MAX_STREAMS: Final = 1024
+_T = TypeVar("_T")
 
 
 # -- configuration ---------------------------------------------------------------------------
@@ -82,10 +84,41 @@ class ErmConfig(FlowConfig):
 
     @property
     def mechanisms_digest(self) -> str:
-        """What a resume must not change: the model, the schedule and the streams."""
+        """What a resume must not change: the model, the schedule and the streams.
+
+        At ``unit = "user"`` also the ``[contribution]`` table (unit, field, period, caps): a
+        resumed store with other caps is refused. (Left out at the event level, whose digest
+        keeps its bytes.)
+        """
+        contribution = self.contribution
+        extra = (repr(contribution),) if contribution.user_level else ()
         return parameter_digest(repr(sorted(self.model.to_dict().items())),
                                 repr(sorted(self.schedule.to_dict().items())),
-                                self.algorithm, *self.streams)
+                                self.algorithm, *self.streams, *extra)
+
+    def person_cost(self) -> PersonCost | None:
+        """What one person may cost in all, per period (None at the event level).
+
+        :func:`dpstream.core.erm.contribution.person_cost` derives it: every per-block charge
+        covers one person's ``max_rows_per_block`` rows of a block, and a person has at most
+        ``max_blocks`` blocks a period.
+        """
+        contribution = self.contribution
+        if not contribution.user_level:
+            return None
+        return person_cost(self.schedule, self.model, contribution.cap("max_blocks"),
+                           len(self.streams))
+
+    def person_unit(self) -> str:
+        """The unit of :meth:`person_cost`'s total: ``epsilon`` (pure) or ``rho``."""
+        return "epsilon" if self.accounting == "pure" and self.algorithm != "ermg" else "rho"
+
+    def noise_std(self) -> dict[str, float]:
+        """The noise std of each released coordinate (parameter units), by model role.
+
+        At the configured caps (``max_rows_per_block`` scales it at ``unit = "user"``).
+        """
+        return noise_std(self.schedule, self.model)
 
     def describe(self) -> str:
         """A human summary of the privacy guarantee of the flow."""
@@ -99,15 +132,44 @@ class ErmConfig(FlowConfig):
                  f"regression, d = {m.dimension}, classes {list(m.classes)}, features clipped "
                  f"to L2 norm {m.clip_norm:g}, lambda = {m.regularization:g}, "
                  f"Lipschitz L = {m.lipschitz:.4g}",
-                 f"release: {self.algorithm}{sampling}, {len(self.streams)} model stream(s)",
-                 f"privacy unit: one event; accounting {self.accounting}; every event costs at "
-                 f"most {self.budget:.6g} {self.unit} over all the models it trains"]
+                 f"release: {self.algorithm}{sampling}, {len(self.streams)} model stream(s)"]
+        cost = self.person_cost()
+        if cost is None:
+            lines.append(f"privacy unit: one event; accounting {self.accounting}; every event "
+                         f"costs at most {self.budget:.6g} {self.unit} over all the models it "
+                         "trains")
+        else:
+            lines.extend(self._describe_person(cost))
         note = getattr(spec, "describe", None)
         if callable(note):
             lines.extend("  " + line for line in str(note()).splitlines())
         if self.holdout is not None:
             lines.append(f"holdout: {self.holdout.rows} public rows from {self.holdout.path}")
         return "\n".join(lines)
+
+
+    def _describe_person(self, cost: PersonCost) -> list[str]:
+        """The user-level lines of :meth:`describe`."""
+        c = self.contribution
+        r, blocks = c.cap("max_rows_per_block"), c.cap("max_blocks")
+        lines = [c.describe(),
+                 f"a person's rows of one block (at most {r}) cost at most {self.budget:.6g} "
+                 f"{self.unit} over all the models they train (each block's sensitivity is "
+                 f"{r} x L/(lambda n)); a person has rows in at most {blocks} blocks a period"]
+        if cost.accounting == "pure":
+            lines.append(f"per person and period: epsilon <= {float(cost.stream_factor):.6g} x "
+                         f"{blocks} x {float(cost.per_block):.6g} = {float(cost.total):.6g}")
+        else:
+            how = ("kappa^2 B^2 rho (every run uses all blocks)" if cost.accounting == "ermg"
+                   else f"kappa m B rho, m = {cost.overlap} blocks in one computation")
+            lines.append(f"per person and period: rho <= {how} = {float(cost.total):.6g}, "
+                         f"(epsilon, delta) = ({cost.epsilon(self.delta):.6g}, "
+                         f"{self.delta:g}) (kappa = {float(cost.stream_factor):.6g}); a "
+                         "computation may span periods, so a person active in k periods pays "
+                         "k^2 times this rho")
+        stds = ", ".join(f"{k} {v:.4g}" for k, v in self.noise_std().items())
+        lines.append(f"noise std per coordinate: {stds}")
+        return lines
 
 
 def _model_section(section: Section, accounting: str) -> tuple[ErmSpec, dict[str, Any]]:
@@ -194,6 +256,13 @@ def parse_config(raw: dict[str, Any], source: str = "<dict>") -> ErmConfig:
         raise ConfigError("release.algorithm = 'ermg' takes privacy.epsilon and privacy.delta "
                           "(BBImprover's own zCDP accounting, Theorem 29); set "
                           "privacy.accounting = 'pure'")
+    contribution = fields["contribution"]
+    if contribution.user_level:
+        model = _replace(model, unit_rows=contribution.cap("max_rows_per_block"))
+        try:
+            check_user_level(schedule)
+        except InvalidParameterError as exc:
+            raise ConfigError(str(exc)) from None
     holdout_section = tables["holdout"]
     path = holdout_section.get("path", None, str)
     holdout_section.finish()
@@ -238,7 +307,7 @@ def _with_holdout(config: ErmConfig, path: str, source: str) -> ErmConfig:
     return _replace(config, holdout=holdout)
 
 
-def _replace(config: ErmConfig, **changes: Any) -> ErmConfig:
+def _replace(config: _T, **changes: Any) -> _T:
     import dataclasses  # noqa: PLC0415
 
     return dataclasses.replace(config, **changes)
