@@ -330,8 +330,9 @@ def bounding_off(monkeypatch: pytest.MonkeyPatch) -> None:
     original = rules.BoundingRule.from_contribution
 
     def unbounded(contribution: Any) -> Any:
-        return dataclasses.replace(original(contribution), max_groups=MAX_CAP,
-                                   max_per_group=MAX_CAP)
+        rule = original(contribution)
+        groups = 1 if rule.grouping == "one" else MAX_CAP  # one histogram has one group
+        return dataclasses.replace(rule, max_groups=groups, max_per_group=MAX_CAP)
 
     monkeypatch.setattr(rules.BoundingRule, "from_contribution", staticmethod(unbounded))
 
