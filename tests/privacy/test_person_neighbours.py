@@ -288,6 +288,24 @@ def test_counters_two_workers_and_small_batches_publish_the_same():
     assert sorted(map(repr, run_counters(config, items, noise, batch=5, workers=2))) == expected
 
 
+def person_terms(records: Sequence[Record]) -> dict[str, Any]:
+    """The user-level terms every record states (``privacy.person``): one value for all."""
+    terms = {json.dumps(b["privacy"]["person"], sort_keys=True) for role, b in records
+             if role != "dead_letters"}
+    assert len(terms) == 1, terms
+    assert all(b["privacy"]["unit"] == "user" for role, b in records if role != "dead_letters")
+    return dict(json.loads(terms.pop()))
+
+
+def check_stated(records: Sequence[Record], config: FlowConfig, per_period: float) -> None:
+    """The records state the caps, the period and the per-period claim derived here."""
+    terms = person_terms(records)
+    assert terms["caps"] == dict(config.contribution.caps)
+    period = config.contribution.period_steps
+    assert terms["period"] == ("lifetime" if period is None else f"{period} steps")
+    assert terms["epsilon"] == pytest.approx(per_period, rel=1e-9), (terms, per_period)
+
+
 # -- the statistical tests, shared by the kinds ---------------------------------------------------
 
 Statistic = Callable[[list[Record]], "float | None"]
@@ -363,6 +381,7 @@ def test_counters_empirical_epsilon_of_a_person_stays_below_the_claim(mode, acco
     def run(items, noise, instance):
         return run_counters(config, items, noise, instance=instance, batch=256)
 
+    check_stated(run(worlds[1], NoiseKey.for_tests(1), "s"), config, counters_claim(config, 1))
     threshold, hits, totals = frequencies(run, worlds, statistic, KEYS_STAT)
     assert min(totals) >= 150, totals  # enough runs released the key
     bound = epsilon_lower_bound(hits[0], totals[0], hits[1], totals[1])
@@ -517,6 +536,8 @@ def test_pmwg_empirical_epsilon_of_a_person_stays_below_the_claim(period):
     def run(items, noise, instance):
         return run_pmwg(config, items, noise, instance=instance, batch=256)
 
+    check_stated([r for r in run(worlds[1], NoiseKey.for_tests(1), "s") if r[0] == "answers"],
+                 config, pmwg_claim(config, 1))
     threshold, hits, totals = frequencies(run, worlds, pmwg_statistic, KEYS_STAT)
     bound = epsilon_lower_bound(hits[0], totals[0], hits[1], totals[1])
     print(f"\npmwg/{period}: {hits}/{totals} t above {threshold:.1f}: bound {bound:.3f}, "
@@ -694,6 +715,9 @@ def test_erm_empirical_epsilon_of_a_person_stays_below_the_claim(period):
     def run(items, noise, instance):
         return run_erm(config, items, noise, instance=instance, batch=256)
 
+    per_period = erm_claim(config, 1)
+    assert float(config.person_cost().total) == pytest.approx(per_period)  # type: ignore[attr-defined]
+    check_stated(run(worlds[1], NoiseKey.for_tests(1), "s"), config, per_period)
     threshold, hits, totals = frequencies(run, worlds, erm_statistic(config, worlds), KEYS_STAT)
     bound = epsilon_lower_bound(hits[0], totals[0], hits[1], totals[1])
     print(f"\nerm/{period}: {hits}/{totals} above {threshold:.2f}: bound {bound:.3f}, "
