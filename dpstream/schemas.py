@@ -72,6 +72,7 @@ __all__ = [
     "ModelFeatures",
     "ModelHoldout",
     "ModelNoise",
+    "PersonLevel",
     "Privacy",
     "Record",
     "Release",

@@ -76,7 +76,7 @@ def test_spec_properties() -> None:
     rho_kept = Fraction(0.5) * (1 - Fraction(1, 10**12))
     # the smallest integer variance giving Delta^2 / (2 sigma^2) <= rho_kept
     assert p.delta2 / (2 * s2) <= rho_kept < p.delta2 / (2 * (s2 - 1))
-    assert spec.noise_std == pytest.approx(spec.sensitivity, rel=1e-9)  # rho = 1/2
+    assert spec.noise_std == pytest.approx(spec.l2_sensitivity, rel=1e-9)  # rho = 1/2
 
 
 def test_sensitivity_bound_is_rigorous_and_tight() -> None:

@@ -8,7 +8,8 @@
   grid-rounded ``C x`` on ``Z / G`` (``G = 2^40``), ``Z_t ~ N_Z(0, sigma_G^2)`` exact, with
   ``sigma_G^2 = ceil(Delta_G^2 / (2 rho (1 - 10^-12)))``; the estimate ``B (Y + Z) / G`` is
   post-processing.
-* output measure: rho-zCDP; privacy map: ``d_in ↦ rho d_in^2``. An epoch costs
+* output measure: rho-zCDP; privacy map: ``d_in ↦ rho d_in^2`` (with ``sensitivity = L``:
+  ``d_in ↦ rho d_in^2 / L^2``, below). An epoch costs
   ``Delta_G^2 / (2 sigma_G^2) <= rho (1 - 10^-12)`` plus CKS 2020 Theorem 14's discreteness
   term (checked below ``10^-12 rho``); epochs hold disjoint events (parallel composition).
   The ledger charges ``BltCounterSpec.charge = PrivacyCharge(rho=rho)`` once for the whole
@@ -85,6 +86,26 @@ epoch and epochs use disjoint noise coordinates and disjoint data, so the whole
 unbounded stream costs ``rho`` (parallel composition); an epoch's carried base
 is post-processing of its own releases.
 
+**Sensitivity ``L`` (user-level privacy).** When one person may add up to ``L`` events to
+the stream (``contribution.max_per_key``), the spec's ``sensitivity = L`` calibrates the noise
+to ``sigma_G^2 = ceil(L^2 Delta_G^2 / (2 rho'))``, so that the charge ``rho`` covers all ``L``
+events. Derivation: let ``x`` and ``x'`` be two non-negative streams with
+``sum_t |x_t - x'_t| <= L``. There is a chain ``x = x^0, x^1, ..., x^k = x'`` of non-negative
+streams, ``k <= L``, each differing from the next by one event (remove the events ``x`` has
+in excess, one at a time, then add those of ``x'``). The bound above holds for *every* pair of
+streams one event apart, whatever the other increments (the rounding errors were bounded for
+arbitrary buffers), so by the triangle inequality ``||Y(x) - Y(x')||_2 <= sum_i
+||Y(x^i) - Y(x^(i+1))||_2 <= L Delta_G`` in each epoch (the rounded map is not linear, but the
+chain argument needs no linearity). The epoch's releases then cost ``(L Delta_G)^2 / (2
+sigma_G^2) <= rho'`` plus the discreteness term, which depends on ``sigma_G`` only and shrinks
+as it grows; the person's events in several epochs cost ``L_j^2 Delta_G^2 / (2 sigma_G^2)``
+each with ``sum_j L_j <= L``, whose sum is at most that of a single epoch holding all ``L``
+(``sum_j L_j^2 <= (sum_j L_j)^2``). So the whole stream costs ``rho`` against ``L`` events,
+and the noise std grows by ``L`` (up to the ceiling). ``L = 1`` is the event level: the same
+``sigma_G^2``, the same noise, the same releases. A tighter multi-participation bound
+(banded or multi-epoch matrix factorization) is not used: the triangle inequality is tight
+when the ``L`` events fall in the same step.
+
 **Accuracy.** With ``P_k`` the prefix sums of the impulse response of
 ``C^{-1}`` (``B_{t,s} = P_{t-s}``), the estimate at step ``t`` of an epoch has
 standard deviation ``sigma sqrt(sum_{k<=t} P_k^2)``, ``sigma^2`` the variance
@@ -152,17 +173,25 @@ class BltCounterSpec:
         horizon: the epoch length ``n``, a power of two with parameters in the
             shipped table. Accuracy is best up to ``horizon`` steps; beyond, the
             error grows like the square root of the number of epochs.
+        sensitivity: ``L``, the most events one protected unit adds to the stream (1: one
+            event; ``contribution.max_per_key`` at the user level). The noise is calibrated to
+            the L2 sensitivity ``L Delta_G`` (module docstring), so ``rho`` covers ``L`` events.
 
     """
 
     rho: float
     horizon: int = 2**20
+    sensitivity: int = 1
 
     def __post_init__(self) -> None:
         positive_finite("rho", self.rho)
         h = self.horizon
         if isinstance(h, bool) or not isinstance(h, int) or h not in _load_table():
             raise InvalidParameterError(_horizon_message(h))
+        if isinstance(self.sensitivity, bool) or not isinstance(self.sensitivity, int) or (
+                self.sensitivity < 1):
+            raise InvalidParameterError(
+                f"sensitivity must be an integer >= 1, got {self.sensitivity!r}")
         _check_discreteness_term(self)
         if _sigma2_grid(self) >= 1 << 112:  # bulk_noise.gaussian's int64 range
             raise InvalidParameterError(
@@ -191,10 +220,10 @@ class BltCounterSpec:
         return _sigma2_grid(self)
 
     @property
-    def sensitivity(self) -> float:
-        """The (rounded-up) L2 sensitivity ``Delta_G / G`` of an epoch's releases, in counts."""
+    def l2_sensitivity(self) -> float:
+        """The (rounded-up) L2 sensitivity ``L Delta_G / G`` of an epoch's releases, in counts."""
         p = _parameters(self.horizon)
-        return math.nextafter(math.sqrt(float(p.delta2)), math.inf) / _GRID
+        return self.sensitivity * math.nextafter(math.sqrt(float(p.delta2)), math.inf) / _GRID
 
     @property
     def noise_std(self) -> float:
@@ -204,7 +233,7 @@ class BltCounterSpec:
 
 @functools.lru_cache(maxsize=256)
 def _sigma2_grid(spec: BltCounterSpec) -> Fraction:
-    delta2 = _parameters(spec.horizon).delta2
+    delta2 = _parameters(spec.horizon).delta2 * (spec.sensitivity * spec.sensitivity)
     rho = exact(spec.rho) * (1 - _RHO_RESERVE)
     q = delta2 / (2 * rho)
     return Fraction(-(-q.numerator // q.denominator))  # ceil, exactly
@@ -424,6 +453,7 @@ class BltCounter:
             "rho": self.spec.rho,
             "horizon": self.spec.horizon,
             "parameters": self._p.digest,
+            **({} if self.spec.sensitivity == 1 else {"sensitivity": self.spec.sensitivity}),
             "epoch": self._epoch,
             "step_in_epoch": self._s,
             "grid_buffers": [str(b) for b in self._grid_buffers],
@@ -434,11 +464,11 @@ class BltCounter:
 
     def _restore(self, state: dict[str, Any]) -> None:
         mine = self.to_state()
-        for field in ("mechanism", "version", "rho", "horizon", "parameters"):
-            if state.get(field) != mine[field]:
+        for field in ("mechanism", "version", "rho", "horizon", "parameters", "sensitivity"):
+            if state.get(field) != mine.get(field):
                 raise InvalidParameterError(
                     f"the snapshot's {field} is {state.get(field)!r} but this BLT counter's is "
-                    f"{mine[field]!r}: it belongs to another counter specification"
+                    f"{mine.get(field)!r}: it belongs to another counter specification"
                 )
         d = self._p.buffers
         try:

@@ -49,6 +49,14 @@ the same index ``t`` of its monitor (the global step in the declared universe, t
 in the monitor window in the open one), so the query noise of all of them is one bulk draw per
 step; the threshold noise is drawn once per (key, window), when the monitor starts.
 
+**User level** (:attr:`StatisticsSpec.user_level`; see
+:mod:`dpstream.core.counting.statistics_spec` for the privacy argument). A ``people`` column
+holds, per row, the key's count of distinct people since it started (each person counted once
+per period, in the step of their first kept event for the key: the stage's ``first`` flags);
+the threshold monitors test it instead of ``prefix``. The initial count still releases
+``prefix`` (events), with its noise scaled by ``max_per_key``; the counters' own scaling is
+their spec's ``sensitivity``. At the event level there is no such column and nothing changes.
+
 **Ledger.** Every key that paid the same charges has the same spend, so a real ledger per
 *stage* (the set of charges paid, :mod:`dpstream.core.counting.stage_ledgers`) checks
 and commits each charge for all the keys that reach it in a step (check-then-commit; a
@@ -159,6 +167,8 @@ class KeyTable:
         # declared position -> row (-1: retired), while valid (None after a change)
         self._by_position: npt.NDArray[np.int32] | None = None
         self._prefix: IntArray = np.zeros(0, dtype=np.int64)
+        # user level only: each row's distinct people since it started (the monitors' count)
+        self._people: IntArray | None = np.zeros(0, dtype=np.int64) if spec.user_level else None
         self._flags: FlagArray = np.zeros(0, dtype=np.uint8)
         # the watched keys only (rows with _WATCHING, ascending): their monitors
         self._monitors = None if spec.monitor is None else MonitorColumns(spec.monitor)
@@ -211,11 +221,13 @@ class KeyTable:
         return self._lanes(names, "monitor", self.spec.monitor_digest, window)
 
     # -- closing a step --
-    def close(self, step: int, keys: Sequence[str], increments: npt.ArrayLike) -> StepOutputs:
+    def close(self, step: int, keys: Sequence[str], increments: npt.ArrayLike,
+              people: npt.ArrayLike | None = None) -> StepOutputs:
         """Step every live key at global ``step``, exactly as the per-key engine does.
 
         Declared keys start at the first close; keys with events that are neither live nor
-        retired start now. ``keys[i]`` had ``increments[i]`` events (keys are distinct).
+        retired start now. ``keys[i]`` had ``increments[i]`` events (keys are distinct) and,
+        at the user level, ``people[i]`` people counted for the first time (None: none).
         Steps are closed in order: while keys are live, ``step`` is the step after the
         last one closed.
 
@@ -224,6 +236,7 @@ class KeyTable:
                 or ``step`` is not the next step of the live keys.
         """
         counts = _checked_increments(increments, len(keys))
+        firsts = None if people is None else _checked_increments(people, len(keys))
         out = self._open_step(step)
         rows = self._rows(keys)
         declared = self._declared
@@ -249,16 +262,22 @@ class KeyTable:
                 if missing.size:
                     rows[missing] = self._index.rows([keys[i] for i in missing.tolist()])
         inc = np.zeros(len(self._index), dtype=np.int64)
+        fresh_people = None if firsts is None else np.zeros(len(self._index), dtype=np.int64)
         if rows.size:
             found = rows >= 0
             if found.all():
                 inc[rows] = counts
+                if fresh_people is not None and firsts is not None:
+                    fresh_people[rows] = firsts
             else:
                 inc[rows[found]] = counts[found]
-        return self._advance(step, inc, out)
+                if fresh_people is not None and firsts is not None:
+                    fresh_people[rows[found]] = firsts[found]
+        return self._advance(step, inc, out, fresh_people)
 
     def close_declared(self, step: int, positions: npt.ArrayLike,
-                       increments: npt.ArrayLike) -> StepOutputs:
+                       increments: npt.ArrayLike,
+                       people: npt.ArrayLike | None = None) -> StepOutputs:
         """:meth:`close` in the declared universe, each key given by its declared position.
 
         ``positions[i]`` indexes the table's ``declared`` list (repeats are summed: the
@@ -275,6 +294,7 @@ class KeyTable:
         if declared is None:
             raise InvalidParameterError("close_declared needs the declared universe")
         counts = _checked_increments(increments, np.size(positions))
+        firsts = None if people is None else _checked_increments(people, np.size(positions))
         where = np.asarray(positions, dtype=np.int64).reshape(-1)
         if where.size and (where.min() < 0 or where.max() >= len(declared)):
             raise InvalidParameterError("a declared position is outside the declared keys")
@@ -283,7 +303,11 @@ class KeyTable:
             distinct, slot = np.unique(where, return_inverse=True)
             sums = np.zeros(distinct.size, dtype=np.int64)
             np.add.at(sums, slot, counts)
-            out = self.close(step, [declared[i] for i in distinct.tolist()], sums)
+            people_sums = None
+            if firsts is not None:
+                people_sums = np.zeros(distinct.size, dtype=np.int64)
+                np.add.at(people_sums, slot, firsts)
+            out = self.close(step, [declared[i] for i in distinct.tolist()], sums, people_sums)
             self._by_position = self._index.rows(declared).astype(np.int32)
             return out
         out = self._open_step(step)
@@ -294,9 +318,14 @@ class KeyTable:
         retired = rows < 0  # a retired key's events are not counted (as in close)
         if retired.any():
             rows, counts = rows[~retired], counts[~retired]
+            firsts = None if firsts is None else firsts[~retired]
         inc = np.zeros(len(self._index), dtype=np.int64)
         np.add.at(inc, rows, counts)
-        return self._advance(step, inc, out)
+        fresh_people = None
+        if firsts is not None:
+            fresh_people = np.zeros(len(self._index), dtype=np.int64)
+            np.add.at(fresh_people, rows, firsts)
+        return self._advance(step, inc, out, fresh_people)
 
     def _open_step(self, step: int) -> StepOutputs:
         """Check that ``step`` is the next one; the outputs, with the statuses still due."""
@@ -308,9 +337,15 @@ class KeyTable:
         self._pending = []
         return out
 
-    def _advance(self, step: int, inc: IntArray, out: StepOutputs) -> StepOutputs:
-        """Step every live key by ``inc`` (one increment per row): the close's second half."""
+    def _advance(self, step: int, inc: IntArray, out: StepOutputs,
+                 people: IntArray | None = None) -> StepOutputs:
+        """Step every live key by ``inc`` (one increment per row): the close's second half.
+
+        ``people``: the rows' new distinct people (user level; None: none this step).
+        """
         self._prefix += inc
+        if self._people is not None and people is not None:
+            self._people += people
         fired = self._watch(step, out)
         for group in self._groups:  # open: groups admitted now start at the next step
             self._step_group(group, step, inc, out)
@@ -359,6 +394,8 @@ class KeyTable:
         elif watching:
             flags |= _WATCHING
         self._prefix = np.concatenate([self._prefix, np.zeros(m, dtype=np.int64)])
+        if self._people is not None:
+            self._people = np.concatenate([self._people, np.zeros(m, dtype=np.int64)])
         self._flags = np.concatenate([self._flags, np.full(m, flags, dtype=np.uint8)])
         if flags & _WATCHING:  # appended rows: the watched rows stay ascending
             assert self._monitors is not None
@@ -382,7 +419,8 @@ class KeyTable:
                 flags &= _clear(_WATCHING)  # expired: never tested again
                 monitors.keep(np.zeros(watched.size, dtype=bool))
                 return None
-        count = self._prefix if watched.size == flags.size else self._prefix[watched]
+        counted = self._prefix if self._people is None else self._people  # user level: people
+        count = counted if watched.size == flags.size else counted[watched]
         hit = monitors.above(self._noise, count, t)
         if not hit.any():
             return None
@@ -407,12 +445,14 @@ class KeyTable:
             if reason is None:
                 code |= INITIAL_PAID
                 lanes = self._lanes(names, "initial", self.spec.initial_digest, step)
+                # events, sensitivity Linf (1 at the event level: the same scale, bit for bit)
+                linf = self.spec.max_per_key
                 if initial.epsilon:  # KeyStatistics._initial_count: Laplace for an epsilon
-                    scale = 1 / exact(initial.epsilon)
+                    scale = linf / exact(initial.epsilon)
                     noise = bulk_noise.laplace(self._noise, lanes, scale, TAG_INITIAL, 0, 0, 0)
                     initial_var = discrete_laplace_variance(scale)
-                else:  # a rho charge: N_Z(0, 1 / (2 rho)), CKS 2020
-                    sigma2 = Fraction(1) / (2 * exact(initial.rho))
+                else:  # a rho charge: N_Z(0, Linf^2 / (2 rho)), CKS 2020
+                    sigma2 = Fraction(linf * linf) / (2 * exact(initial.rho))
                     noise = bulk_gaussian.gaussian(self._noise, lanes, sigma2, TAG_INITIAL, 0, 0,
                                                    0)
                     initial_var = discrete_gaussian_variance(sigma2)
@@ -484,6 +524,8 @@ class KeyTable:
         self._index.rebuild(self._index.names[keep])
         self._by_position = None
         self._prefix, self._flags = self._prefix[keep], flags[keep]
+        if self._people is not None:
+            self._people = self._people[keep]
         position = np.cumsum(keep, dtype=np.int64) - 1
         monitors = self._monitors
         if monitors is not None and monitors.rows.size:
@@ -497,7 +539,8 @@ class KeyTable:
     # -- state --
     def to_state(self) -> dict[str, Any]:
         """Plain-data snapshot (holds true counts: the recovery store is secret); no lanes."""
-        return {
+        people = {} if self._people is None else {"people": self._people.copy()}
+        return {**people,
             "kind": _STATE_KIND, "version": _STATE_VERSION,
             "mechanisms": self.spec.mechanisms_digest,
             "next_step": self.next_step,
@@ -527,6 +570,8 @@ class KeyTable:
                 raise InvalidParameterError("malformed key table state: a key appears twice")
             self._index = KeyIndex(names)
             self._prefix = np.array(state["prefix"], dtype=np.int64).reshape(len(names))
+            if self._people is not None:
+                self._people = np.array(state["people"], dtype=np.int64).reshape(len(names))
             self._flags = np.array(state["flags"], dtype=np.uint8).reshape(len(names))
             self._pending = [BudgetExhausted(str(k), int(s), str(label), str(reason),
                                              float(spent), float(budget), str(unit))

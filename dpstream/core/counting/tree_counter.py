@@ -9,11 +9,29 @@
   (Honaker combining) of binary-tree node counts, each node plus exact discrete Laplace
   noise ``DLap((m_j + 1) / epsilon)`` on the integers, ``m_j + 1`` the levels of epoch
   ``j``'s tree.
-* output measure: pure epsilon-DP; privacy map: ``d_in ↦ epsilon d_in``. One event moves
+* output measure: pure epsilon-DP; privacy map: ``d_in ↦ epsilon d_in`` (with
+  ``sensitivity = L``: ``d_in ↦ epsilon d_in / L``, below). One event moves
   ``m_j + 1`` nodes of one epoch by one (L1 sensitivity ``m_j + 1``, Laplace mechanism,
   Dwork & Roth 2014, Theorem 3.6), epochs hold disjoint events (parallel composition). The
   ledger charges ``TreeCounterSpec.charge = PrivacyCharge(epsilon=epsilon)`` once for the
   whole stream (a zCDP ledger counts it as ``epsilon^2 / 2``, BS16 Proposition 1.4).
+
+**Sensitivity ``L`` (user-level privacy).** When one person may add up to ``L`` events to
+the stream (``contribution.max_per_key``), the spec's ``sensitivity = L`` scales every node's
+noise to ``DLap(L (m_j + 1) / epsilon)``, so that the charge ``epsilon`` covers all ``L``
+events. Derivation: let the person's events be ``k_j >= 0`` events in epoch ``j`` with
+``sum_j k_j <= L``. Each of them moves exactly ``m_j + 1`` nodes of epoch ``j``'s tree by one,
+so the L1 distance between the two node vectors of epoch ``j`` is at most ``k_j (m_j + 1)``
+(several events may hit the same node: the L1 norm only adds, never more). The discrete
+Laplace mechanism with scale ``b`` on a vector of L1 distance ``D`` is ``D / b``-DP (Dwork &
+Roth 2014, Theorem 3.6; exact on the integers, CKS 2020), so epoch ``j`` costs
+``k_j (m_j + 1) / (L (m_j + 1) / epsilon) = epsilon k_j / L``. Epochs use disjoint noise, so
+their costs add (sequential composition over the epochs the person touches):
+``sum_j epsilon k_j / L <= epsilon``. Hence the privacy map ``d_in ↦ epsilon d_in / L`` and
+``d_in <= L ↦ epsilon``. ``L = 1`` is the event level: the same scale, the same noise, the same
+releases, bit for bit. The variance of every node (and so of every release) is that of
+``DLap(L (m_j + 1) / epsilon)``: the std grows by about ``L`` (exactly ``L`` in the
+continuous-Laplace limit).
 
 The counter releases, after every time step, a private estimate of the number
 of events seen so far (the prefix count).
@@ -87,13 +105,13 @@ _STATE_VERSION: Final = 1
 
 
 @functools.lru_cache(maxsize=256)
-def _noise_scale(levels: int, epsilon: float) -> Fraction:
-    return Fraction(levels) / exact(epsilon)
+def _noise_scale(levels: int, epsilon: float, sensitivity: int = 1) -> Fraction:
+    return Fraction(levels * sensitivity) / exact(epsilon)
 
 
 @functools.lru_cache(maxsize=256)
-def _node_variance(levels: int, epsilon: float) -> float:
-    return discrete_laplace_variance(_noise_scale(levels, epsilon))
+def _node_variance(levels: int, epsilon: float, sensitivity: int = 1) -> float:
+    return discrete_laplace_variance(_noise_scale(levels, epsilon, sensitivity))
 
 
 @dataclass(frozen=True)
@@ -104,11 +122,16 @@ class TreeCounterSpec:
         epsilon: the pure-DP epsilon of the whole (unbounded) counter.
         horizon: length ``H`` of epoch 0 (a power of two, at least 2); later
             epochs double in length.
+        sensitivity: ``L``, the most events one protected unit adds to the stream (1: one
+            event; ``contribution.max_per_key`` at the user level). Node noise is
+            ``DLap(L (m_j + 1) / epsilon)``, so ``epsilon`` covers ``L`` events (module
+            docstring).
 
     """
 
     epsilon: float
     horizon: int = 2**20
+    sensitivity: int = 1
 
     mechanism: ClassVar[str] = "tree-laplace"
 
@@ -117,6 +140,10 @@ class TreeCounterSpec:
         h = self.horizon
         if not is_integer(h) or h < 2 or (int(h) & (int(h) - 1)) != 0:
             raise InvalidParameterError(f"horizon must be a power of two >= 2, got {h!r}")
+        if isinstance(self.sensitivity, bool) or not isinstance(self.sensitivity, int) or (
+                self.sensitivity < 1):
+            raise InvalidParameterError(
+                f"sensitivity must be an integer >= 1, got {self.sensitivity!r}")
 
     @property
     def charge(self) -> PrivacyCharge:
@@ -147,12 +174,12 @@ class TreeCounterSpec:
         return length.bit_length()
 
     def noise_scale(self, epoch: int) -> Fraction:
-        """Return the exact discrete Laplace scale ``(m_j + 1) / epsilon`` of epoch ``epoch``."""
-        return _noise_scale(self.levels(epoch), self.epsilon)
+        """Return the exact discrete Laplace scale ``L (m_j + 1) / epsilon`` of epoch ``epoch``."""
+        return _noise_scale(self.levels(epoch), self.epsilon, self.sensitivity)
 
     def node_variance(self, epoch: int) -> float:
         """Return the variance ``v`` of one node's noise in epoch ``epoch``."""
-        return _node_variance(self.levels(epoch), self.epsilon)
+        return _node_variance(self.levels(epoch), self.epsilon, self.sensitivity)
 
 
 def _combined_variances(v: float, levels: int) -> list[float]:
@@ -311,11 +338,13 @@ class TreeCounter:
             if (
                 Fraction(state["epsilon"]) != Fraction(self.spec.epsilon)
                 or state["horizon"] != self.spec.horizon
+                or state.get("sensitivity", 1) != self.spec.sensitivity
             ):
                 raise InvalidParameterError(
                     "tree counter state was made with epsilon="
                     f"{state['epsilon']!r}, horizon={state['horizon']!r}, but the spec has "
-                    f"epsilon={self.spec.epsilon!r}, horizon={self.spec.horizon!r}"
+                    f"epsilon={self.spec.epsilon!r}, horizon={self.spec.horizon!r} (or another "
+                    "sensitivity)"
                 )
             self._steps = int(state["steps"])
             self._base_value = float(state["base_value"])
@@ -335,7 +364,7 @@ class TreeCounter:
 
         It holds true partial counts (never the key): keep it secret.
         """
-        return {
+        state = {
             "version": _STATE_VERSION,
             "epsilon": float(self.spec.epsilon),
             "horizon": int(self.spec.horizon),
@@ -344,6 +373,9 @@ class TreeCounter:
             "base_var": self._base_var,
             "stack": [list(entry) for entry in self._stack],
         }
+        if self.spec.sensitivity != 1:  # the event level's snapshots stay as they were
+            state["sensitivity"] = self.spec.sensitivity
+        return state
 
     @property
     def steps_done(self) -> int:

@@ -27,7 +27,7 @@ import msgspec
 import numpy as np
 import orjson
 
-from dpstream.kinds.counters.layout import DeclaredLayout, RowCounts
+from dpstream.kinds.counters.layout import DeclaredLayout, PeopleCounts, RowCounts
 from dpstream.messages import (
     TICK,
     TIMESTAMP_CREATE_TIME,
@@ -174,6 +174,43 @@ class PartitionClock(StepClock):
                 lo, hi = bounds[shard], bounds[shard + 1]
                 if hi > lo:
                     per_shard[shard][step] = dict(zip(ordered[lo:hi], values[lo:hi], strict=True))
+        return per_shard
+
+    def route_bounded(self, payloads: list[Any] | np.ndarray, first: np.ndarray, step: int
+                      ) -> list[dict[int, Any]]:
+        """Route one closed step's *kept* events (user level), with their people counts.
+
+        The bounding stage calls this instead of :meth:`route` with the events it kept for one
+        step and ``first[i]``: event ``i`` is its person's first kept event at its key in the
+        period. Each shard gets one bucket for ``step``: a
+        :class:`~dpstream.kinds.counters.layout.PeopleCounts` by key name (open universe) or a
+        :class:`RowCounts` with its ``people`` column (declared universe): the events per key
+        (the counters' input) and the people counted for the first time per key (the
+        threshold monitors' input: each person adds at most one to a key, per period).
+        """
+        shards = self.rules.shards
+        per_shard: list[dict[int, Any]] = [{} for _ in range(shards)]
+        if not len(payloads):
+            return per_shard
+        flags = np.asarray(first, dtype=bool).reshape(-1)
+        if flags.size != len(payloads):
+            raise ValueError(f"route_bounded: {len(payloads)} payloads but {flags.size} flags")
+        if isinstance(payloads, np.ndarray):  # declared positions
+            layout = self.rules.declared
+            assert layout is not None
+            for shard, rows in enumerate(layout.route(payloads, flags)):
+                if rows is not None:
+                    per_shard[shard][step] = rows
+            return per_shard
+        events = Counter(payloads)
+        people = Counter(itertools.compress(payloads, flags.tolist()))
+        keys = list(events)
+        owner = np.zeros(len(keys), dtype=np.int64) if shards == 1 else shards_of(keys, shards)
+        for shard in np.unique(owner).tolist():
+            mine = list(itertools.compress(keys, (owner == shard).tolist()))
+            per_shard[shard][step] = PeopleCounts(
+                {key: events[key] for key in mine},
+                {key: people[key] for key in mine if key in people})
         return per_shard
 
     def _route_positions(self, positions: np.ndarray, steps: int | list[int],

@@ -7,6 +7,22 @@ and ``dpstream.status/1`` records. Its configuration tables are ``[privacy]``,
 ``[counter]``, ``[monitor]``, ``[admission]`` and ``[release]``
 (``deploy/counters.example.toml``).
 
+**User level** (``[contribution] unit = "user"``, caps ``max_keys = L0`` and ``max_per_key =
+Linf`` per period): the bounding stage hands the kind, per closed step, the events it kept
+and, per event, whether it is its person's first kept event at its key in the period
+(:meth:`~dpstream.kinds.counters.events.PartitionClock.route_bounded`). Every configured
+parameter (``counter.epsilon`` or ``counter.rho``, ``monitor.epsilon``,
+``admission.initial_*``, ``privacy.budget``) then means what one person's bounded
+contribution to one key costs: the counter's and the initial count's noise are scaled by
+``Linf`` (their sensitivity), the monitor counts distinct people (sensitivity 1), and the
+person's total is ``L0`` times a key's (:func:`~dpstream.core.counting.statistics_spec.
+person_privacy`; derivations in :mod:`dpstream.core.counting.statistics_spec`): pure
+``L0 (epsilon_monitor + epsilon_initial + epsilon_counter)``, zCDP ``L0`` times the key's rho,
+``L0`` admission deltas plus the hash-collision delta. With ``monitor.threshold`` left to its
+default it is chosen so that ``L0`` admission deltas stay within ``privacy.delta``.
+:meth:`CountersConfig.describe` (``check-config``, the start-up log) and every release
+(``privacy.unit = "user"``, ``privacy.person``) report it.
+
 ``release.every = k`` (default 1) publishes the counters' periodic releases only at the steps
 ``s`` with ``(s + 1) % k == 0``; initial counts (an open key's release at its admission),
 alerts and budget statuses are published at every step. Every key still steps, draws its
@@ -24,18 +40,22 @@ import functools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any, Final, Literal
 
 import bytewax.operators as op
 from bytewax.dataflow import Stream
 
 from dpstream.config import FlowConfig, Section, build_spec, parse_common, positive
-from dpstream.core.accounting.ledger import PrivacyCharge, PrivacyLedger, approx_dp
+from dpstream.core.accounting.ledger import PrivacyCharge, PrivacyLedger, approx_dp, exact
 from dpstream.core.counting.admission_bounds import lazy_start_delta, minimal_threshold
 from dpstream.core.counting.blt_counter import BltCounterSpec
-from dpstream.core.counting.statistics_spec import StatisticsSpec
+from dpstream.core.counting.blt_counter import worst_step_std as blt_worst_std
+from dpstream.core.counting.statistics_spec import PersonPrivacy, StatisticsSpec, person_privacy
 from dpstream.core.counting.threshold_monitor import ThresholdMonitorSpec
 from dpstream.core.counting.tree_counter import TreeCounterSpec
+from dpstream.core.counting.tree_counter import worst_step_std as tree_worst_std
+from dpstream.core.noise.samplers import discrete_gaussian_variance, discrete_laplace_variance
 from dpstream.errors import ConfigError, InvalidParameterError
 from dpstream.kind import ClockFactory, FlowKind, FlowParts
 from dpstream.kinds.counters.events import EventRules, PartitionClock
@@ -125,18 +145,65 @@ class CountersConfig(FlowConfig):
         charges.append(self.privacy.counter_charge)
         return charges
 
+    def person_privacy(self) -> PersonPrivacy | None:
+        """What one person's bounded contribution costs in all (None at the event level).
+
+        ``L0`` keys' worth of a key's committed charges (every key that publishes has paid
+        them all) and deltas, plus the hash-collision delta: the figures every release's
+        ``privacy.person`` carries (:func:`~dpstream.core.counting.statistics_spec.
+        person_privacy`).
+        """
+        if not self.contribution.user_level:
+            return None
+        ledger = self.privacy.new_ledger()
+        for charge in self.per_key_charges():
+            ledger.charge(charge)
+        return person_privacy(self.privacy.accounting, ledger.spent,
+                              ledger.spent_delta + self.admission.delta,
+                              self.contribution.cap("max_keys"), self.privacy.delta)
+
+    def noise_std(self) -> dict[str, float]:
+        """The noise std of each output at the configured caps (``check-config``, ``bounds``).
+
+        ``counter``: a release's std at the worst step of the counter's horizon (the tree's
+        and the BLT's analytic std; it grows beyond the horizon); ``initial``: the initial
+        count's noise (open universe); ``monitor``: the noise of one threshold test,
+        ``nu_t - rho`` (what a key's count, events or at the user level people, is compared
+        with). At the user level the counter and the initial count are scaled by ``Linf``.
+        """
+        counter = self.privacy.counter
+        out = {"counter": (tree_worst_std(counter, counter.horizon)
+                           if isinstance(counter, TreeCounterSpec)
+                           else blt_worst_std(counter, counter.horizon))}
+        initial = self.admission.initial
+        if initial is not None:
+            linf = self.contribution.cap("max_per_key")
+            out["initial"] = math.sqrt(
+                discrete_laplace_variance(linf / exact(initial.epsilon)) if initial.epsilon
+                else discrete_gaussian_variance(Fraction(linf * linf) / (2 * exact(initial.rho))))
+        monitor = self.privacy.monitor
+        if monitor is not None:
+            out["monitor"] = math.sqrt(discrete_laplace_variance(monitor.query_scale)
+                                       + discrete_laplace_variance(monitor.threshold_scale))
+        return out
+
     def describe(self) -> str:
         """A human summary of the privacy guarantee (no secrets)."""
         ledger = self.privacy.new_ledger()
         for charge in self.per_key_charges():
             ledger.charge(charge)
         unit = ledger.unit
+        person = self.person_privacy()
         lines = [
             f"flow {self.name!r}: one step = {self.step_seconds:g} s "
             f"from {self.origin.isoformat()}",
             self.describe_clock(),
             f"privacy unit: one event; accounting {self.privacy.accounting}; "
-            f"per-key budget {ledger.budget:g} {unit}, committed at most {ledger.spent:g} {unit}",
+            f"per-key budget {ledger.budget:g} {unit}, committed at most {ledger.spent:g} {unit}"
+            if person is None else
+            f"{self.contribution.describe()}; accounting {self.privacy.accounting}; per-key "
+            f"budget {ledger.budget:g} {unit} against one person, committed at most "
+            f"{ledger.spent:g} {unit}",
             f"counter: {self.privacy.counter.mechanism} (horizon {self.privacy.counter.horizon})",
         ]
         if self.privacy.monitor is not None:
@@ -155,6 +222,17 @@ class CountersConfig(FlowConfig):
         lines.append(f"as (epsilon, delta): ({epsilon:.4g}, {delta:.3g}) per key, as every "
                      "release reports it" + (" (privacy.approx_dp)"
                                              if self.privacy.accounting == "zcdp" else ""))
+        if person is not None:
+            linf = self.contribution.cap("max_per_key")
+            rho = "" if person.rho is None else f"rho {person.rho:.4g}, "
+            lines.append(
+                f"per person ({self.contribution.cap('max_keys')} keys x one key's cost; "
+                f"counter and initial count noise scaled by max_per_key = {linf}, the monitor "
+                f"counts distinct people): {rho}(epsilon, delta) = ({person.epsilon:.4g}, "
+                f"{person.delta:.3g}) with the hash-collision delta, as every release reports "
+                "it (privacy.person)")
+            lines.append("noise std: " + ", ".join(
+                f"{name} {std:.4g}" for name, std in self.noise_std().items()))
         return "\n".join(lines)
 
     def release_epsilon_delta(self) -> tuple[float, float]:
@@ -186,16 +264,17 @@ def _privacy_section(privacy: Section) -> tuple[str, float, float]:
     return accounting, budget, delta
 
 
-def _counter_section(counter: Section, accounting: str,
-                     budget: float) -> TreeCounterSpec | BltCounterSpec:
+def _counter_section(counter: Section, accounting: str, budget: float,
+                     sensitivity: int = 1) -> TreeCounterSpec | BltCounterSpec:
     horizon = counter.get("horizon", 2**20, int)
+    scaled = {} if sensitivity == 1 else {"sensitivity": sensitivity}  # Linf at the user level
     spec: TreeCounterSpec | BltCounterSpec
     if accounting == "pure":
         eps = positive(counter.get("epsilon", budget * 0.7, float), "counter.epsilon")
-        spec = build_spec(TreeCounterSpec, "[counter]", epsilon=eps, horizon=horizon)
+        spec = build_spec(TreeCounterSpec, "[counter]", epsilon=eps, horizon=horizon, **scaled)
     else:
         rho = positive(counter.get("rho", budget * 0.7, float), "counter.rho")
-        spec = build_spec(BltCounterSpec, "[counter]", rho=rho, horizon=horizon)
+        spec = build_spec(BltCounterSpec, "[counter]", rho=rho, horizon=horizon, **scaled)
     counter.finish()
     return spec
 
@@ -233,7 +312,7 @@ def _release_section(release: Section) -> int:
 
 
 def _monitor_section(monitor: Section, mode: str, accounting: str, budget: float,
-                     delta: float) -> ThresholdMonitorSpec | None:
+                     delta: float, max_keys: int = 1) -> ThresholdMonitorSpec | None:
     monitor_enabled = monitor.get("enabled", mode == "open", bool)
     spec = None
     if monitor_enabled:
@@ -248,8 +327,10 @@ def _monitor_section(monitor: Section, mode: str, accounting: str, budget: float
                                   "with admission.mode = 'declared'")
             if not (isinstance(monitor_horizon, int) and monitor_horizon >= 1):
                 raise ConfigError(f"monitor.horizon must be >= 1, got {monitor_horizon!r}")
-            # the smallest threshold that keeps the admission delta within privacy.delta
-            threshold = minimal_threshold(monitor_eps, monitor_horizon, delta) if delta > 0 else 0
+            # the smallest threshold that keeps the admission delta within privacy.delta (at
+            # the user level: L0 admission deltas, a person can make L0 keys appear)
+            threshold = (minimal_threshold(monitor_eps, monitor_horizon, delta / max_keys)
+                         if delta > 0 else 0)
         spec = build_spec(ThresholdMonitorSpec, "[monitor]", epsilon=monitor_eps,
                           threshold=threshold, horizon=monitor_horizon)
     else:
@@ -261,7 +342,7 @@ def _monitor_section(monitor: Section, mode: str, accounting: str, budget: float
 
 def _admission(mode: str, keys: list[str], initial_value: float | None,
                monitor: ThresholdMonitorSpec | None, accounting: str, budget: float,
-               delta: float) -> AdmissionConfig:
+               delta: float, max_keys: int = 1) -> AdmissionConfig:
     if mode == "declared":
         if initial_value is not None:
             raise ConfigError("admission.initial_* is only used with admission.mode = 'open'")
@@ -280,13 +361,16 @@ def _admission(mode: str, keys: list[str], initial_value: float | None,
         adm_delta = lazy_start_delta(monitor)
     except InvalidParameterError as exc:
         raise ConfigError(f"[monitor]: {exc}") from None
-    if adm_delta > delta:
+    if adm_delta * max_keys > delta:
         assert monitor.horizon is not None  # lazy_start_delta needs it
-        need = minimal_threshold(monitor.epsilon, monitor.horizon, delta)
+        need = minimal_threshold(monitor.epsilon, monitor.horizon, delta / max_keys)
+        per_person = ("" if max_keys == 1 else
+                      f" per key, {adm_delta * max_keys:.3g} for the contribution.max_keys = "
+                      f"{max_keys} keys a person can make appear,")
         raise ConfigError(
             f"monitor.threshold = {monitor.threshold} with monitor windows of "
             f"monitor.horizon = {monitor.horizon} steps costs an admission delta of "
-            f"{adm_delta:.3g}, above privacy.delta = {delta:g}; raise "
+            f"{adm_delta:.3g}{per_person} above privacy.delta = {delta:g}; raise "
             f"monitor.threshold to at least {need}, or lower monitor.horizon, or raise "
             "monitor.epsilon"
         )
@@ -309,10 +393,13 @@ def parse_config(raw: dict[str, Any], source: str = "<dict>") -> CountersConfig:
     key_field = events.get("key_field", "key", str)
     events.finish()
     accounting, budget, delta = _privacy_section(tables["privacy"])
-    counter = _counter_section(tables["counter"], accounting, budget)
+    contribution = fields["contribution"]  # caps are 1 at the event level
+    max_keys, linf = contribution.cap("max_keys"), contribution.cap("max_per_key")
+    counter = _counter_section(tables["counter"], accounting, budget, linf)
     mode, keys, initial_value = _admission_section(tables["admission"], accounting)
-    monitor = _monitor_section(tables["monitor"], mode, accounting, budget, delta)
-    admission = _admission(mode, keys, initial_value, monitor, accounting, budget, delta)
+    monitor = _monitor_section(tables["monitor"], mode, accounting, budget, delta, max_keys)
+    admission = _admission(mode, keys, initial_value, monitor, accounting, budget, delta,
+                           max_keys)
     release_every = _release_section(tables["release"])
     privacy = PrivacyConfig(accounting=accounting, budget=budget,  # type: ignore[arg-type]
                             delta=delta, counter=counter, monitor=monitor)
@@ -342,11 +429,14 @@ def _check_budget(config: CountersConfig) -> None:
 def statistics_spec(config: CountersConfig, instance: str = "") -> StatisticsSpec:
     """The per-key specification a flow configuration implies, for flow instance ``instance``."""
     p = config.privacy
+    c = config.contribution
+    contribution = () if not c.user_level else (
+        ("period_steps", c.period_steps or 0), *c.caps)
     return StatisticsSpec(
         flow=config.name, mode=config.admission.mode, accounting=p.accounting, budget=p.budget,
         delta_budget=p.delta, counter=p.counter, monitor=p.monitor,
         initial=config.admission.initial, admission_delta=config.admission.delta,
-        instance=instance,
+        instance=instance, contribution=contribution,
     )
 
 
@@ -404,7 +494,8 @@ class CountersKind:
                                    observe, shard_class, config.release_every,
                                    end_step_of(config))
         encoder = RecordEncoder(config.name, config.origin, config.step_seconds,
-                                config.privacy.delta, instance=parts.instance)
+                                config.privacy.delta, instance=parts.instance,
+                                contribution=config.contribution)
         return op.map("encode", outputs, encoder.encode_item)
 
 

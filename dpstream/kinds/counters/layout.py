@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -24,7 +25,7 @@ from dpstream.core.counting.key_index import KeyIndex
 from dpstream.core.noise.coordinates import JoinedNames
 from dpstream.stream.sharding import shards_of
 
-__all__ = ["DeclaredLayout", "RowCounts"]
+__all__ = ["DeclaredLayout", "PeopleCounts", "RowCounts"]
 
 IntArray = npt.NDArray[np.int64]
 
@@ -34,11 +35,14 @@ class RowCounts:
     """One shard's events of one step, by row: ``counts[i]`` events of the key at ``rows[i]``.
 
     ``rows`` are positions in the shard's sorted declared keys (:meth:`DeclaredLayout.keys_of`),
-    distinct and ascending; ``counts`` are >= 1.
+    distinct and ascending; ``counts`` are >= 1. At the user level ``people[i]`` is the number
+    of people counted for the first time at that row (the bounding stage's ``first`` flags);
+    None at the event level.
     """
 
     rows: npt.NDArray[np.int32]
     counts: IntArray
+    people: IntArray | None = None
 
     def __len__(self) -> int:
         return int(self.rows.size)
@@ -47,7 +51,9 @@ class RowCounts:
         if not isinstance(other, RowCounts):
             return NotImplemented
         return bool(np.array_equal(self.rows, other.rows)
-                    and np.array_equal(self.counts, other.counts))
+                    and np.array_equal(self.counts, other.counts)
+                    and (self.people is None) == (other.people is None)
+                    and (self.people is None or np.array_equal(self.people, other.people)))
 
     __hash__ = None  # type: ignore[assignment]  # mutable arrays: unhashable
 
@@ -55,6 +61,53 @@ class RowCounts:
         """The same events by key name (``keys``: the shard's sorted declared keys)."""
         return dict(zip(map(keys.__getitem__, self.rows.tolist()), self.counts.tolist(),
                         strict=True))
+
+    def named_people(self, keys: Sequence[str]) -> PeopleCounts:
+        """The same events and people by key name (user level)."""
+        people = {} if self.people is None else {
+            keys[row]: n for row, n in zip(self.rows.tolist(), self.people.tolist(), strict=True)
+            if n}
+        return PeopleCounts(self.named(keys), people)
+
+
+@dataclass(frozen=True)
+class PeopleCounts:
+    """One shard's kept events of one step at the user level, by key name.
+
+    ``events[key]``: the key's kept events (>= 1); ``people[key]``: the people counted for the
+    first time at the key in this step (each person once per key and period: the bounding
+    stage's ``first`` flags), present only where >= 1. Buckets add up (:meth:`add`); the
+    dicts are the bucket's own (copy before sharing: :meth:`copy`).
+    """
+
+    events: dict[str, int]
+    people: dict[str, int]
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+    def copy(self) -> PeopleCounts:
+        """A bucket with dicts of its own."""
+        return PeopleCounts(dict(self.events), dict(self.people))
+
+    def add(self, other: PeopleCounts) -> None:
+        """Add ``other``'s events and people to this bucket, in place."""
+        for target, more in ((self.events, other.events), (self.people, other.people)):
+            if target.keys().isdisjoint(more.keys()):
+                target.update(more)
+            else:
+                for key, n in more.items():
+                    target[key] = target.get(key, 0) + n
+
+    def to_state(self) -> dict[str, dict[str, int]]:
+        """Plain data (a snapshot's pending bucket)."""
+        return {"events": dict(self.events), "people": dict(self.people)}
+
+    @staticmethod
+    def from_state(state: dict[str, Any]) -> PeopleCounts:
+        """The bucket of :meth:`to_state`."""
+        return PeopleCounts({str(k): int(n) for k, n in state["events"].items()},
+                            {str(k): int(n) for k, n in state["people"].items()})
 
 
 class DeclaredLayout(Mapping[int, tuple[str, ...]]):
@@ -108,14 +161,26 @@ class DeclaredLayout(Mapping[int, tuple[str, ...]]):
         """The position of every key, -1 for a key that is not declared."""
         return self.index.rows(keys)
 
-    def route(self, positions: IntArray) -> list[RowCounts | None]:
-        """Count events by position; one :class:`RowCounts` per shard (None: no event)."""
-        distinct, counts = np.unique(positions, return_counts=True)
+    def route(self, positions: IntArray,
+              first: npt.NDArray[np.bool_] | None = None) -> list[RowCounts | None]:
+        """Count events by position; one :class:`RowCounts` per shard (None: no event).
+
+        ``first`` (user level): the events that count a person for the first time at their
+        key; the buckets then also count those per row (``RowCounts.people``).
+        """
+        people = None
+        if first is None:
+            distinct, counts = np.unique(positions, return_counts=True)
+        else:
+            distinct, slot, counts = np.unique(positions, return_inverse=True,
+                                               return_counts=True)
+            people = np.bincount(slot.reshape(-1), weights=first.astype(np.int64),
+                                 minlength=distinct.size).astype(np.int64)
         cuts = np.searchsorted(distinct, self.bounds).tolist()
         out: list[RowCounts | None] = []
         for shard in range(self.shards):
             lo, hi = cuts[shard], cuts[shard + 1]
             out.append(None if hi == lo else RowCounts(
                 (distinct[lo:hi] - self.bounds[shard]).astype(np.int32),
-                counts[lo:hi]))
+                counts[lo:hi], None if people is None else people[lo:hi]))
         return out

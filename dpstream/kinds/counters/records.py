@@ -38,12 +38,15 @@ import orjson
 from dpstream import schemas
 from dpstream.core.accounting.ledger import approx_dp
 from dpstream.core.counting.outputs import Alert, AlertColumns, BudgetExhausted, Release
+from dpstream.core.counting.statistics_spec import person_privacy
 from dpstream.core.noise.coordinates import JoinedNames
 from dpstream.messages import DeadLetter, Encoded
 from dpstream.stream.encoded import EncodedBatch, EncodedColumn, Texts, encode_dead_letter
 
 if TYPE_CHECKING:
     import numpy.typing as npt
+
+    from dpstream.config import ContributionConfig
 
     from dpstream.core.counting.key_table import FloatArray, IntArray
     from dpstream.core.counting.outputs import ReleaseColumns, StepOutputs
@@ -72,10 +75,14 @@ class RecordEncoder:
     """
 
     def __init__(self, flow: str, origin: datetime, step_seconds: float,
-                 conversion_delta: float = 1e-6, *, instance: str = "") -> None:
+                 conversion_delta: float = 1e-6, *, instance: str = "",
+                 contribution: ContributionConfig | None = None) -> None:
         self.flow, self.origin, self.step_seconds = flow, origin, step_seconds
         self.instance = instance
         self.conversion_delta = conversion_delta
+        # user level: releases carry ``privacy.unit = "user"`` and ``privacy.person``
+        self.contribution = (contribution if contribution is not None
+                             and contribution.user_level else None)
         # the keys' JSON of the latest key tuples, by identity (each tuple kept alive here);
         # the workers of a process share the encoder, so the cache has a lock
         self._key_cache: dict[int, tuple[tuple[str, ...], bytes | None]] = {}
@@ -114,11 +121,28 @@ class RecordEncoder:
         if unit == "rho" and self.conversion_delta > 0:
             epsilon, total_delta = approx_dp(spent, self.conversion_delta, delta)
             approx = schemas.ApproxDp(epsilon=epsilon, delta=total_delta)
-        privacy = schemas.Privacy(unit="event", accounting=unit, spent=spent, budget=budget,
-                                  delta=delta, approx_dp=approx)
+        person = None if self.contribution is None else self._person(spent, unit, delta)
+        privacy = schemas.Privacy(unit="event" if person is None else "user", accounting=unit,
+                                  spent=spent, budget=budget, delta=delta, approx_dp=approx,
+                                  person=person)
         return schemas.Release(flow=self.flow, instance=self.instance, mechanism=mechanism,
                                key=key, step=step, window=self._window(step), value=value,
                                std=std, privacy=privacy)
+
+    def _person(self, spent: float, unit: str, delta: float) -> schemas.PersonLevel:
+        """A person's total for a release whose key spent ``spent`` (``L0`` keys' worth).
+
+        A function of the release's public ``spent`` and ``delta`` and of the configuration
+        (:func:`~dpstream.core.counting.statistics_spec.person_privacy`), so the same for every
+        release of a column: part of the bulk encoder's template.
+        """
+        c = self.contribution
+        assert c is not None
+        total = person_privacy("zcdp" if unit == "rho" else "pure", spent, delta,
+                               c.cap("max_keys"), self.conversion_delta)
+        period = "lifetime" if c.period_steps is None else f"{c.period_steps} steps"
+        return schemas.PersonLevel(period=period, caps=c.caps, epsilon=total.epsilon,
+                                   delta=total.delta, rho=total.rho)
 
     def _alert(self, key: str, step: int, threshold: int, epsilon: float) -> schemas.Alert:
         return schemas.Alert(flow=self.flow, instance=self.instance, key=key, step=step,

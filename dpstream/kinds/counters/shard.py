@@ -33,6 +33,7 @@ ran every specification) is refused with :data:`REFERENCE_SNAPSHOT_REFUSED`.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Final
 
@@ -45,7 +46,7 @@ from dpstream.core.counting.outputs import (
 from dpstream.core.counting.statistics_spec import StatisticsSpec
 from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import InvalidParameterError
-from dpstream.kinds.counters.layout import DeclaredLayout, RowCounts
+from dpstream.kinds.counters.layout import DeclaredLayout, PeopleCounts, RowCounts
 from dpstream.stream.barrier import StepBarrier, binding, check_binding
 from dpstream.stream.clock import ShardUpdate
 
@@ -116,7 +117,8 @@ class ShardState(StepBarrier):
                 raise InvalidParameterError(REFERENCE_SNAPSHOT_REFUSED)
             self._table_state = state.get("table")
             self.restore_barrier(state)
-            self.pending = {s: dict(k) for s, k in state["pending"].items()}
+            self.pending = {s: PeopleCounts.from_state(k) if spec.user_level else dict(k)
+                            for s, k in state["pending"].items()}
         elif declared_by_shard is None:
             self.bind(None)  # the open universe's table needs no shard
 
@@ -124,35 +126,58 @@ class ShardState(StepBarrier):
         """Plain-data snapshot (holds true counts: the recovery store is secret)."""
         own = {**binding(self.spec.instance, self.spec.mechanisms_digest, self.noise),
                **self.barrier_state(), "engine": "table",
-               "pending": {s: self._named(k) for s, k in self.pending.items()}}
+               "pending": {s: self._plain(k) for s, k in self.pending.items()}}
         own["table"] = self._table_state if self.table is None else self.table.to_state()
         return own
 
-    def merge(self, step: int, bucket: dict[str, int] | RowCounts) -> None:
+    def merge(self, step: int, bucket: dict[str, int] | RowCounts | PeopleCounts) -> None:
         """Add one partition's per-key increments for ``step``.
 
         Buckets by row (:class:`RowCounts`, the declared universe) are kept as a list until
         the step closes; a bucket by name (or a pending one restored from a snapshot) makes
-        the step's pending bucket a dict by name.
+        the step's pending bucket a dict by name (at the user level a :class:`PeopleCounts`:
+        events and people by name).
         """
         pending = self.pending.get(step)
         if isinstance(bucket, RowCounts):
             if pending is None or isinstance(pending, list):
                 self.pending.setdefault(step, []).append(bucket)
                 return
-            bucket = bucket.named(self._declared_keys)
+            bucket = (bucket.named_people(self._declared_keys) if self.spec.user_level
+                      else bucket.named(self._declared_keys))
         elif isinstance(pending, list):
             self.pending[step] = self._named(pending)
+        if isinstance(bucket, PeopleCounts):
+            merged = self.pending.get(step)
+            if merged is None:
+                self.pending[step] = bucket.copy()  # never mutate the input
+            else:
+                merged.add(bucket)
+            return
         _merge(self.pending, step, bucket)
 
-    def _named(self, pending: dict[str, int] | list[RowCounts]) -> dict[str, int]:
+    def _named(self, pending: dict[str, int] | list[RowCounts] | PeopleCounts
+               ) -> dict[str, int] | PeopleCounts:
         """A pending bucket by key name (buckets by row summed)."""
+        if isinstance(pending, PeopleCounts):
+            return pending.copy()
         if not isinstance(pending, list):
             return dict(pending)
+        if self.spec.user_level:
+            people = PeopleCounts({}, {})
+            for bucket in pending:
+                people.add(bucket.named_people(self._declared_keys))
+            return people
         named: dict[int, dict[str, int]] = {}
         for bucket in pending:
             _merge(named, 0, bucket.named(self._declared_keys))
         return named.get(0, {})
+
+    def _plain(self, pending: dict[str, int] | list[RowCounts] | PeopleCounts
+               ) -> dict[str, Any]:
+        """A pending bucket as a snapshot holds it (by key name; plain data)."""
+        named = self._named(pending)
+        return named.to_state() if isinstance(named, PeopleCounts) else named
 
     def idle(self) -> bool:
         """No live key in an open universe: steps without events publish nothing."""
@@ -199,17 +224,29 @@ class ShardState(StepBarrier):
         """:meth:`end_of_input`, with every closed step's outputs as one StepOutputs."""
         return self.end_of_input(whole=True)
 
-    def close(self, step: int, bucket: dict[str, int] | list[RowCounts] | None
+    def close(self, step: int, bucket: dict[str, int] | list[RowCounts] | PeopleCounts | None
               ) -> StepOutputs:
         """Step every key of the shard (declared, live, or new in this step).
 
         Returns what closing ``step`` publishes (after ``release_every``).
         """
         assert self.table is not None, "a declared shard closes once it knows its shard"
-        if isinstance(bucket, list):  # by row: no key is looked up
+        if isinstance(bucket, list) and self.spec.user_level:  # by row, with people
             outputs: StepOutputs = self.table.close_declared(
                 step, np.concatenate([b.rows for b in bucket]),
+                np.concatenate([b.counts for b in bucket]),
+                np.concatenate([np.zeros_like(b.counts) if b.people is None else b.people
+                                for b in bucket]))
+        elif isinstance(bucket, list):  # by row: no key is looked up
+            outputs = self.table.close_declared(
+                step, np.concatenate([b.rows for b in bucket]),
                 np.concatenate([b.counts for b in bucket]))
+        elif isinstance(bucket, PeopleCounts) and bucket:
+            keys = list(bucket.events)
+            increments = np.fromiter(bucket.events.values(), dtype=np.int64, count=len(keys))
+            people = np.fromiter(map(bucket.people.get, keys, itertools.repeat(0)),
+                                 dtype=np.int64, count=len(keys))
+            outputs = self.table.close(step, keys, increments, people)
         elif bucket:
             keys = list(bucket)
             increments = np.fromiter(bucket.values(), dtype=np.int64, count=len(keys))
