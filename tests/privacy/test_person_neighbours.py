@@ -16,7 +16,7 @@ BLT / zCDP, an open universe with admission under both; PMWG; ERM) runs under bo
   target's keys' records have the same structure, and their values move by exactly the
   target's kept contribution (declared counters) or within the stated sensitivity (the cap
   times the periods the person was active in so far; PMWG's public size);
-* **over 300 noise keys** (and 16 separate pilot keys that fix the statistic's threshold
+* **over 300 noise keys** (and 12 separate pilot keys that fix the statistic's threshold
   halfway between the two worlds' medians, so that the threshold owes nothing to the keys it
   is tested on), the frequency of an output event about the target's keys gives a
   Clopper-Pearson lower bound on the privacy loss (alpha = 1e-3 per interval: a correct flow
@@ -32,7 +32,7 @@ BLT / zCDP, an open universe with admission under both; PMWG; ERM) runs under bo
   far exceed the caps precisely so that an unbounded flow is caught.
 
 Runtime: a dataflow run of these small scenarios takes ~10-30 ms; each statistical test is
-(16 + 300) x 2 runs, the power checks (16 + 120) x 2.
+(12 + 300) x 2 runs, the power checks (12 + 120) x 2.
 """
 
 from __future__ import annotations
@@ -67,9 +67,9 @@ from dpstream.core.noise.keys import NoiseKey
 pytestmark = [pytest.mark.privacy]
 
 TARGET = "target-person"
-STEPS = 12
+STEPS = 8
 PERIODS = {"lifetime": None, "4s": 4}
-PILOT = range(70_000, 70_016)
+PILOT = range(70_000, 70_012)
 KEYS_STAT = range(71_000, 71_300)
 KEYS_POWER = range(72_000, 72_120)
 
@@ -95,7 +95,8 @@ PER_KEY = 200  # the target's events on each of its keys (the caps keep 2 a key,
 
 
 def counters_config(mode: str, accounting: str, period: str) -> FlowConfig:
-    tables: dict[str, dict[str, Any]] = {"contribution": contribution(period, **COUNTER_CAPS)}
+    tables: dict[str, dict[str, Any]] = {"contribution": contribution(period, **COUNTER_CAPS),
+                                         "flow": {"shards": 2}}
     if mode == "declared":
         tables["admission"] = {"keys": COUNTER_KEYS}
     return make_config(mode, accounting, **tables)
@@ -130,11 +131,11 @@ def counters_background(mode: str, seed: int = 0) -> list[Item]:
 def counters_target(person: str = TARGET, per_key: int = PER_KEY) -> list[Item]:
     """The target: ``per_key`` events on each of k0..k5 over every step and partition, the
     first event of the input (k0, partition 0), the last (k5, partition 2), and events on both
-    sides of each period boundary of a 4-step period (steps 3|4 and 7|8)."""
+    sides of the period boundary of a 4-step period (steps 3|4)."""
     items = [Item(0, {"key": "k0", "ts": ORIGIN, PERSON_FIELD: person}, 0.0),
              Item(2, {"key": "k5", "ts": ORIGIN + STEPS - 0.001, PERSON_FIELD: person},
                   STEPS - 0.001)]
-    for edge in (4, 8):  # the last instant of a period, the first of the next
+    for edge in (4,):  # the last instant of a period, the first of the next
         for key, t in (("k1", edge - 0.001), ("k2", edge + 0.0)):
             items.append(Item(edge % 3, {"key": key, "ts": ORIGIN + t, PERSON_FIELD: person}, t))
     for i, key in enumerate(COUNTER_KEYS[:6]):
@@ -251,10 +252,11 @@ def hash_extreme_person(config: FlowConfig, noise: NoiseKey, instance: str, peop
                         largest: bool) -> str:
     """Of candidate names, the one whose keyed hash is below (or above) every person's."""
     import numpy as np
+
     from dpstream.core.contribution.people import PersonHasher
 
     hasher = PersonHasher(noise.lane(instance, config.name, "people"))
-    candidates = [f"{TARGET}-{i}" for i in range(64)]
+    candidates = [f"{TARGET}-{i}" for i in range(4096)]  # beat ~80 others
     def as_int(h: Any) -> int:
         return int.from_bytes(bytes(h), "big")
     others = [as_int(h) for h in hasher.hash_many(people)]
@@ -290,17 +292,18 @@ def test_counters_two_workers_and_small_batches_publish_the_same():
 
 def person_terms(records: Sequence[Record]) -> dict[str, Any]:
     """The user-level terms every record states (``privacy.person``): one value for all."""
-    terms = {json.dumps(b["privacy"]["person"], sort_keys=True) for role, b in records
-             if role != "dead_letters"}
+    stated = [b["privacy"] for _role, b in records if "privacy" in b]  # not alerts
+    terms = {json.dumps(p["person"], sort_keys=True) for p in stated}
     assert len(terms) == 1, terms
-    assert all(b["privacy"]["unit"] == "user" for role, b in records if role != "dead_letters")
+    assert all(p["unit"] == "user" for p in stated)
     return dict(json.loads(terms.pop()))
 
 
 def check_stated(records: Sequence[Record], config: FlowConfig, per_period: float) -> None:
     """The records state the caps, the period and the per-period claim derived here."""
     terms = person_terms(records)
-    assert terms["caps"] == dict(config.contribution.caps)
+    caps = terms["caps"]  # a mapping, or (name, value) pairs: the same terms
+    assert dict(caps) == dict(config.contribution.caps)
     period = config.contribution.period_steps
     assert terms["period"] == ("lifetime" if period is None else f"{period} steps")
     assert terms["epsilon"] == pytest.approx(per_period, rel=1e-9), (terms, per_period)
@@ -311,31 +314,38 @@ def check_stated(records: Sequence[Record], config: FlowConfig, per_period: floa
 Statistic = Callable[[list[Record]], "float | None"]
 
 
-def frequencies(run: Callable[[Sequence[Item], NoiseKey, str], list[Record]],
-                worlds: tuple[list[Item], list[Item]], statistic: Statistic,
-                keys: range) -> tuple[float, list[int], list[int]]:
+Sample = Callable[[NoiseKey, str], "tuple[list[float | None], list[float | None]]"]
+
+
+def one_each(run: Callable[[Sequence[Item], NoiseKey, str], list[Record]],
+             worlds: tuple[list[Item], list[Item]], statistic: Statistic) -> Sample:
+    """A sample of one run of each world under a noise key."""
+    def sample(noise: NoiseKey, instance: str) -> tuple[list[float | None], list[float | None]]:
+        return ([statistic(run(worlds[0], noise, instance))],
+                [statistic(run(worlds[1], noise, instance))])
+    return sample
+
+
+def frequencies(sample: Sample, keys: range, pilot_keys: range = PILOT
+                ) -> tuple[float, list[int], list[int]]:
     """The threshold from the pilot keys, then how often ``statistic >= threshold`` per world.
 
-    The threshold is halfway between the two worlds' medians on :data:`PILOT` (keys apart from
+    The threshold is halfway between the two worlds' medians on ``pilot_keys`` (apart from
     ``keys``): where the two distributions differ most for a location shift of symmetric noise.
-    A run whose statistic is None (the key was not released) is not counted.
+    A draw whose statistic is None (the key was not released) is not counted.
     """
-    medians = []
-    for items in worlds:
-        pilot = [statistic(run(items, NoiseKey.for_tests(s), f"p{s}")) for s in PILOT]
-        present = [v for v in pilot if v is not None]
-        assert len(present) >= len(PILOT) // 2, "the statistic is rarely defined"
-        medians.append(stats.median(present))
-    threshold = sum(medians) / 2
+    pilot: list[list[float]] = [[], []]
+    for s in pilot_keys:
+        for world, drawn in enumerate(sample(NoiseKey.for_tests(s), f"p{s}")):
+            pilot[world] += [v for v in drawn if v is not None]
+    assert min(map(len, pilot)) >= len(pilot_keys) // 2, "the statistic is rarely defined"
+    threshold = sum(stats.median(p) for p in pilot) / 2
     hits, totals = [0, 0], [0, 0]
     for s in keys:
-        noise = NoiseKey.for_tests(s)
-        for world, items in enumerate(worlds):
-            value = statistic(run(items, noise, f"k{s}"))
-            if value is None:
-                continue
-            totals[world] += 1
-            hits[world] += value >= threshold
+        for world, drawn in enumerate(sample(NoiseKey.for_tests(s), f"k{s}")):
+            present = [v for v in drawn if v is not None]
+            totals[world] += len(present)
+            hits[world] += sum(v >= threshold for v in present)
     return threshold, hits, totals
 
 
@@ -355,35 +365,67 @@ def bounding_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(rules.BoundingRule, "from_contribution", staticmethod(unbounded))
 
 
-def counters_statistic(config: FlowConfig, worlds: tuple[list, list]) -> tuple[Statistic, int]:
-    """The value of the target's first kept key at the last step (cumulative: every kept event
-    of the key is in it), and the periods the target is active in."""
-    kept = counters_kept(config, worlds[1])
-    key = kept[0].group
-    if config.admission.mode == "open":  # type: ignore[attr-defined]
-        key = next(e.group for e in kept if e.group in ("k0", "k1"))
+REPLICAS = 10  # copies of both worlds in one run: 30 noise keys give 300 draws a world
+KEYS_REPLICATED = range(71_000, 71_000 + 300 // REPLICAS)
+PILOT_REPLICATED = range(70_000, 70_002)
 
-    def value(records: list[Record]) -> float | None:
-        return values(records, key).get(STEPS - 1)
 
-    return value, periods_active(kept, config.contribution.period_steps)
+def prefixed(items: Sequence[Item], prefix: str) -> list[Item]:
+    """A copy of ``items`` on keys and people of their own (``prefix`` + name)."""
+    return [dataclasses.replace(i, body={**i.body, "key": prefix + i.body["key"],
+                                         PERSON_FIELD: prefix + i.body[PERSON_FIELD]})
+            for i in items]
+
+
+def counters_batch(mode: str, accounting: str, period: str
+                   ) -> tuple[FlowConfig, list[Item], list[str], int]:
+    """Both worlds, :data:`REPLICAS` times each, in one input: replica ``r`` of the world
+    without the target on keys ``a<r>.k*`` and people ``a<r>.*``, of the world with it on
+    ``b<r>.*``. Every key's noise is its own draw (the coordinates name the key) and every
+    person is bounded alone, so each replica is the scenario run under fresh noise: the
+    coupled tests check that a person moves nothing outside their kept keys. Returns the
+    configuration, the input, the statistic's key (the target's first kept key) and the
+    periods the target is active in."""
+    worlds = counters_worlds(mode)
+    plain = counters_config(mode, accounting, period)
+    kept = counters_kept(plain, worlds[1])
+    key = kept[0].group if mode == "declared" else next(
+        e.group for e in kept if e.group in ("k0", "k1"))  # an admitted key
+    items: list[Item] = []
+    keys: list[str] = []
+    for r in range(REPLICAS):
+        for world, prefix in enumerate((f"a{r}.", f"b{r}.")):
+            items += prefixed(worlds[world], prefix)
+            keys += [prefix + k for k in COUNTER_KEYS]
+    config = plain
+    if mode == "declared":
+        config = make_config(mode, accounting, admission={"keys": keys},
+                             contribution=contribution(period, **COUNTER_CAPS),
+                             flow={"shards": 2})
+    return config, items, [key], periods_active(kept, config.contribution.period_steps)
+
+
+def counters_sample(config: FlowConfig, items: list[Item], key: str) -> Sample:
+    def sample(noise: NoiseKey, instance: str) -> tuple[list[float | None], list[float | None]]:
+        records = run_counters(config, items, noise, instance=instance, batch=1024)
+        return tuple([values(records, f"{w}{r}.{key}").get(STEPS - 1)  # type: ignore[return-value]
+                      for r in range(REPLICAS)] for w in "ab")
+    return sample
 
 
 @pytest.mark.statistical
 @pytest.mark.parametrize("period", list(PERIODS))
 @pytest.mark.parametrize(("mode", "accounting"), COUNTER_MODES)
 def test_counters_empirical_epsilon_of_a_person_stays_below_the_claim(mode, accounting, period):
-    config = counters_config(mode, accounting, period)
-    worlds = counters_worlds(mode)
-    statistic, active = counters_statistic(config, worlds)
+    """The value of the target's first kept key at the last step (cumulative: every kept
+    event of the key is in it) against a threshold, over 300 draws a world."""
+    config, items, (key,), active = counters_batch(mode, accounting, period)
     claim = counters_claim(config, active)
-
-    def run(items, noise, instance):
-        return run_counters(config, items, noise, instance=instance, batch=256)
-
-    check_stated(run(worlds[1], NoiseKey.for_tests(1), "s"), config, counters_claim(config, 1))
-    threshold, hits, totals = frequencies(run, worlds, statistic, KEYS_STAT)
-    assert min(totals) >= 150, totals  # enough runs released the key
+    check_stated(run_counters(config, items, NoiseKey.for_tests(1), batch=1024), config,
+                 counters_claim(config, 1))
+    threshold, hits, totals = frequencies(counters_sample(config, items, key),
+                                           KEYS_REPLICATED, PILOT_REPLICATED)
+    assert min(totals) >= 150, totals  # enough draws released the key
     bound = epsilon_lower_bound(hits[0], totals[0], hits[1], totals[1])
     print(f"\n{mode}/{accounting}/{period}: {hits}/{totals} above {threshold:.1f}: bound "
           f"{bound:.3f}, claim {claim:.3f}")
@@ -393,23 +435,19 @@ def test_counters_empirical_epsilon_of_a_person_stays_below_the_claim(mode, acco
 @pytest.mark.statistical
 @pytest.mark.parametrize("period", list(PERIODS))
 def test_counters_power_bounding_off_is_caught(monkeypatch, period):
-    """The tree under pure epsilon (a claim 300 runs can reach): with the bounding off, the
+    """The tree under pure epsilon (a claim 300 draws can reach): with the bounding off, the
     target's 200 events a key move the statistic by ~200 against a noise std of ~32 (the tree
-    at Linf = 2): the bound (~3, the most 120 runs can show) exceeds the claim (1.6 or 3.2)."""
+    at Linf = 2): the bound (~3.6, the most 300 draws can show) exceeds the claim (1.6, or 3.2
+    for a person active in both periods)."""
     bounding_off(monkeypatch)
-    config = counters_config("declared", "pure", period)
-    worlds = counters_worlds("declared")
-    noise = NoiseKey.for_tests(3)
-    r0, r1 = (run_counters(config, w, noise, batch=256) for w in worlds)
-    statistic, active = counters_statistic(config, worlds)
-    moved = statistic(r1) - statistic(r0)  # type: ignore[operator]
-    assert moved > 100, moved  # the patch took: far more than the caps' kept events moved it
+    config, items, (key,), active = counters_batch("declared", "pure", period)
+    records = run_counters(config, items, NoiseKey.for_tests(3), batch=1024)
+    moved = [values(records, f"b{r}.{key}")[STEPS - 1] - values(records, f"a{r}.{key}")[STEPS - 1]
+             for r in range(REPLICAS)]
+    assert stats.median(moved) > 100, moved  # the patch took: far more than the caps moved it
     claim = counters_claim(config, active)
-
-    def run(items, noise, instance):
-        return run_counters(config, items, noise, instance=instance, batch=256)
-
-    _threshold, hits, totals = frequencies(run, worlds, statistic, KEYS_POWER)
+    _threshold, hits, totals = frequencies(counters_sample(config, items, key),
+                                           KEYS_REPLICATED, PILOT_REPLICATED)
     bound = epsilon_lower_bound(hits[0], totals[0], hits[1], totals[1])
     print(f"\nbounding off/{period}: {hits}/{totals}: bound {bound:.3f}, claim {claim:.3f}")
     assert bound > claim, (hits, totals, bound, claim)
@@ -538,7 +576,7 @@ def test_pmwg_empirical_epsilon_of_a_person_stays_below_the_claim(period):
 
     check_stated([r for r in run(worlds[1], NoiseKey.for_tests(1), "s") if r[0] == "answers"],
                  config, pmwg_claim(config, 1))
-    threshold, hits, totals = frequencies(run, worlds, pmwg_statistic, KEYS_STAT)
+    threshold, hits, totals = frequencies(one_each(run, worlds, pmwg_statistic), KEYS_STAT)
     bound = epsilon_lower_bound(hits[0], totals[0], hits[1], totals[1])
     print(f"\npmwg/{period}: {hits}/{totals} t above {threshold:.1f}: bound {bound:.3f}, "
           f"claim {claim:.3f}")
@@ -563,7 +601,8 @@ def test_pmwg_power_bounding_off_is_caught(monkeypatch, period):
     def run(items, noise, instance):
         return run_pmwg(config, items, noise, instance=instance, batch=256)
 
-    _threshold, hits, totals = frequencies(run, worlds, pmwg_statistic, KEYS_POWER)
+    _threshold, hits, totals = frequencies(one_each(run, worlds, pmwg_statistic),
+                                            KEYS_POWER)
     bound = epsilon_lower_bound(hits[0], totals[0], hits[1], totals[1])
     print(f"\npmwg bounding off/{period}: {hits}/{totals}: bound {bound:.3f}, claim {claim:.3f}")
     assert bound > claim, (hits, totals, bound, claim)
@@ -718,7 +757,8 @@ def test_erm_empirical_epsilon_of_a_person_stays_below_the_claim(period):
     per_period = erm_claim(config, 1)
     assert float(config.person_cost().total) == pytest.approx(per_period)  # type: ignore[attr-defined]
     check_stated(run(worlds[1], NoiseKey.for_tests(1), "s"), config, per_period)
-    threshold, hits, totals = frequencies(run, worlds, erm_statistic(config, worlds), KEYS_STAT)
+    threshold, hits, totals = frequencies(
+        one_each(run, worlds, erm_statistic(config, worlds)), KEYS_STAT)
     bound = epsilon_lower_bound(hits[0], totals[0], hits[1], totals[1])
     print(f"\nerm/{period}: {hits}/{totals} above {threshold:.2f}: bound {bound:.3f}, "
           f"claim {claim:.3f}")
@@ -739,8 +779,8 @@ def test_erm_power_bounding_off_is_caught(monkeypatch, period):
     def run(items, noise, instance):
         return run_erm(config, items, noise, instance=instance, batch=256)
 
-    _threshold, hits, totals = frequencies(run, worlds, erm_statistic(config, worlds),
-                                           KEYS_POWER)
+    _threshold, hits, totals = frequencies(
+        one_each(run, worlds, erm_statistic(config, worlds)), KEYS_POWER)
     bound = epsilon_lower_bound(hits[0], totals[0], hits[1], totals[1])
     print(f"\nerm bounding off/{period}: {hits}/{totals}: bound {bound:.3f}, claim {claim:.3f}")
     assert bound > claim, (hits, totals, bound, claim)
