@@ -1,0 +1,494 @@
+"""Contribution bounding: which of a person's events a flow keeps, decided by that person alone.
+
+**What is kept.** Per person and per period
+(:class:`~dpstream.core.contribution.rules.BoundingRule`), a person's events fall into groups
+(counters: keys; ERM: steps; PMWG: one group). Taking the person's events in a fixed order,
+an event is kept iff its group is already one of the person's groups this period and that group
+holds fewer than ``max_per_group`` kept events, or the person has fewer than ``max_groups``
+groups (the event's group is then added). So per period a person
+keeps events in at most ``max_groups`` groups and at most ``max_per_group`` in each: the L0 and
+Linf bounds the kinds' sensitivities are multiplied by.
+
+**The order.** Steps in increasing order (a step is one call of :meth:`ContributionBounder.keep`,
+given *all* the accepted events of that closed step), and within a step by ``(partition,
+offset)``: a total order on the input's events that depends on their coordinates alone, not on
+how they were batched, interleaved, split across workers or replayed after a restart. The
+decisions are therefore a function of the input's contents (pitfall 11): the same events in any
+order within the step, or with a snapshot and restore between any two steps, are kept alike.
+
+**Why one person's presence changes nobody else's kept events (pitfall 17).** The decision for
+an event of person ``p`` reads only ``p``'s state (``p``'s groups and counts in this period,
+built from ``p``'s earlier events) and ``p``'s events of this step before it in the order above.
+Nothing of another person enters: people are told apart by their 128-bit keyed hashes
+(:mod:`dpstream.core.contribution.people`), so adding or removing every event of one person
+leaves every other person's kept events unchanged, except when two people's hashes collide; that
+probability is at most ``n 2^-128`` for ``n`` other people and is added to delta
+(:func:`~dpstream.core.contribution.people.collision_delta`). The group keys are interned per
+period into small integers (a dict, exact, dropped with the period); an id says only which keys
+are equal, so the order in which keys were interned (which does depend on other people) decides
+nothing.
+
+**Computed in columns.** :meth:`ContributionBounder.keep` is vectorised over the step: the
+events' ranks in ``(partition, offset)`` order; people as dense ids (sorted by hash); one sort by
+``(person, group, rank)`` gives each event its rank among the person's events of its group, so
+an event is kept iff that rank is below the group's allowance: ``max_per_group`` minus the
+group's kept count so far this period for a group the person already has; ``max_per_group`` for
+a new group that is admitted, ``0`` for one that is not. A new group is admitted iff the
+person's groups so far plus the new group's rank among the person's new groups of this step
+(ordered by their first event) is below ``max_groups``: exactly the sequential rule above (a new
+group is added at its first event, whose keep is certain, and once the person is full no group
+is added). There is no Python loop per event (the interning of keys excepted: a dict lookup).
+
+**The state** holds, per person seen this period, in columns sorted by hash: the hash (two
+uint64 words, 16 bytes), and what the caps need, counted in uint8 when the cap is at most 255
+(else uint16): ``key``: the person's group ids (int32) and kept counts, ``max_groups`` of each
+(``16 + 5 max_groups`` bytes: 56 at ``max_groups = 8``; 64 with caps above 255); ``step``:
+groups used, the last step with a kept event and its kept count (26 bytes); ``one``: the kept
+count (17 bytes). People new in a step are merged into a small sorted *delta*
+(one sort-merge per step, at the cost of the delta's size), and the delta into the main columns
+when it outgrows ``max(2^16, 64 sqrt(main))``: a step's cost does not grow with all the people
+held, and no column has spare capacity (the bytes above are exact). A step in a later period
+drops the whole state first (the period's people, counts and key ids): the state does not grow
+with the number of periods. The state holds no person id (only keyed hashes) but does hold
+per-person counts: keep the recovery store secret.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Sequence
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+
+from dpstream.core._checks import integer_at_least
+from dpstream.core.contribution.people import HASH_BYTES, PersonHashes, hash_words
+from dpstream.core.contribution.rules import BoundingRule
+from dpstream.errors import InvalidParameterError
+
+__all__ = ["ContributionBounder"]
+
+_STATE_KIND: Final = "contribution-bounder"
+_STATE_VERSION: Final = 1
+_NO_GROUP: Final = -1
+_CHUNK: Final = 1 << 22
+"""Cells of a (pairs x max_groups) comparison done at once (bounds the scratch memory)."""
+_COMPOSITE_LIMIT: Final = 1 << 62
+_DELTA_MIN: Final = 1 << 16
+_DELTA_GROWTH: Final = 64
+"""The delta is merged into the main columns past ``max(_DELTA_MIN, _DELTA_GROWTH sqrt(main))``
+people: a step costs O(delta) moves, a merge O(main), once per ~sqrt(main) new people."""
+
+Bools = npt.NDArray[np.bool_]
+Ints = npt.NDArray[np.int64]
+Words = npt.NDArray[np.uint64]
+Columns = dict[str, npt.NDArray[Any]]
+
+
+class _Sorted:
+    """People's hashes (two uint64 words) and their columns, sorted by hash, exactly sized."""
+
+    __slots__ = ("hi", "lo", "columns")
+
+    def __init__(self, hi: Words, lo: Words, columns: Columns) -> None:
+        self.hi, self.lo, self.columns = hi, lo, columns
+
+    @property
+    def size(self) -> int:
+        return int(self.hi.size)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.hi.nbytes + self.lo.nbytes
+                   + sum(column.nbytes for column in self.columns.values()))
+
+    def insert(self, at: Ints, hi: Words, lo: Words, columns: Columns) -> None:
+        """Insert sorted people at their positions (one column at a time: a small peak)."""
+        if not at.size:
+            return
+        self.hi = np.insert(self.hi, at, hi)
+        self.lo = np.insert(self.lo, at, lo)
+        for name in list(self.columns):
+            self.columns[name] = np.insert(self.columns[name], at, columns[name], axis=0)
+
+
+class ContributionBounder:
+    """Keeps, per person and period, at most the rule's caps of that person's events.
+
+    Args:
+        rule: the caps and what a group is.
+        state: a :meth:`to_state` snapshot to resume from (made under the same rule).
+    """
+
+    def __init__(self, rule: BoundingRule, state: dict[str, Any] | None = None) -> None:
+        self.rule = rule
+        self._last_step: int | None = None
+        self._reset(None)
+        if state is not None:
+            self._restore(state)
+
+    # -- the state --
+    def _reset(self, period: int | None) -> None:
+        """Drop every person of the old period (and its key ids)."""
+        self._period = period
+        self._main = self._segment(0)
+        self._delta = self._segment(0)
+        self._keys: dict[Hashable, int] = {}
+
+    def _segment(self, count: int) -> _Sorted:
+        return _Sorted(np.zeros(count, np.uint64), np.zeros(count, np.uint64),
+                       self._empty_columns(count))
+
+    def _empty_columns(self, count: int) -> Columns:
+        grouping, width = self.rule.grouping, self.rule.max_groups
+        counts = _counter(self.rule.max_per_group)
+        if grouping == "key":
+            return {"groups": np.full((count, width), _NO_GROUP, np.int32),
+                    "counts": np.zeros((count, width), counts)}
+        if grouping == "step":
+            return {"used": np.zeros(count, _counter(width)),
+                    "last": np.full(count, -1, np.int64), "count": np.zeros(count, counts)}
+        return {"count": np.zeros(count, counts)}
+
+    def _compact(self) -> None:
+        """Merge the delta into the main columns."""
+        delta = self._delta
+        if delta.size:
+            at, _found = _locate(self._main.hi, self._main.lo, delta.hi, delta.lo)
+            self._main.insert(at, delta.hi, delta.lo, delta.columns)
+            self._delta = self._segment(0)
+
+    @property
+    def people(self) -> int:
+        """The number of people held (seen this period)."""
+        return self._main.size + self._delta.size
+
+    @property
+    def period(self) -> int | None:
+        """The period the state is of (None before the first step)."""
+        return self._period
+
+    @property
+    def last_step(self) -> int | None:
+        """The last step given to :meth:`keep` (None before the first)."""
+        return self._last_step
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the per-person columns (the period's key ids excluded: per key, not person)."""
+        return self._main.nbytes + self._delta.nbytes
+
+    def to_state(self) -> dict[str, Any]:
+        """Plain data to resume from: the rule, the period, the columns and the key ids.
+
+        It holds keyed hashes, never a person id, but it holds per-person counts: the recovery
+        store that keeps it is secret.
+        """
+        self._compact()
+        main = self._main
+        people = np.stack([main.hi, main.lo], axis=1).astype(">u8").tobytes()
+        return {"kind": _STATE_KIND, "version": _STATE_VERSION, "rule": self.rule.to_dict(),
+                "period": self._period, "last_step": self._last_step, "people": people,
+                "columns": {name: column.copy() for name, column in main.columns.items()},
+                "keys": list(self._keys)}
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        if state.get("kind") != _STATE_KIND or state.get("version") != _STATE_VERSION:
+            raise InvalidParameterError(
+                f"not a contribution bounder state of version {_STATE_VERSION}: kind "
+                f"{state.get('kind')!r}, version {state.get('version')!r}")
+        if state.get("rule") != self.rule.to_dict():
+            raise InvalidParameterError(
+                f"the bounding state was made with the caps {state.get('rule')!r}, but these "
+                f"are {self.rule.to_dict()!r} (caps cannot change within a flow instance)")
+        try:
+            words = np.frombuffer(state["people"], dtype=">u8").reshape(-1, 2).astype(np.uint64)
+            count = words.shape[0]
+            template = self._empty_columns(count)
+            columns = {name: np.array(state["columns"][name], dtype=empty.dtype).reshape(
+                empty.shape) for name, empty in template.items()}
+            keys = list(state["keys"])
+            period = None if state["period"] is None else int(state["period"])
+            last = None if state["last_step"] is None else int(state["last_step"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidParameterError(
+                f"malformed contribution bounder state: {type(exc).__name__}") from None
+        hi, lo = words[:, 0].copy(), words[:, 1].copy()
+        if count > 1 and not bool(((hi[1:] > hi[:-1]) | ((hi[1:] == hi[:-1])
+                                                          & (lo[1:] > lo[:-1]))).all()):
+            raise InvalidParameterError(
+                "malformed contribution bounder state: people not sorted or repeated")
+        if len(set(keys)) != len(keys):
+            raise InvalidParameterError("malformed contribution bounder state: a key twice")
+        self._period, self._last_step = period, last
+        self._main, self._delta = _Sorted(hi, lo, columns), self._segment(0)
+        self._keys = {key: i for i, key in enumerate(keys)}
+
+    # -- the decisions --
+    def keep(self, step: int, people: PersonHashes, groups: Sequence[Hashable] | None,
+             partitions: npt.ArrayLike, offsets: npt.ArrayLike) -> tuple[Bools, Bools]:
+        """Decide which of one closed step's events are kept.
+
+        Args:
+            step: the step (steps are given in increasing order; a step in a later period
+                drops the previous period's state first). Give all of a step's events in one
+                call: the order within a step is ``(partition, offset)`` only within a call.
+            people: each event's person, as a keyed hash (``V16``).
+            groups: each event's group for grouping ``key`` (hashable keys: strings or ints);
+                ignored otherwise.
+            partitions: each event's input partition.
+            offsets: each event's offset in its partition (``(partition, offset)`` unique).
+
+        Returns:
+            ``(keep, first)``, aligned with the events: ``keep[i]`` whether event ``i`` is kept;
+            ``first[i]`` whether it is kept and is its person's first kept event of its group
+            in this period (a count of distinct people per group).
+        """
+        step = integer_at_least("step", step, 0)
+        if self._last_step is not None and step < self._last_step:
+            raise InvalidParameterError(
+                f"steps must be given in increasing order: step {step} after step "
+                f"{self._last_step}")
+        words = hash_words(people)
+        n = words.shape[0]
+        partition = np.asarray(partitions, dtype=np.int64).reshape(-1)
+        offset = np.asarray(offsets, dtype=np.int64).reshape(-1)
+        if partition.size != n or offset.size != n:
+            raise InvalidParameterError(
+                f"people, partitions and offsets must have one entry per event: {n}, "
+                f"{partition.size} and {offset.size}")
+        grouping = self.rule.grouping
+        if grouping == "key" and (groups is None or len(groups) != n):
+            raise InvalidParameterError(
+                f"grouping 'key' needs one group per event: {n} events, "
+                f"{'no' if groups is None else len(groups)} groups")
+        rank = _ranks(partition, offset)
+        period = self.rule.period_of(step)
+        if period != self._period:
+            self._reset(period)
+        self._last_step = step
+        if n == 0:
+            return np.zeros(0, np.bool_), np.zeros(0, np.bool_)
+        pid, uhi, ulo = _dense_people(words[:, 0], words[:, 1])
+        local, where = self._gather(uhi, ulo)
+        if grouping == "key":
+            assert groups is not None
+            order, sorted_pair, pair_person, pair_group = _by_pair(
+                pid, self._intern(groups), len(self._keys), rank)
+        else:
+            order = np.argsort(pid * n + rank)
+            sorted_pair = pid[order]
+            pair_person = np.arange(uhi.size, dtype=np.int64)
+            pair_group = np.zeros(uhi.size, np.int64)
+        starts = np.flatnonzero(np.concatenate(([True], sorted_pair[1:] != sorted_pair[:-1])))
+        sizes = np.diff(np.append(starts, n))
+        rank_in_pair = np.arange(n, dtype=np.int64) - starts[sorted_pair]
+        first_rank = rank[order][starts]
+        allowance, new_group, slot = self._allowances(step, local, pair_person, pair_group,
+                                                      first_rank, n)
+        kept_sorted = rank_in_pair < allowance[sorted_pair]
+        first_sorted = kept_sorted & (rank_in_pair == 0) & new_group[sorted_pair]
+        kept_per_pair = np.minimum(sizes, np.maximum(allowance, 0))
+        self._record(step, local, pair_person, pair_group, allowance, new_group, slot,
+                     kept_per_pair)
+        self._scatter(local, where, uhi, ulo)
+        keep = np.empty(n, np.bool_)
+        keep[order] = kept_sorted
+        first = np.empty(n, np.bool_)
+        first[order] = first_sorted
+        return keep, first
+
+    def _gather(self, uhi: Words, ulo: Words) -> tuple[Columns, tuple[Ints, Ints, Ints]]:
+        """The step's people's columns (empty for people new this period), and where they are.
+
+        Returns the columns, one row per person of the step, and, per person, the row in the
+        main columns, the row in the delta (-1: not there) and the delta's insertion position.
+        """
+        local = self._empty_columns(uhi.size)
+        at_main, in_main = _locate(self._main.hi, self._main.lo, uhi, ulo)
+        at_delta, in_delta = _locate(self._delta.hi, self._delta.lo, uhi, ulo)
+        main_row = np.where(in_main, at_main, -1)
+        delta_row = np.where(in_delta, at_delta, -1)
+        for segment, row in ((self._main, main_row), (self._delta, delta_row)):
+            found = np.flatnonzero(row >= 0)
+            if found.size:
+                for name, column in segment.columns.items():
+                    local[name][found] = column[row[found]]
+        return local, (main_row, delta_row, at_delta)
+
+    def _scatter(self, local: Columns, where: tuple[Ints, Ints, Ints], uhi: Words,
+                 ulo: Words) -> None:
+        """Write the step's people back; the new ones into the delta (then maybe compact)."""
+        main_row, delta_row, at_delta = where
+        for segment, row in ((self._main, main_row), (self._delta, delta_row)):
+            found = np.flatnonzero(row >= 0)
+            if found.size:
+                for name, column in segment.columns.items():
+                    column[row[found]] = local[name][found]
+        fresh = np.flatnonzero((main_row < 0) & (delta_row < 0))
+        self._delta.insert(at_delta[fresh], uhi[fresh], ulo[fresh],
+                           {name: column[fresh] for name, column in local.items()})
+        if self._delta.size > max(_DELTA_MIN, _DELTA_GROWTH * math.isqrt(self._main.size)):
+            self._compact()
+
+    def _intern(self, groups: Sequence[Hashable]) -> Ints:
+        """The period's exact integer id of each event's group key (new keys get new ids)."""
+        table = self._keys
+        if isinstance(groups, np.ndarray) and groups.dtype.kind in "iub":
+            distinct, inverse = np.unique(groups, return_inverse=True)
+            ids = np.array([table.setdefault(k, len(table)) for k in distinct.tolist()],
+                           dtype=np.int64)
+            return ids[inverse.reshape(-1)]
+        for key in dict.fromkeys(groups):  # the distinct keys, in order of first appearance
+            if key not in table:
+                table[key] = len(table)
+        return np.fromiter(map(table.__getitem__, groups), np.int64, len(groups))
+
+    def _allowances(self, step: int, local: Columns, pair_person: Ints, pair_group: Ints,
+                    first_rank: Ints, n: int) -> tuple[Ints, Bools, Ints]:
+        """How many events each (person, group) pair of the step may keep.
+
+        Also whether the group is new to the person this period, and (grouping ``key``) the
+        group's slot in the person's row (its slot so far, or the one a new group takes).
+        """
+        rule = self.rule
+        cap = rule.max_per_group
+        pairs = pair_person.size
+        if rule.grouping == "one":
+            kept_before = local["count"][pair_person].astype(np.int64)
+            return cap - kept_before, kept_before == 0, np.zeros(pairs, np.int64)
+        if rule.grouping == "step":
+            existing = local["last"][pair_person] == step
+            kept_before = np.where(existing, local["count"][pair_person], 0)
+            admitted = local["used"][pair_person].astype(np.int64) < rule.max_groups
+            allowance = np.where(existing, cap - kept_before, np.where(admitted, cap, 0))
+            return allowance, ~existing, np.zeros(pairs, np.int64)
+        # grouping "key": is the pair's group one of the person's groups, in which slot?
+        table = local["groups"]
+        width = rule.max_groups
+        slot = np.full(pairs, -1, np.int64)
+        used = (table != _NO_GROUP).sum(axis=1).astype(np.int64)
+        chunk_pairs = max(1, _CHUNK // width)
+        for begin in range(0, pairs, chunk_pairs):
+            chunk = slice(begin, begin + chunk_pairs)
+            match = table[pair_person[chunk]] == pair_group[chunk, None]
+            hit = match.any(axis=1)
+            slot[chunk] = np.where(hit, match.argmax(axis=1), -1)
+        existing = slot >= 0
+        kept_before = np.zeros(pairs, np.int64)
+        hits = np.flatnonzero(existing)
+        kept_before[hits] = local["counts"][pair_person[hits], slot[hits]]
+        # new groups, per person in the order of their first event
+        fresh = np.flatnonzero(~existing)
+        order = fresh[np.argsort(pair_person[fresh] * n + first_rank[fresh])]
+        person = pair_person[order]
+        begins = np.concatenate(([True], person[1:] != person[:-1]))
+        index = np.arange(order.size, dtype=np.int64)
+        new_rank = index - np.maximum.accumulate(np.where(begins, index, 0))
+        slot[order] = used[person] + new_rank
+        admitted = np.zeros(pairs, np.bool_)
+        admitted[order] = slot[order] < width
+        allowance = np.where(existing, cap - kept_before, np.where(admitted, cap, 0))
+        return allowance, ~existing, slot
+
+    def _record(self, step: int, local: Columns, pair_person: Ints, pair_group: Ints,
+                allowance: Ints, new_group: Bools, slot: Ints, kept: Ints) -> None:
+        """Add the step's kept events to the step's people's columns."""
+        grouping = self.rule.grouping
+        if grouping == "one":
+            local["count"][pair_person] += kept.astype(local["count"].dtype)
+        elif grouping == "step":
+            old = ~new_group
+            local["count"][pair_person[old]] += kept[old].astype(local["count"].dtype)
+            start = new_group & (allowance > 0)
+            person = pair_person[start]
+            local["used"][person] += local["used"].dtype.type(1)
+            local["last"][person] = step
+            local["count"][person] = kept[start]
+        else:
+            held = np.flatnonzero(~new_group)
+            local["counts"][pair_person[held], slot[held]] += kept[held].astype(
+                local["counts"].dtype)
+            added = np.flatnonzero(new_group & (allowance > 0))
+            local["groups"][pair_person[added], slot[added]] = pair_group[added]
+            local["counts"][pair_person[added], slot[added]] = kept[added]
+
+
+def _counter(cap: int) -> type[np.unsignedinteger[Any]]:
+    """The narrowest column that counts up to ``cap`` (uint8 up to 255, else uint16)."""
+    return np.uint8 if cap <= np.iinfo(np.uint8).max else np.uint16
+
+
+def _ranks(partition: Ints, offset: Ints) -> Ints:
+    """Each event's rank in ``(partition, offset)`` order (refusing a repeated pair)."""
+    n = partition.size
+    later = (partition[1:] > partition[:-1]) | ((partition[1:] == partition[:-1])
+                                                 & (offset[1:] > offset[:-1]))
+    if bool(later.all()):
+        return np.arange(n, dtype=np.int64)
+    order = np.lexsort((offset, partition))
+    p, o = partition[order], offset[order]
+    if bool(((p[1:] == p[:-1]) & (o[1:] == o[:-1])).any()):
+        raise InvalidParameterError("two events of a step share a (partition, offset)")
+    rank = np.empty(n, np.int64)
+    rank[order] = np.arange(n, dtype=np.int64)
+    return rank
+
+
+def _dense_people(hi: Words, lo: Words) -> tuple[Ints, Words, Words]:
+    """Dense person ids (in hash order) of the events, and the distinct hashes' words."""
+    order = np.argsort(hi)
+    hs, ls = hi[order], lo[order]
+    same = hs[1:] == hs[:-1]
+    if bool((same & (ls[1:] != ls[:-1])).any()):  # two people share the high word: rare
+        order = np.lexsort((lo, hi))
+        hs, ls = hi[order], lo[order]
+        same = (hs[1:] == hs[:-1]) & (ls[1:] == ls[:-1])
+    begins = np.concatenate(([True], ~same))
+    pid = np.empty(hi.size, np.int64)
+    pid[order] = np.cumsum(begins) - 1
+    return pid, hs[begins], ls[begins]
+
+
+def _locate(hi: Words, lo: Words, qhi: Words, qlo: Words) -> tuple[Ints, Bools]:
+    """Where each queried hash is (or would be inserted) in columns sorted by (hi, lo)."""
+    left = np.searchsorted(hi, qhi, side="left").astype(np.int64)
+    right = np.searchsorted(hi, qhi, side="right").astype(np.int64)
+    position = left.copy()
+    found = np.zeros(qhi.size, np.bool_)
+    one = np.flatnonzero(right - left == 1)
+    stored = lo[left[one]]
+    position[one] += stored < qlo[one]
+    found[one] = stored == qlo[one]
+    for i in np.flatnonzero(right - left > 1).tolist():  # shared high words: rare
+        begin, end = int(left[i]), int(right[i])
+        at = begin + int(np.searchsorted(lo[begin:end], qlo[i]))
+        position[i] = at
+        found[i] = at < end and lo[at] == qlo[i]
+    return position, found
+
+
+def _by_pair(pid: Ints, gid: Ints, groups: int, rank: Ints) -> tuple[Ints, Ints, Ints, Ints]:
+    """The events in (person, group, rank) order, their pairs' dense ids, each pair's parts.
+
+    One sort of the composite ``(pid groups + gid) n + rank`` when it fits in 62 bits (ranks
+    are distinct, so no two events tie), else a lexsort of the three.
+    """
+    n = pid.size
+    span = (int(pid.max()) + 1) * max(groups, 1)
+    if span * n < _COMPOSITE_LIMIT:
+        composite = (pid * groups + gid) * n + rank
+        order = np.argsort(composite)
+        pair_key = composite[order] // n
+        p = pair_key // max(groups, 1)
+        g = pair_key - p * groups
+    else:
+        order = np.lexsort((rank, gid, pid))
+        p, g = pid[order], gid[order]
+    begins = np.concatenate(([True], (p[1:] != p[:-1]) | (g[1:] != g[:-1])))
+    sorted_pair = np.cumsum(begins) - 1
+    return order, sorted_pair, p[begins], g[begins]
+
+
+assert HASH_BYTES == 16  # two uint64 words a person
