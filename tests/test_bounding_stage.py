@@ -9,6 +9,7 @@ when the next period starts.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import pickle
@@ -30,11 +31,12 @@ from support.messages import raw
 from dpstream.core.contribution.people import PersonHasher
 from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import RecoveryMismatchError
+from dpstream.kinds.counters.events import PartitionClock
 from dpstream.kinds.counters.shard import ShardState
 from dpstream.metrics import FlowMetrics
 from dpstream.platform import KINDS, build_flow, parse_config
 from dpstream.stream.bounding import BoundingShard, person_clocks
-from dpstream.stream.clock import PersonEvents, bad_person
+from dpstream.stream.clock import PassThrough, PersonEvents, ShardUpdate, bad_person
 
 ORIGIN = 1_790_000_000  # 2026-09-21T14:13:20Z
 NOISE = NoiseKey.for_tests(24)
@@ -42,12 +44,13 @@ KEYS = [f"k{i}" for i in range(50)]
 SECRET_ID = "person-7f3a-alice@example.org"
 
 
-def config(mode: str = "declared", steps: int = 12, shards: int = 3, period: str | None = None,
-           max_keys: int = 2, max_per_key: int = 3, **extra: dict[str, Any]) -> Any:
-    """A counters flow at the user level (1-second steps, bounded at ``steps``)."""
+def config(mode: str = "declared", steps: int | None = 12, shards: int = 3,
+           period: str | None = None, max_keys: int = 2, max_per_key: int = 3,
+           **extra: dict[str, Any]) -> Any:
+    """A counters flow at the user level (1-second steps, bounded at ``steps`` if given)."""
     tables: dict[str, Any] = {
         "flow": {"name": "u", "origin": "2026-09-21T14:13:20Z", "step": "1s", "shards": shards,
-                 "end": _iso(ORIGIN + steps)},
+                 **({} if steps is None else {"end": _iso(ORIGIN + steps)})},
         "contribution": {"unit": "user", "user_field": "user", "max_keys": max_keys,
                          "max_per_key": max_per_key,
                          **({} if period is None else {"period": period})},
@@ -364,6 +367,18 @@ def test_one_and_two_workers_batching_and_partition_order_publish_the_same_recor
 
 
 @pytest.mark.flow
+def test_without_flow_end_the_end_of_input_closes_through_the_trusted_clock():
+    cfg = config("declared", steps=None)
+    items = stream(people=30, seed=14)
+    one = published(cfg, items, batch=1000)
+    steps = {json.loads(value)["step"] for role, _, value in
+             run_in_memory(cfg, items, NOISE, instance="u-1", partitions=3)
+             if role == "releases"}
+    assert steps and max(steps) >= 9  # every partition's clock passed step 9 at least
+    assert published(cfg, interleave(items, 4), workers=2, batch=13) == one
+
+
+@pytest.mark.flow
 def test_the_open_universe_flow_too():
     cfg = config("open")
     items = stream(people=30, seed=12, heavy=("whale", 400, 50))
@@ -442,3 +457,103 @@ def test_exact_counts_off_no_bounding_metric():
     run_in_memory(config("open"), stream(people=5), NOISE, instance="u-1", partitions=3,
                   metrics=metrics)
     assert "dpstream_bounding" not in generate_latest(metrics.registry).decode()
+
+
+# -- the clock's contract with a kind's decoder ------------------------------------------------
+
+
+def _clock(cfg: Any, cls: type = PartitionClock) -> Any:
+    """A user-level clock of class ``cls`` (a counters clock, or a subclass of it)."""
+    from dpstream.kinds.counters.kind import event_rules
+
+    hasher = PersonHasher(NOISE.lane("u-1", cfg.name, "people"))
+    return person_clocks(lambda state: cls(event_rules(cfg), state), hasher, cfg.shards)(None)
+
+
+def _people_by_offset(updates: list[Any]) -> dict[int, bytes]:
+    """The person hash each routed event carries, by offset."""
+    out = {}
+    for update in updates:
+        for bucket in update.increments.values():
+            for offset, person in zip(bucket.offsets.tolist(), bucket.people.tolist(),
+                                      strict=True):
+                out[offset] = person
+    return out
+
+
+class _Fragile(PartitionClock):
+    """The counters clock, raising on a batch with a "boom" record, or with a "pair" record
+    among others (records that decode alone but not together)."""
+
+    def decode(self, partition, messages, dead):
+        values = [v or b"" for v in messages.values]
+        if any(b"boom" in v for v in values):
+            raise RecursionError("deep")
+        if len(values) > 1 and any(b"pair" in v for v in values):
+            raise RuntimeError("not together")
+        return super().decode(partition, messages, dead)
+
+
+@pytest.mark.parametrize("odd", ["boom", "pair"])
+def test_people_stay_aligned_when_a_batch_is_decoded_again(odd):
+    cfg = config("open")
+    clock = _clock(cfg, _Fragile)
+    people = [f"p{i}" for i in range(6)]
+    batch = [event(0, i, "k1" if i != 3 else odd, person, ORIGIN + i / 10)
+             for i, person in enumerate(people)]
+    updates, dead = clock.process(0, batch)
+    hasher = PersonHasher(NOISE.lane("u-1", cfg.name, "people"))
+    expected = {i: hasher.hash_one(person) for i, person in enumerate(people)}
+    if odd == "boom":
+        assert [d.offset for d in dead] == [3] and dead[0].reason.startswith("undecodable")
+        del expected[3]
+    else:
+        assert not dead
+    assert _people_by_offset(updates) == expected
+
+
+class _Questions(PartitionClock):
+    """The counters clock, with partition 1 as an input of no person (like PMWG's questions,
+    routed with the kind's ``route``, as such a kind does)."""
+
+    route_bounded = None
+
+    def carries_people(self, partition):
+        return partition != 1
+
+
+class _Forgetful(PartitionClock):
+    """The counters clock with a decoder that never names people (a bug at the user level)."""
+
+    def decode(self, partition, messages, dead):
+        plain = PartitionClock(dataclasses.replace(self.rules, user_field=None))
+        return plain.decode(partition, messages, dead)
+
+
+def test_a_public_input_passes_unbounded_and_a_decoder_that_names_no_one_is_refused():
+    cfg = config("open", max_keys=1, max_per_key=1)
+    clock = _clock(cfg, _Questions)
+    digest = KINDS["counters"].binding(cfg).mechanisms_digest
+    from dpstream.kinds.counters.kind import event_rules
+
+    router = _Questions(event_rules(cfg))
+    shards = {s: BoundingShard(router, cfg, digest, NOISE, "u-1", 2) for s in range(cfg.shards)}
+    updates = []
+    for partition in (0, 1):  # the same person's 10 events on each partition, in step 0
+        batch = [event(partition, i, f"k{i % 3}", SECRET_ID, ORIGIN + i / 20) for i in range(10)]
+        mine, _ = clock.process(partition, batch)
+        public = [(u.shard, b) for u in mine for b in u.increments.values()
+                  if isinstance(b, PassThrough)]
+        assert bool(public) == (partition == 1)  # partition 1's go to person shard 1 % 3
+        assert all(shard == 1 for shard, _ in public)
+        updates += mine
+    updates += [ShardUpdate(s, p, 5, {}) for s in shards for p in (0, 1)]  # steps 0-4 close
+    totals: Counter[str] = Counter()
+    for update in updates:
+        for _, out in shards[update.shard].update(update):
+            for bucket in out.increments.values():
+                totals.update(bucket)
+    # partition 0: one event kept (L0 = Linf = 1); partition 1: all 10, unbounded
+    assert sum(totals.values()) == 11
+    with pytest.raises(RuntimeError, match="decoded_people"):
+        _clock(cfg, _Forgetful).process(0, [event(0, 0, "k1", "p", ORIGIN)])

@@ -61,7 +61,7 @@ from dpstream.core.contribution.people import PersonHasher
 from dpstream.core.contribution.rules import BoundingRule
 from dpstream.core.noise.keys import NoiseKey
 from dpstream.stream.barrier import StepBarrier, binding, check_binding, end_step_of
-from dpstream.stream.clock import PersonEvents, ShardUpdate, StepClock
+from dpstream.stream.clock import PassThrough, PersonEvents, ShardUpdate, StepClock
 from dpstream.stream.operators import stepped_shards
 
 __all__ = ["BoundingShard", "bound_contributions", "person_clocks"]
@@ -131,26 +131,40 @@ class BoundingShard(StepBarrier):
         """Steps without events publish nothing here: skipped (the frontier still moves)."""
         return True
 
-    def close(self, step: int, bucket: list[PersonEvents] | None) -> Sequence[Any]:
+    def close(self, step: int, bucket: list[PersonEvents | PassThrough] | None
+              ) -> Sequence[Any]:
         """Bound ``step``'s events and route the kept ones to the kind's shards (sent later).
 
         The events are sorted by (partition, offset) first: the bounder's decisions and the
-        order of the kept payloads then depend on the input alone.
+        order of the kept payloads then depend on the input alone. Records that are no
+        person's (:class:`~dpstream.stream.clock.PassThrough`: PMWG's questions) follow the
+        kept events unbounded, in (partition, offset) order, through the kind's ``route``.
         """
         if not bucket:
             return []
-        events = PersonEvents.merge(bucket).in_order()
-        groups = events.payloads if self._groups is None else self._groups(events.payloads)
-        keep, first = self.bounder.keep(step, events.people, groups, events.partitions,
-                                        events.offsets)
-        kept = np.flatnonzero(keep)
-        if self.observe is not None:
-            self.observe(int(kept.size), len(events) - int(kept.size))
-        if not kept.size:
+        through = [b for b in bucket if isinstance(b, PassThrough)]
+        people = [b for b in bucket if isinstance(b, PersonEvents)]
+        payloads: list[Any] | np.ndarray = []
+        first: Any = None
+        if people:
+            events = PersonEvents.merge(people).in_order()
+            groups: Any = (events.payloads if self._groups is None
+                           else self._groups(events.payloads))
+            keep, first = self.bounder.keep(step, events.people, groups, events.partitions,
+                                            events.offsets)
+            kept = np.flatnonzero(keep)
+            if self.observe is not None:
+                self.observe(int(kept.size), len(events) - int(kept.size))
+            if kept.size:
+                payloads, first = events.take(kept).payloads, np.asarray(first)[kept]
+        if through:  # a kind with such records routes with its route (no route_bounded)
+            if self._route_bounded is not None:
+                raise RuntimeError("records without people need the kind's route")
+            payloads = [*payloads, *PassThrough.merge_in_order(through)]
+        if not len(payloads):
             return []
-        payloads = events.take(kept).payloads
         if self._route_bounded is not None:
-            per_shard = self._route_bounded(payloads, np.asarray(first)[kept], step)
+            per_shard = self._route_bounded(payloads, first, step)
         else:
             per_shard = self.router.route(payloads, step)
         for shard, buckets in enumerate(per_shard):

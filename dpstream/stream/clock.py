@@ -81,7 +81,11 @@ the id) and sends, instead of the kind's routing, one update per *person shard* 
 are :class:`PersonEvents` columns (hash, input partition, offset, payload): the bounding
 stage (:mod:`dpstream.stream.bounding`) keeps each person's events within the caps and routes
 the kept ones to the kind's shards. Which person shard an event goes to, and what its bucket
-holds, depends on that record alone, so batching changes nothing here either.
+holds, depends on that record alone, so batching changes nothing here either. A partition
+whose records are no person's (:meth:`StepClock.carries_people` false: PMWG's questions)
+sends them as a :class:`PassThrough` bucket, which the stage routes on unbounded. A decoder
+at the user level that does not set ``decoded_people`` for a partition of people is a bug and
+stops the batch.
 """
 
 from __future__ import annotations
@@ -104,11 +108,14 @@ from dpstream.messages import (
     RawMessage,
 )
 
-__all__ = ["ClockRules", "MAX_SECONDS", "UNDECODABLE", "PersonEvents", "ShardUpdate", "StepClock",
-           "bad_person", "bad_time", "event_seconds", "iso_seconds", "undecodable"]
+__all__ = ["ClockRules", "MAX_SECONDS", "UNDECODABLE", "PassThrough", "PersonEvents",
+           "ShardUpdate", "StepClock", "bad_person", "bad_time", "event_seconds", "iso_seconds",
+           "undecodable"]
 
 MAX_SECONDS: Final = 253_402_300_799.0  # 9999-12-31T23:59:59Z: keeps every step index in int64
 UNDECODABLE: Final = "undecodable record"
+_UNSET: Final[list[str]] = []
+"""``decoded_people`` before a decode: a decoder that leaves it so has named no people."""
 """How the dead-letter reason of every undecodable record starts (:func:`undecodable`)."""
 
 
@@ -286,6 +293,35 @@ class PersonEvents:
         return self.take(order)
 
 
+@dataclass
+class PassThrough:
+    """A bucket of records that are no person's, at the user level: passed on unbounded.
+
+    A kind's input can hold records that are not data about people (PMWG's questions, asked
+    by the analyst): :meth:`StepClock.carries_people` says so per partition, and the bounding
+    stage hands them to the kind's ``route`` as they are, after the step's kept events, in
+    (partition, offset) order (so their order does not depend on the batching either). They
+    cost no one's cap and are not counted as kept or dropped.
+
+    Attributes:
+        partitions: each record's input partition (int64).
+        offsets: each record's offset in its partition (int64; -1 if the source gave none).
+        payloads: each record's payload as the kind's decoder gave it.
+    """
+
+    partitions: np.ndarray
+    offsets: np.ndarray
+    payloads: list[Any]
+
+    @classmethod
+    def merge_in_order(cls, parts: list[PassThrough]) -> list[Any]:
+        """The payloads of every bucket of ``parts``, sorted by (partition, offset)."""
+        payloads = [x for p in parts for x in p.payloads]
+        order = np.lexsort((np.concatenate([p.offsets for p in parts]),
+                            np.concatenate([p.partitions for p in parts])))
+        return [payloads[i] for i in order.tolist()]
+
+
 class StepClock:
     """The broker-time watermark of one input partition, and the placement of its records."""
 
@@ -335,6 +371,20 @@ class StepClock:
         partition, raw, offset, topic, _, _ = message
         return DeadLetter(reason, raw or b"", topic, partition, offset)
 
+    def _fresh_people(self) -> None:
+        """Before a decode at the user level: no people named yet."""
+        if self.hasher is not None:
+            self.decoded_people = _UNSET
+
+    def _named_people(self, partition: int) -> list[str]:
+        """The people the last decode named (a decoder that named none is a bug)."""
+        if not self.carries_people(partition):
+            return []
+        if self.decoded_people is _UNSET:
+            raise RuntimeError(f"{type(self).__name__}.decode did not set decoded_people at "
+                               "contribution.unit = 'user'")
+        return self.decoded_people
+
     def _decode_guarded(
             self, partition: int, messages: RawBatch, dead: list[DeadLetter]
     ) -> tuple[list[Any] | np.ndarray, np.ndarray | list[float], range | list[int]]:
@@ -367,6 +417,7 @@ class StepClock:
         if not index.size:
             return [], [], []
         mark = len(dead)
+        self._fresh_people()
         try:
             payloads, times, refs = self.decode(partition, messages.keep(~raising), dead)
         except Exception:  # records that decode alone but not together (a bug): decode each
@@ -382,12 +433,13 @@ class StepClock:
         refs: list[int] = []
         people: list[str] = []
         for i in indexes:
+            self._fresh_people()
             one, at, _ = self.decode(partition, _alone(messages, i), dead)
             parts.append(one)
             times.extend(float(t) for t in at)
             refs.extend([i] * len(at))
             if self.hasher is not None:
-                people.extend(self.decoded_people)
+                people.extend(self._named_people(partition))
         self.decoded_people = people
         if parts and all(isinstance(one, np.ndarray) for one in parts):
             return np.concatenate(parts), times, refs  # the kind's payload type, kept
@@ -456,6 +508,40 @@ class StepClock:
         return [ShardUpdate(s, self.partition, self.frontier(), {})
                 for s in range(self._targets())]
 
+    def carries_people(self, partition: int) -> bool:
+        """Whether ``partition``'s records are people's events, bounded at the user level.
+
+        Every partition does unless the kind says otherwise (PMWG: its questions partitions):
+        those records then go to the bounding stage as a :class:`PassThrough`, unbounded.
+        """
+        return True
+
+    def _route_through(self, messages: RawBatch, payloads: Any, refs: range | list[int],
+                       keep: np.ndarray | None, steps: int | list[int]
+                       ) -> list[dict[int, Any]]:
+        """The accepted records of a partition without people, as :class:`PassThrough`.
+
+        They all go to one person shard (the partition's, modulo the person shards): the
+        stage passes them on unbounded, so which shard carries them changes nothing.
+        """
+        per_shard: list[dict[int, Any]] = [{} for _ in range(self.person_shards)]
+        if keep is not None:
+            refs = [refs[i] for i in keep.tolist()]
+        n = len(refs)
+        offsets = messages.offsets
+        offset_column = np.fromiter((-1 if o is None else o for o in map(offsets.__getitem__,
+                                                                         refs)),
+                                    dtype=np.int64, count=n)
+        step_of = (np.full(n, steps, dtype=np.int64) if isinstance(steps, int)
+                   else np.asarray(steps, dtype=np.int64))
+        into = per_shard[messages.partition % self.person_shards]
+        for step in np.unique(step_of).tolist():
+            index = np.flatnonzero(step_of == step)
+            into[int(step)] = PassThrough(np.full(index.size, messages.partition,
+                                                  dtype=np.int64), offset_column[index],
+                                          [payloads[i] for i in index.tolist()])
+        return per_shard
+
     def _targets(self) -> int:
         """How many shards this clock's updates go to (person shards at the user level)."""
         return self.person_shards if self.hasher is not None else self.rules.shards
@@ -469,7 +555,7 @@ class StepClock:
         The people are hashed here, at once; the raw ids go no further.
         """
         assert self.hasher is not None
-        people = self.decoded_people
+        people = self._named_people(messages.partition)
         if len(people) != len(refs):
             raise RuntimeError("the kind's decoder gave a person for "
                                f"{len(people)} of {len(refs)} payloads (decoded_people)")
@@ -482,11 +568,14 @@ class StepClock:
         if not n:
             return per_shard
         hashes = self.hasher.hash_many(people)
-        offsets = messages.offsets
-        events = PersonEvents(
-            hashes, np.full(n, messages.partition, dtype=np.int64),
-            np.fromiter((-1 if o is None else o for o in map(offsets.__getitem__, refs)),
-                        dtype=np.int64, count=n), payloads)
+        try:  # offsets are ints from Kafka; a source without them gives None (-1)
+            offsets = np.array(messages.offsets, dtype=np.int64)
+        except TypeError:
+            offsets = np.array([-1 if o is None else o for o in messages.offsets], np.int64)
+        if not (isinstance(refs, range) and len(refs) == len(offsets)):
+            offsets = offsets[np.asarray(refs, dtype=np.int64)]
+        events = PersonEvents(hashes, np.full(n, messages.partition, dtype=np.int64), offsets,
+                              payloads)
         owner = person_shards(hashes, shards).astype(np.int64)
         step_of = (np.full(n, steps, dtype=np.int64) if isinstance(steps, int)
                    else np.asarray(steps, dtype=np.int64))
@@ -548,6 +637,7 @@ class StepClock:
             before_all, at_all = before_all[keep], at_all[keep]
             self.ticks += n - len(messages)
             n = len(messages)
+        self._fresh_people()
         payloads, times, refs = self._decode_guarded(partition, messages, dead) if n \
             else ([], [], [])
         accepted: Any = []
@@ -615,9 +705,14 @@ class StepClock:
         self.events += len(accepted)
         self.dead_letters += len(dead)
         at_steps = single_step if single_step is not None else accepted_steps
+        per_shard: list[dict[int, Any]]
         if self.hasher is not None:
-            per_shard = self._route_people(messages, accepted, refs, chosen, at_steps) \
-                if len(accepted) else [{} for _ in range(self.person_shards)]
+            if not len(accepted):
+                per_shard = [{} for _ in range(self.person_shards)]
+            elif self.carries_people(partition):
+                per_shard = self._route_people(messages, accepted, refs, chosen, at_steps)
+            else:  # no person's records (PMWG's questions): past the bounding, unbounded
+                per_shard = self._route_through(messages, accepted, refs, chosen, at_steps)
         else:
             per_shard = self.route(accepted, at_steps)
         frontier = self.frontier()
