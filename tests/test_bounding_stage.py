@@ -199,6 +199,8 @@ def _named(cfg: Any, shard: int, bucket: Any) -> dict[Any, int]:
     """A kind shard's bucket as ``{key: events}`` (declared buckets come by row)."""
     if isinstance(bucket, dict):
         return dict(bucket)
+    if hasattr(bucket, "events"):  # the counters' route_bounded: events and people by name
+        return dict(bucket.events)
     layout = cfg.declared_layout
     return bucket.named(layout.keys_of(shard))
 
@@ -417,8 +419,9 @@ class _Recording(ShardState):
     merged: Counter[str] = Counter()
 
     def merge(self, step: int, bucket: Any) -> None:
-        assert isinstance(bucket, dict)
-        _Recording.merged.update(bucket)
+        events = bucket.events if hasattr(bucket, "events") else bucket  # route_bounded's
+        assert isinstance(events, dict)
+        _Recording.merged.update(events)
         super().merge(step, bucket)
 
 
@@ -552,7 +555,7 @@ def test_a_public_input_passes_unbounded_and_a_decoder_that_names_no_one_is_refu
     for update in updates:
         for _, out in shards[update.shard].update(update):
             for bucket in out.increments.values():
-                totals.update(bucket)
+                totals.update(bucket.events if hasattr(bucket, "events") else bucket)
     # partition 0: one event kept (L0 = Linf = 1); partition 1: all 10, unbounded
     assert sum(totals.values()) == 11
     with pytest.raises(RuntimeError, match="decoded_people"):

@@ -195,13 +195,15 @@ class PartitionClock(StepClock):
         flags = np.asarray(first, dtype=bool).reshape(-1)
         if flags.size != len(payloads):
             raise ValueError(f"route_bounded: {len(payloads)} payloads but {flags.size} flags")
-        if isinstance(payloads, np.ndarray):  # declared positions
-            layout = self.rules.declared
-            assert layout is not None
-            for shard, rows in enumerate(layout.route(payloads, flags)):
+        layout = self.rules.declared
+        if layout is not None:  # declared positions (in whatever sequence the stage keeps)
+            positions = np.asarray(payloads, dtype=np.int64).reshape(-1)
+            for shard, rows in enumerate(layout.route(positions, flags)):
                 if rows is not None:
                     per_shard[shard][step] = rows
             return per_shard
+        if isinstance(payloads, np.ndarray):  # keys kept in an object column
+            payloads = payloads.tolist()
         events = Counter(payloads)
         people = Counter(itertools.compress(payloads, flags.tolist()))
         keys = list(events)

@@ -241,7 +241,9 @@ class CountersConfig(FlowConfig):
         Pure: epsilon spent and the delta of ``privacy.delta`` in a release (the ledger's
         delta plus the admission delta). zCDP: ``privacy.approx_dp`` of a release, converted
         at ``privacy.delta`` by :func:`~dpstream.core.accounting.ledger.approx_dp`, the function the
-        record encoder calls, with the admission delta added.
+        record encoder calls, with the admission delta added. At the user level this is still
+        one key's figure, against one person's bounded contribution to it; the person's total
+        over their ``L0`` keys is :meth:`person_privacy`.
         """
         ledger = self.privacy.new_ledger()
         for charge in self.per_key_charges():

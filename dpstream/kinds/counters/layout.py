@@ -52,8 +52,9 @@ class RowCounts:
             return NotImplemented
         return bool(np.array_equal(self.rows, other.rows)
                     and np.array_equal(self.counts, other.counts)
-                    and (self.people is None) == (other.people is None)
-                    and (self.people is None or np.array_equal(self.people, other.people)))
+                    and (self.people is None if other.people is None
+                         else self.people is not None
+                         and np.array_equal(self.people, other.people)))
 
     __hash__ = None  # type: ignore[assignment]  # mutable arrays: unhashable
 

@@ -47,7 +47,6 @@ if TYPE_CHECKING:
     import numpy.typing as npt
 
     from dpstream.config import ContributionConfig
-
     from dpstream.core.counting.key_table import FloatArray, IntArray
     from dpstream.core.counting.outputs import ReleaseColumns, StepOutputs
 

@@ -147,6 +147,8 @@ class ShardState(StepBarrier):
                       else bucket.named(self._declared_keys))
         elif isinstance(pending, list):
             self.pending[step] = self._named(pending)
+        if self.spec.user_level and not isinstance(bucket, PeopleCounts):
+            bucket = PeopleCounts(bucket, {})  # events that name no person count no one
         if isinstance(bucket, PeopleCounts):
             merged = self.pending.get(step)
             if merged is None:
@@ -241,7 +243,7 @@ class ShardState(StepBarrier):
             outputs = self.table.close_declared(
                 step, np.concatenate([b.rows for b in bucket]),
                 np.concatenate([b.counts for b in bucket]))
-        elif isinstance(bucket, PeopleCounts) and bucket:
+        elif isinstance(bucket, PeopleCounts):
             keys = list(bucket.events)
             increments = np.fromiter(bucket.events.values(), dtype=np.int64, count=len(keys))
             people = np.fromiter(map(bucket.people.get, keys, itertools.repeat(0)),
