@@ -63,7 +63,6 @@ __all__ = [
     "STATUS_SCHEMA",
     "SUPPORTED_SCHEMAS",
     "Alert",
-    "PersonLevel",
     "Answer",
     "ApproxDp",
     "DeadLetter",
@@ -152,20 +151,22 @@ class ApproxDp(_Data, frozen=True, kw_only=True):
 
 
 class PersonLevel(_Data, frozen=True, kw_only=True):
-    """The user level's terms (only on records of a flow with ``contribution.unit = "user"``).
+    """What one person's bounded contribution costs over the whole flow (``unit = "user"``).
+
+    Written only at the user level (a function of the configuration: public).
 
     Attributes:
-        caps: the kind's caps per period (``max_rows``; ``max_keys`` and ``max_per_key``; ...).
-        period: ``lifetime``, or the period in steps (``"24 steps"``): a person active in k
-            periods is protected at k times the per-period level.
-        epsilon: the flow's per-person epsilon (pure, or of (ε, δ) from zCDP), per period.
-        delta: its δ (0 under pure accounting), not counting the hash-collision δ
-            (at most people x 2^-128).
-        rho: the per-person ρ (zCDP flows only).
+        period: ``lifetime``, or ``"N steps"``: the unit is a person's events within one
+            period, and a person active in k periods is protected at k times these figures.
+        caps: the contribution caps, ``(name, value)`` pairs (counters: ``max_keys``,
+            ``max_per_key``).
+        epsilon: the person's total epsilon (zCDP: converted at the record's delta).
+        delta: the person's total delta (with the hash-collision delta).
+        rho: the person's total rho (zCDP only).
     """
 
-    caps: dict[str, int]
     period: str
+    caps: tuple[tuple[str, int], ...]
     epsilon: float
     delta: float
     rho: float | None = None
@@ -175,7 +176,7 @@ class Privacy(_Data, frozen=True, kw_only=True):
     """What a record has cost, per privacy unit.
 
     Attributes:
-        unit: the privacy unit (``event``, or ``user``: one person's events per period).
+        unit: the privacy unit (``event``, or ``user``: one person's bounded contribution).
         accounting: the ledger's unit: ``epsilon`` or ``rho`` (releases); ``pure`` or ``zcdp``
             (answers, models); ``approx_dp`` (ERMG models: ε of (ε, δ)).
         cost: this record's own cost (models).
@@ -183,7 +184,8 @@ class Privacy(_Data, frozen=True, kw_only=True):
         budget: what it may spend.
         delta: the δ of the guarantee, where there is one.
         approx_dp: the (ε, δ) a zCDP spend implies.
-        person: at the user level only: the caps, the period and the per-person total.
+        person: at the user level only, what one person's contribution costs in all (the
+            other figures are then per key, histogram or model stream, against one person).
     """
 
     unit: str

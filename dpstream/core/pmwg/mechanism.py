@@ -4,7 +4,8 @@
 
 * input domain: count histograms over ``N`` cells of a growing database with a public,
   non-decreasing size ``t >= n``, and adaptively chosen linear queries; input metric: add
-  or remove one event (``d_in = 1``: one cell moves by one).
+  or remove one event (``d_in = 1``: one cell moves by one); at the user level one person's
+  at most ``m = spec.sensitivity`` rows (``m`` cells move by one; see "Time and sensitivity").
 * function: Algorithm 1 of paper 003: each query's two differences go to NSG
   (:mod:`dpstream.core.pmwg.sparse_vector`); an easy query is answered ``f(y)``, a hard one
   by NSG's noisy answer, followed by a multiplicative-weights step; bottom after the
@@ -60,6 +61,15 @@ so ``f(D_t)`` has sensitivity ``Delta_t = 1/t``, and ``f(y)`` is public: that is
 proofs use (privacy does not need ``t`` to equal the true size; accuracy does, as ``f(D_t)``
 is then the fraction the theorems speak of). ``xi_t = c t^p`` is non-decreasing and
 ``xi_t Delta_t = c t^(p-1)`` is non-increasing, the assumptions of Theorem 20.
+
+*A person, not an event* (``spec.sensitivity = m``, the user level's ``max_rows``). When
+neighbouring databases differ by one person's rows, at most ``m`` (the bounding stage keeps
+each person's first ``m`` rows per period), ``weighted_count`` moves by at most
+``m 2^16`` and ``f(D_t)`` by ``Delta_t = m / t`` (each of the ``m`` rows moves one cell by
+one, weights in ``[0, 1]``; ``f(y)`` and ``t`` are public). Nothing else in the proofs
+changes: every bound is a function of ``xi_t Delta_t = c m t^(p-1)``, which the spec
+computes with ``m`` (and its ``c`` is ``m`` times smaller, so the charges are the configured
+ones, per person); the mechanism's code is the same.
 
 **The double-halt issue.** Algorithm 1 sends both ``f'_{2j-1} = f - f(y)`` and
 ``f'_{2j} = f(y) - f`` to NSG. Noise can make the first halt its round; the second then

@@ -4,7 +4,8 @@
 
 * input domain: the queries' values ``f'(D_t)`` on a growing database of public size ``t``;
   input metric: add or remove one event (``d_in = 1``), which moves every ``f'(D_t)`` by at
-  most ``Delta_t = 1/t``.
+  most ``Delta_t = 1/t`` (one person's ``m`` rows at the user level: ``Delta_t = m/t``; the
+  caller's grid and ``xi`` then carry the ``m``, :mod:`dpstream.core.pmwg.spec`).
 * function: one NSG round (Algorithm 3 over Algorithm 2 of paper 003) on the grid
   ``g_t0``: ``K_eta ~ DLap(2/g)`` once, ``K_nu ~ DLap(4/g)`` per comparison, "below" until
   ``z + K_nu >= K_eta``, then the numeric answer with fresh ``K_a ~ DLap(8/g1)``.

@@ -33,7 +33,8 @@ over histograms** of (size counter + mechanism) — exactly what the flow ledger
 ``privacy.budget`` caps, now per person (pure: ``epsilon``; zCDP: ``rho``, reported as
 ``(epsilon, delta)`` with ``privacy.delta``). The stage routes people by a keyed 128-bit hash;
 two people who collide share one cap, which is accounted as a ``delta`` of at most
-``people x 2^-128`` (the bounding core's ``collision_delta``), added to the total. With
+``people x 2^-128`` (the bounding core's ``collision_delta``; ``2^-64`` at its public bound of
+``2^64`` people), added to the total's ``delta``. With
 ``period`` a whole number of steps the guarantee is per period (the stage forgets the caps when
 a period closes); a person active in ``k`` periods is protected at ``k`` times that level
 (basic composition). ``m = 1`` at the event level: every spec, digest and noise draw is the
@@ -47,7 +48,8 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from dpstream.config import FlowConfig, Section, build_spec, parse_common, positive
-from dpstream.core.accounting.ledger import PrivacyCharge, PrivacyLedger
+from dpstream.core.accounting.ledger import PrivacyCharge, PrivacyLedger, approx_dp
+from dpstream.core.contribution.people import PEOPLE_BOUND, collision_delta
 from dpstream.core.counting import blt_counter, tree_counter
 from dpstream.core.counting.blt_counter import BltCounterSpec
 from dpstream.core.counting.tree_counter import TreeCounterSpec
@@ -163,21 +165,25 @@ class PmwgConfig(FlowConfig):
                                 -1 if c.period_steps is None else c.period_steps, caps)
 
     def per_person(self) -> dict[str, float]:
-        """The per-unit total over every histogram (a person's at the user level).
+        """A person's total over every histogram, per period (the module docstring's bound).
 
-        ``epsilon`` (pure) or ``rho`` and its ``epsilon`` at ``delta`` (zCDP): the sum of every
-        histogram's committed charges (size counter + mechanism; the practical mode's budget),
-        the bound the module docstring derives. The hash-collision ``delta`` is not included
-        (it depends on the number of people; :meth:`describe` states it).
+        ``epsilon`` and ``delta`` (pure), or ``rho`` and the ``(epsilon, delta)`` it converts
+        to at ``privacy.delta`` (zCDP, :func:`~dpstream.core.accounting.ledger.approx_dp`):
+        the sum of every histogram's committed charges (size counter + mechanism; the
+        practical mode's budget, which its filter never exceeds). ``delta`` includes the
+        bounding's hash-collision delta ``collision_delta(PEOPLE_BOUND) = 2^-64`` (no stream
+        holds 2^64 people). At the event level the same sums are one event's, with no
+        collision term.
         """
         ledger = self.ledger()
         for h in self.histograms:
             for charge in h.charges:
                 ledger.charge(charge)
+        collision = (collision_delta(PEOPLE_BOUND) if self.contribution.user_level else 0.0)
         if self.accounting == "pure":
-            return {"epsilon": float(ledger.spent), "delta": 0.0}
-        return {"rho": float(ledger.spent),
-                "epsilon": float(ledger.epsilon_spent(self.delta)), "delta": self.delta}
+            return {"epsilon": float(ledger.spent), "delta": collision}
+        epsilon, delta = approx_dp(float(ledger.spent), self.delta, collision)
+        return {"rho": float(ledger.spent), "epsilon": epsilon, "delta": delta}
 
     def noise_std(self) -> dict[str, float]:
         """Each output's noise std at the configured caps.
@@ -216,7 +222,8 @@ class PmwgConfig(FlowConfig):
                       f"{ledger.unit}, committed at most {ledger.spent:.6g} {ledger.unit} "
                       f"over {len(self.histograms)} histogram(s) (a person's {rows} rows are "
                       f"in every histogram: the costs add; each noise is scaled by {rows}), "
-                      "plus a hash-collision delta <= people x 2^-128"]
+                      f"plus a hash-collision delta <= people x 2^-128 (<= "
+                      f"{collision_delta(PEOPLE_BOUND):.2g})"]
         if self.accounting == "zcdp":
             lines.append(f"as (epsilon, delta): ({ledger.epsilon_spent(self.delta):.4g}, "
                          f"{self.delta:g})")

@@ -53,6 +53,10 @@ class PmwgClock(StepClock):
         self.decoded_people: list[str] = []
         """At the user level: the person of each event payload of the last decode."""
 
+    def carries_people(self, partition: int) -> bool:
+        """Events do; questions (the analyst's) pass the bounding stage unbounded."""
+        return partition < self.first_query_partition
+
     def dead_letter(self, reason: str, message: RawMessage) -> DeadLetter:
         """Dead letters name the Kafka partition of their topic."""
         partition, raw, offset, topic, _, _ = message
@@ -67,7 +71,7 @@ class PmwgClock(StepClock):
         return self._decode_events(messages, dead)
 
     def _decode_events(self, messages: RawBatch, dead: list[DeadLetter]
-                       ) -> tuple[list[Any], np.ndarray | list[float], list[int]]:
+                       ) -> tuple[list[Any] | np.ndarray, np.ndarray | list[float], list[int]]:
         time_field = self.config.time_field
         user_field = self.user_field
         people: list[str] = []
@@ -151,19 +155,25 @@ class PmwgClock(StepClock):
         """Per shard and step: cell counts per histogram, and the questions asked.
 
         Event payloads are indexes into the last decoded batch (event level) or rows of
-        cells, one per histogram (user level: what the bounding stage kept).
+        cells, one per histogram (user level: what the bounding stage kept, followed by the
+        step's questions, which it passes on unbounded).
         """
         per_shard: list[dict[int, Any]] = [{} for _ in range(self.config.shards)]
         if len(payloads) == 0:
             return per_shard
         step_array = (np.full(len(payloads), steps, dtype=np.int64) if isinstance(steps, int)
                       else np.asarray(steps, dtype=np.int64))
-        if isinstance(payloads[0], tuple):  # questions
-            for payload, step in zip(payloads, step_array.tolist(), strict=True):
+        if isinstance(payloads, list) and isinstance(payloads[-1], tuple):  # questions
+            split = 0 if isinstance(payloads[0], tuple) else next(  # after the kept rows
+                i for i, p in enumerate(payloads) if isinstance(p, tuple))
+            for payload, step in zip(payloads[split:], step_array[split:].tolist(),
+                                     strict=True):
                 shard = self.shard_of[self.names[payload[3]]]
                 bucket = per_shard[shard].setdefault(step, {"cells": {}, "queries": []})
                 bucket["queries"].append(payload[1:])
-            return per_shard
+            if split == 0:
+                return per_shard
+            payloads, step_array = payloads[:split], step_array[:split]
         rows = np.asarray(payloads, dtype=np.int64)
         by_histogram = rows.T if rows.ndim == 2 else self._cells[:, rows]
         for h, (name, shard) in enumerate(zip(self.names, self.shard_of, strict=True)):

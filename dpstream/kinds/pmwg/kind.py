@@ -22,9 +22,13 @@ Mechanisms: ``pmwg`` (:mod:`dpstream.core.pmwg.mechanism`, Algorithm 1 of the pa
 :mod:`dpstream.core.pmwg.bb_scheduler`): which to use is a matter of ``N`` against ``α·ε·t``
 (docs/pmwg.md, "PMWG or a noisy histogram?").
 
-Privacy: the unit is one event. An event is in every histogram's database, so the flow's
-cost per event is the sum over histograms of each one's size counter and mechanism cost;
-start-up refuses a configuration whose sum exceeds ``privacy.budget``.
+Privacy: the unit is one event, or, with ``[contribution] unit = "user"``, one person's
+rows (at most ``max_rows`` per period: the bounding stage keeps each person's first rows; the
+questions, which are the analyst's, pass it unbounded). An event is in every histogram's
+database, so the flow's cost per unit is the sum over histograms of each one's size counter
+and mechanism cost, every noise scaled to the unit's sensitivity (derived in
+:mod:`~dpstream.kinds.pmwg.config`); start-up refuses a configuration whose sum exceeds
+``privacy.budget``.
 
 The room: :mod:`~dpstream.kinds.pmwg.config` (the histograms and :func:`parse_config`),
 :mod:`~dpstream.kinds.pmwg.events` (the clock's decoding of events and questions),

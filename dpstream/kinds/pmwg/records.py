@@ -24,13 +24,13 @@ class AnswerEncoder:
         self.unit = "event"
         self.person: schemas.PersonLevel | None = None
         contribution = config.contribution
-        if contribution.user_level:  # every answer states the per-person terms
+        if contribution.user_level:  # every answer states the per-person terms (public)
             total = config.per_person()
             period = ("lifetime" if contribution.period_steps is None
                       else f"{contribution.period_steps} steps")
             self.unit = "user"
             self.person = schemas.PersonLevel(
-                caps=dict(contribution.caps), period=period, epsilon=total["epsilon"],
+                period=period, caps=contribution.caps, epsilon=total["epsilon"],
                 delta=total["delta"], rho=total.get("rho"))
 
     def encode(self, a: AnswerRecord) -> Encoded:
