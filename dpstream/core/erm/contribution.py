@@ -61,15 +61,27 @@ holding all ``B`` of a person's blocks costs ``B^2`` times its per-block charge.
 run is on all blocks so far with pure ε_t-DP output perturbation per ``r`` rows of a block, so a
 person's ``B`` blocks make it ``kappa B ε_t``-DP, i.e. ``(kappa B ε_t)^2/2``-zCDP, and over the
 runs ``rho_person <= kappa^2 B^2 rho`` (``rho = ε^2/(18 log(1/δ))``, BBImprover's budget),
-reported as ``(ε_person, δ)`` (Bun–Steinke 2016, Prop. 1.3). The stage's keyed 128-bit person
-hash can collide; a collision's probability is the stage's δ term
-(:mod:`dpstream.core.contribution`) and adds to ``δ``.
+reported as ``(ε_person, δ)`` (Bun–Steinke 2016, Prop. 1.3). **Collisions.** The stage's keyed
+128-bit person hash can collide, and a collision breaks "only the person's own rows change";
+:mod:`dpstream.core.contribution.people` bounds its probability by
+``collision_delta(PEOPLE_BOUND) = 2^-64``, which every reported δ includes
+(:meth:`PersonCost.delta`): ``(ε_person, 2^-64)`` for pure ε, ``(ε_person, δ + 2^-64)`` from ρ.
 
-**Sampling** (Algorithms 6–8) is refused at ``unit = "user"`` (:func:`check_user_level`): the
-amplification ``ln(1 + q(e^ε − 1))`` is per row, and a person's ``r`` rows are sampled
-independently; ``m`` rows amplify to ``m ln(1 + q(e^{ε_1} − 1))`` with ``ε_1`` the cost of
-*one* row, which the grid's rounding term keeps above ``ε/r``, so the charged
-``ln(1 + q(e^ε − 1))`` would not be proven to cover them.
+**Sampling** (Algorithms 6–8, pure ε). A sampled computation keeps each row independently with
+probability ``q``; a person's ``m <= k r`` rows in it (``k`` of their blocks) are kept in a
+subset ``T``. Let ``ε_1`` bound one row's loss on the computation's grid: ``j`` rows move the
+integers by at most ``j`` times the one-row L1 bound
+(:func:`~dpstream.core.erm.grid.rows_l1_factor`), so the loss of a set ``T`` is at most ``|T|
+ε_1``. Conditioning on the other rows' sample, ``P[M(S(D + G)) in E] = sum_T P(T) P[M(S(D) + T)
+in E] <= E[e^{|T| ε_1}] P[M(S(D)) in E] = (1 + q(e^{ε_1} − 1))^m P[M(S(D)) in E]``, and the
+other direction gives ``(1 − q + q e^{−ε_1})^{-m}``, no larger (``(1 − q + q e^{−x})(1 − q + q
+e^{x}) >= 1``). So the person pays at most ``m f(ε_1) <= k r f(ε_1) <= k f(r ε_1)`` with ``f(x)
+= ln(1 + q(e^x − 1))`` (convex, ``f(0) = 0``, so ``r f(x) <= f(r x)``). ``r ε_1 <= kappa_r
+cost`` (the grid's rounding keeps one row's loss above ``cost/r``), so the plan charges
+``amplified_epsilon(kappa_r cost, q)`` per block and picks ``q`` so that it is at most the
+paper's ``cost/2^j`` (:class:`~dpstream.core.erm.schedules.base.SchedulePlan`; ``kappa_r = 1``
+and nothing changes at the event level): the per-block charges, hence the sums, are the
+configured ones. Several streams cost nothing more here: ``sum_s j_s f(ε_1) <= r f(ε_1)``.
 
 **Periods.** The guarantee is per period (``contribution.period``). A person active in ``k``
 periods is a group of ``k`` units: ``k epsilon_person`` (pure); under zCDP and ERMG, where one
@@ -92,7 +104,8 @@ from typing import TYPE_CHECKING, Final, Literal
 
 from dpstream.core._checks import integer_at_least
 from dpstream.core.accounting.ledger import exact, zcdp_to_approx_dp
-from dpstream.core.erm.grid import GRID_BITS, PRECISION_BITS, _grid_constants
+from dpstream.core.contribution.people import PEOPLE_BOUND, collision_delta
+from dpstream.core.erm.grid import GRID_BITS, PRECISION_BITS, _grid_constants, rows_l1_factor
 from dpstream.core.erm.output_noise import NoiseLevel
 from dpstream.core.erm.schedules.spec import ScheduleSpec
 from dpstream.core.erm.spec import ErmSpec
@@ -102,8 +115,7 @@ from dpstream.errors import InvalidParameterError
 if TYPE_CHECKING:
     from dpstream.core.erm.ermg import ErmgSpec
 
-__all__ = ["PersonCost", "check_user_level", "noise_std", "person_cost", "stream_factor",
-           "widest_computation"]
+__all__ = ["PersonCost", "noise_std", "person_cost", "stream_factor", "widest_computation"]
 
 _SLACK_BITS: Final = PRECISION_BITS - 1  # 2 tau / Delta = 2^-19
 
@@ -123,13 +135,11 @@ def stream_factor(erm: ErmSpec, streams: int, accounting: str) -> Fraction:
     if spread == 1:
         return Fraction(1)
     p = erm.parameter_count
-    s = _ceil_sqrt(p)
-    _c_g, d1, d2 = _grid_constants(p)
-    stretch = 1 + Fraction(spread, 1 << _SLACK_BITS)
     if accounting == "pure":
-        x = (1 << GRID_BITS) * s * stretch  # grid units of the summed distance, per sqrt(p)
-        root_up = Fraction(math.isqrt(p * x.numerator ** 2) + 1, x.denominator)  # >= sqrt(p) x
-        return min(Fraction(spread), (root_up + spread * p) / d1)
+        return min(Fraction(spread), rows_l1_factor(p, spread))
+    s = _ceil_sqrt(p)
+    d2 = _grid_constants(p)[2]
+    stretch = 1 + Fraction(spread, 1 << _SLACK_BITS)
     if accounting != "zcdp":
         raise InvalidParameterError(f"accounting must be 'pure' or 'zcdp', got {accounting!r}")
     ratio = s * ((1 << GRID_BITS) * stretch + spread) / d2
@@ -143,22 +153,6 @@ def widest_computation(spec: ScheduleSpec) -> int | None:
     if spec.algorithm == "sliding-window":
         return int(spec.window_blocks)
     return None
-
-
-def check_user_level(spec: ScheduleSpec | ErmgSpec) -> None:
-    """Refuse what is not proven at ``unit = "user"``: sampling (module docstring).
-
-    Raises:
-        InvalidParameterError: ``spec`` samples.
-
-    """
-    if getattr(spec, "sampling", False):
-        raise InvalidParameterError(
-            "release.sampling = true is refused with contribution.unit = 'user': Poisson "
-            "amplification ln(1 + q(e^eps - 1)) is proven per row, and a person's "
-            "max_rows_per_block rows of a block are sampled independently (the grid's rounding "
-            "keeps one row's cost above eps/max_rows_per_block, so the charged amplified cost "
-            "is not proven to cover them); set release.sampling = false")
 
 
 @dataclass(frozen=True)
@@ -189,17 +183,21 @@ class PersonCost:
             return float(self.total)
         return zcdp_to_approx_dp(float(self.total), delta)
 
+    def delta(self, delta: float) -> float:
+        """The δ of the person's guarantee: the hash-collision term, plus ``delta`` from ρ."""
+        collision = collision_delta(PEOPLE_BOUND)
+        return collision if self.accounting == "pure" else delta + collision
+
 
 def person_cost(spec: ScheduleSpec | ErmgSpec, erm: ErmSpec, max_blocks: int,
                 streams: int) -> PersonCost:
     """Return what one person may cost over at most ``max_blocks`` blocks (module docstring).
 
     Raises:
-        InvalidParameterError: bad counts, or a sampled schedule (:func:`check_user_level`).
+        InvalidParameterError: bad counts.
 
     """
     blocks = integer_at_least("max_blocks", max_blocks, 1)
-    check_user_level(spec)
     if isinstance(spec, ScheduleSpec):
         budget = spec.budget()
         kappa = stream_factor(erm, streams, spec.accounting)

@@ -72,6 +72,32 @@ def _grid_constants(p: int) -> tuple[Fraction, int, Fraction]:
     return c_g, d1, d2
 
 
+@functools.lru_cache(maxsize=256)
+def rows_l1_factor(p: int, rows: int) -> Fraction:
+    """Return ``kappa_r >= 1``: ``rows`` single rows' L1 bounds, summed, over ``D1``.
+
+    On the grid of a sensitivity ``Delta`` that covers ``rows = r`` rows (``unit_rows``), one
+    row moves the minimiser by at most ``Delta/r`` and the solver's two outputs by
+    ``2 tau = 2^-19 Delta`` more, so the rounded integers move by less than
+    ``sqrt(p) 2^12 s (1/r + 2^-19) + p`` in L1 (``s = ceil(sqrt(p))``; rounding adds less
+    than one unit a coordinate), and ``j`` rows by at most ``j`` times that. ``r`` times the
+    one-row bound is at most ``kappa_r D1`` with::
+
+        kappa_r = (ceil_up(sqrt(p) 2^12 s (1 + r 2^-19)) + r p) / D1
+
+    (exactly 1 for ``r = 1``; about ``1 + r 2^-12`` otherwise): what the ERM kind needs where
+    a bound must be linear in the rows (Poisson sampling, several model streams;
+    :mod:`dpstream.core.erm.contribution`).
+    """
+    if rows == 1:
+        return Fraction(1)
+    s = _ceil_sqrt(p)
+    d1 = _grid_constants(p)[1]
+    x = (1 << GRID_BITS) * s * (1 + Fraction(rows, 1 << (PRECISION_BITS - 1)))
+    root_up = Fraction(math.isqrt(p * x.numerator ** 2) + 1, x.denominator)  # >= sqrt(p) x
+    return (root_up + rows * p) / d1
+
+
 def round_to_grid(params: FloatArray, grid: Fraction) -> list[int]:
     """Return ``round(w_j / grid)`` for every coordinate, exactly (row-major order).
 

@@ -10,19 +10,19 @@ that both use the same ones.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 import numpy as np
 import orjson
 
 from dpstream.config import FlowConfig, Section, build_spec, parse_common, positive
-from dpstream.core.erm.contribution import PersonCost, check_user_level, noise_std, person_cost
+from dpstream.core.erm.contribution import PersonCost, noise_std, person_cost
 from dpstream.core.erm.schedules.spec import ScheduleSpec
 from dpstream.core.erm.spec import ErmSpec
 from dpstream.core.noise.coordinates import parameter_digest
-from dpstream.errors import ConfigError, InvalidParameterError
+from dpstream.errors import ConfigError
 
 __all__ = ["ALGORITHMS", "MAX_STREAMS", "TOPICS", "ErmConfig", "Holdout", "parse_config"]
 
@@ -30,7 +30,6 @@ TOPICS: Final = {"input_topic": "events", "models_topic": "models",
                  "dead_letter_topic": "dead-letters"}
 ALGORITHMS: Final = ("continual", "multi-resolution", "sliding-window", "independent", "ermg")
 MAX_STREAMS: Final = 1024
-_T = TypeVar("_T")
 
 
 # -- configuration ---------------------------------------------------------------------------
@@ -109,10 +108,6 @@ class ErmConfig(FlowConfig):
         return person_cost(self.schedule, self.model, contribution.cap("max_blocks"),
                            len(self.streams))
 
-    def person_unit(self) -> str:
-        """The unit of :meth:`person_cost`'s total: ``epsilon`` (pure) or ``rho``."""
-        return "epsilon" if self.accounting == "pure" and self.algorithm != "ermg" else "rho"
-
     def noise_std(self) -> dict[str, float]:
         """The noise std of each released coordinate (parameter units), by model role.
 
@@ -147,7 +142,6 @@ class ErmConfig(FlowConfig):
             lines.append(f"holdout: {self.holdout.rows} public rows from {self.holdout.path}")
         return "\n".join(lines)
 
-
     def _describe_person(self, cost: PersonCost) -> list[str]:
         """The user-level lines of :meth:`describe`."""
         c = self.contribution
@@ -158,13 +152,15 @@ class ErmConfig(FlowConfig):
                  f"{r} x L/(lambda n)); a person has rows in at most {blocks} blocks a period"]
         if cost.accounting == "pure":
             lines.append(f"per person and period: epsilon <= {float(cost.stream_factor):.6g} x "
-                         f"{blocks} x {float(cost.per_block):.6g} = {float(cost.total):.6g}")
+                         f"{blocks} x {float(cost.per_block):.6g} = {float(cost.total):.6g} "
+                         f"(delta = {cost.delta(self.delta):.3g}: person-hash collisions)")
         else:
             how = ("kappa^2 B^2 rho (every run uses all blocks)" if cost.accounting == "ermg"
                    else f"kappa m B rho, m = {cost.overlap} blocks in one computation")
             lines.append(f"per person and period: rho <= {how} = {float(cost.total):.6g}, "
                          f"(epsilon, delta) = ({cost.epsilon(self.delta):.6g}, "
-                         f"{self.delta:g}) (kappa = {float(cost.stream_factor):.6g}); a "
+                         f"{cost.delta(self.delta):g}; with person-hash collisions) (kappa = "
+                         f"{float(cost.stream_factor):.6g}); a "
                          "computation may span periods, so a person active in k periods pays "
                          "k^2 times this rho")
         stds = ", ".join(f"{k} {v:.4g}" for k, v in self.noise_std().items())
@@ -258,11 +254,7 @@ def parse_config(raw: dict[str, Any], source: str = "<dict>") -> ErmConfig:
                           "privacy.accounting = 'pure'")
     contribution = fields["contribution"]
     if contribution.user_level:
-        model = _replace(model, unit_rows=contribution.cap("max_rows_per_block"))
-        try:
-            check_user_level(schedule)
-        except InvalidParameterError as exc:
-            raise ConfigError(str(exc)) from None
+        model = replace(model, unit_rows=contribution.cap("max_rows_per_block"))
     holdout_section = tables["holdout"]
     path = holdout_section.get("path", None, str)
     holdout_section.finish()
@@ -307,7 +299,7 @@ def _with_holdout(config: ErmConfig, path: str, source: str) -> ErmConfig:
     return _replace(config, holdout=holdout)
 
 
-def _replace(config: _T, **changes: Any) -> _T:
+def _replace(config: ErmConfig, **changes: Any) -> ErmConfig:
     import dataclasses  # noqa: PLC0415
 
     return dataclasses.replace(config, **changes)

@@ -7,6 +7,10 @@ Minimization" (paper 004) plans, at each step, the computations it runs
 cost at it): the same real noise at another normaliser costs exactly ``cost_ref·Δ/Δ_ref`` (pure ε)
 or ``cost_ref·(Δ/Δ_ref)²`` (zCDP ρ); a sampled computation's rate is
 :func:`~dpstream.core.erm.schedules.spec.sampling_rate_at_most` and it charges the amplified cost.
+At ``unit = "user"`` (``ErmSpec.unit_rows = r``) the cost amplified is ``kappa_r`` times the
+computation's (:func:`~dpstream.core.erm.grid.rows_l1_factor`; 1 at the event level): a person's
+``r`` rows of a block are sampled independently, and only a bound linear in the rows amplifies
+row by row (:mod:`dpstream.core.erm.contribution` derives it).
 Levels and rates are cached by plan; a plan draws no noise and holds no state a snapshot needs (it
 is rebuilt from the specs).
 """
@@ -19,6 +23,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Final
 
+from dpstream.core.erm.grid import rows_l1_factor
 from dpstream.core.erm.output_noise import NoiseLevel
 from dpstream.core.erm.sampling import amplified_epsilon
 from dpstream.core.erm.schedules.releases import Chain, Computation
@@ -62,6 +67,7 @@ class SchedulePlan(ABC):
         self._costs = spec.reference_costs()
         self._levels: dict[tuple[str, int], NoiseLevel] = {}
         self._rates: dict[tuple[str, int], Fraction] = {}
+        self._rows = rows_l1_factor(erm.parameter_count, int(erm.unit_rows))  # 1: event level
 
     @abstractmethod
     def jobs(self, step: int, t: int, kept: Collection[Chain]
@@ -103,7 +109,7 @@ class SchedulePlan(ABC):
         key = (name, j)
         rate = self._rates.get(key)
         if rate is None:
-            rate = sampling_rate_at_most(unamplified, unamplified / (1 << j))
+            rate = sampling_rate_at_most(unamplified * self._rows, unamplified / (1 << j))
             self._rates[key] = rate
         return rate
 
@@ -130,7 +136,7 @@ class SchedulePlan(ABC):
                 Computation(step, role, level, first, last, centre, normalizer, None, cost),
                 noise, cost, release_role, release_level,
             )
-        charge = amplified_epsilon(cost, rate)
+        charge = amplified_epsilon(cost * self._rows, rate)
         return _Job(
             Computation(step, role, level, first, last, centre, normalizer, rate, charge),
             noise, cost, release_role, release_level,
