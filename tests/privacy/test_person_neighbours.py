@@ -60,7 +60,7 @@ from harness import (
     without_person,
 )
 
-from dpstream.config import CAPS, MAX_CAP, FlowConfig
+from dpstream.config import CAPS, FlowConfig
 from dpstream.core.accounting.ledger import zcdp_to_approx_dp
 from dpstream.core.noise.keys import NoiseKey
 
@@ -358,18 +358,24 @@ def frequencies(sample: Sample, keys: range, pilot_keys: range = PILOT
     return threshold, hits, totals
 
 
+OFF_GROUPS, OFF_PER_GROUP = 64, 4096
+"""Caps far above any person's events here (8 keys, 4 blocks; at most 804 rows, 300 a block,
+200 a key): the bounding keeps everything. (Not 65 535 groups: the bounder's columns are as
+wide as max_groups, which would only make these tests slow.)"""
+
+
 def bounding_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Turn the bounding off in this test only: the rule gets caps of 65 535, while the
-    configuration (and so every mechanism's noise and every record's claim) keeps the small
-    caps."""
+    """Turn the bounding off in this test only: the rule gets caps far above the person's
+    events (:data:`OFF_GROUPS`, :data:`OFF_PER_GROUP`), while the configuration (and so every
+    mechanism's noise and every record's claim) keeps the small caps."""
     from dpstream.core.contribution import rules
 
     original = rules.BoundingRule.from_contribution
 
     def unbounded(contribution: Any) -> Any:
         rule = original(contribution)
-        groups = 1 if rule.grouping == "one" else MAX_CAP  # one histogram has one group
-        return dataclasses.replace(rule, max_groups=groups, max_per_group=MAX_CAP)
+        groups = 1 if rule.grouping == "one" else OFF_GROUPS  # one histogram: one group
+        return dataclasses.replace(rule, max_groups=groups, max_per_group=OFF_PER_GROUP)
 
     monkeypatch.setattr(rules.BoundingRule, "from_contribution", staticmethod(unbounded))
 
