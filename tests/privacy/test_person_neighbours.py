@@ -804,3 +804,33 @@ def test_erm_power_bounding_off_is_caught(monkeypatch, period):
     bound = epsilon_lower_bound(hits[0], totals[0], hits[1], totals[1])
     print(f"\nerm bounding off/{period}: {hits}/{totals}: bound {bound:.3f}, claim {claim:.3f}")
     assert bound > claim, (hits, totals, bound, claim)
+
+
+# -- metrics --------------------------------------------------------------------------------------
+
+
+@pytest.mark.flow
+@pytest.mark.parametrize("period", list(PERIODS))
+def test_the_dropped_events_are_exact_operator_data_and_match_the_rule(period):
+    """Without ``metrics.exact_counts`` no series counts kept or dropped events; with it, the
+    counts are those of the bounding rule applied to every person (the oracle), and no label
+    names a person."""
+    from prometheus_client import CollectorRegistry
+
+    from dpstream.metrics import FlowMetrics
+
+    config = counters_config("declared", "pure", period)
+    _, items = counters_worlds("declared")
+    c = config.contribution
+    everyone = placed_events(kafka_view(items), lambda body: body["key"])
+    kept = sum(len(reference_kept(events, "key", c.cap("max_keys"), c.cap("max_per_key"),
+                                  c.period_steps)) for events in everyone.values())
+    total = sum(map(len, everyone.values()))
+    for exact in (False, True):
+        metrics = FlowMetrics("nb", CollectorRegistry(), exact_counts=exact)
+        run_counters(config, items, NoiseKey.for_tests(2), metrics=metrics)
+        samples = [s for family in metrics.registry.collect() for s in family.samples]
+        assert not any(TARGET in repr(s.labels) for s in samples)
+        bounding = {s.labels["outcome"]: s.value for s in samples
+                    if s.name == "dpstream_bounding_events_total"}
+        assert bounding == ({"kept": kept, "dropped": total - kept} if exact else {})
