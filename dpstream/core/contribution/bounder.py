@@ -44,13 +44,14 @@ uint64 words, 16 bytes), and what the caps need, counted in uint8 when the cap i
 (else uint16): ``key``: the person's group ids (int32) and kept counts, ``max_groups`` of each
 (``16 + 5 max_groups`` bytes: 56 at ``max_groups = 8``; 64 with caps above 255); ``step``:
 groups used, the last step with a kept event and its kept count (26 bytes); ``one``: the kept
-count (17 bytes). People new in a step are merged into a small sorted *delta*
-(one sort-merge per step, at the cost of the delta's size), and the delta into the main columns
-when it outgrows ``max(2^16, 64 sqrt(main))``: a step's cost does not grow with all the people
-held, and no column has spare capacity (the bytes above are exact). A step in a later period
-drops the whole state first (the period's people, counts and key ids): the state does not grow
-with the number of periods. The state holds no person id (only keyed hashes) but does hold
-per-person counts: keep the recovery store secret.
+count (17 bytes). People new in a step are merged into a small sorted *delta* (one sort-merge
+per step, at the cost of the delta's size), and the delta into the main columns when it outgrows
+``max(2^16, 64 sqrt(main))``: a step moves O(delta) rows rather than all the people held, a
+merge (O(main) rows) comes once per ``64 sqrt(main)`` new people or more, and no column has
+spare capacity (the bytes above are exact). A step in a later period drops the whole state first
+(the period's people, counts and key ids): the state does not grow with the number of periods.
+The state holds no person id (only keyed hashes) but does hold per-person counts: keep the
+recovery store secret.
 """
 
 from __future__ import annotations

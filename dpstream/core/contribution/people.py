@@ -45,6 +45,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dpstream.core._checks import integer_at_least
+from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import InvalidParameterError
 
 __all__ = ["HASH_BYTES", "PEOPLE_BOUND", "PersonHasher", "collision_delta", "person_shards"]
@@ -87,6 +88,11 @@ class PersonHasher:
             raise InvalidParameterError(
                 f"the person hashing key must be at least {_MIN_KEY_BYTES} bytes")
         self._base = hashlib.blake2b(key=key[:64], digest_size=HASH_BYTES, person=_PERSON)
+
+    @classmethod
+    def for_flow(cls, noise: NoiseKey, instance: str, flow_name: str) -> PersonHasher:
+        """The hasher of a flow: keyed by its lane ``noise.lane(instance, flow_name, "people")``."""
+        return cls(noise.lane(instance, flow_name, "people"))
 
     def __repr__(self) -> str:
         return "PersonHasher(<secret key>)"
