@@ -30,7 +30,7 @@ from support.messages import raw
 
 from dpstream.core.contribution.people import PersonHasher
 from dpstream.core.noise.keys import NoiseKey
-from dpstream.errors import RecoveryMismatchError
+from dpstream.errors import InvalidParameterError, RecoveryMismatchError
 from dpstream.kinds.counters.events import PartitionClock
 from dpstream.kinds.counters.shard import ShardState
 from dpstream.metrics import FlowMetrics
@@ -330,7 +330,7 @@ def test_the_clock_sends_hashes_never_ids_to_the_person_shards():
     assert list(events.offsets) == [0] and list(events.partitions) == [0]
 
 
-def test_a_snapshot_of_another_instance_is_refused():
+def test_a_snapshot_of_another_instance_or_under_other_caps_is_refused():
     cfg = config("open")
     stage = drive(cfg, stream(people=5))
     state = stage.shards[0].to_state()
@@ -338,6 +338,11 @@ def test_a_snapshot_of_another_instance_is_refused():
     with pytest.raises(RecoveryMismatchError):
         BoundingShard(KINDS["counters"].clock(cfg, {})(None), cfg, digest, NOISE, "other",
                       3, state)
+    other = config("open", max_keys=3)  # other caps: the kinds' digests bind them too
+    with pytest.raises(InvalidParameterError, match="caps|mechanism"):
+        BoundingShard(KINDS["counters"].clock(other, {})(None), other,
+                      KINDS["counters"].binding(other).mechanisms_digest, NOISE, "u-1", 3,
+                      state)
 
 
 @pytest.mark.flow
