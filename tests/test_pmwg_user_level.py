@@ -315,6 +315,9 @@ def test_describe_states_the_unit_the_caps_the_period_and_the_noise() -> None:
     assert "each noise is scaled by 4" in text
     assert "hash-collision delta" in text
     assert "noise std at the caps: h.size" in text
+    assert "k^2" not in text  # pure: k times epsilon, as the shared line says
+    zcdp_text = parse_config(raw_config({**USER, "period": "1d"}, "zcdp")).describe()
+    assert "k^2 times the per-period rho" in zcdp_text
     event_text = parse_config(raw_config()).describe()
     assert "privacy unit: one event" in event_text and "person" not in event_text
 

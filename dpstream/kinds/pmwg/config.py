@@ -36,9 +36,12 @@ two people who collide share one cap, which is accounted as a ``delta`` of at mo
 ``people x 2^-128`` (the bounding core's ``collision_delta``; ``2^-64`` at its public bound of
 ``2^64`` people), added to the total's ``delta``. With
 ``period`` a whole number of steps the guarantee is per period (the stage forgets the caps when
-a period closes); a person active in ``k`` periods is protected at ``k`` times that level
-(basic composition). ``m = 1`` at the event level: every spec, digest and noise draw is the
-event level's.
+a period closes). A person active in ``k`` periods has up to ``k m`` rows in the (cumulative)
+database, all in the same mechanisms' inputs: that is group privacy over ``k`` per-period
+neighbours, ``k epsilon`` under pure accounting (the shared "k times the per-period level")
+but ``k^2 rho`` under zCDP (Bun & Steinke 2016, Proposition 1.9; every zCDP cost here is
+quadratic in the sensitivity, which grows to ``k m``); :meth:`PmwgConfig.describe` says so.
+``m = 1`` at the event level: every spec, digest and noise draw is the event level's.
 """
 
 from __future__ import annotations
@@ -224,6 +227,10 @@ class PmwgConfig(FlowConfig):
                       f"in every histogram: the costs add; each noise is scaled by {rows}), "
                       f"plus a hash-collision delta <= people x 2^-128 (<= "
                       f"{collision_delta(PEOPLE_BOUND):.2g})"]
+            if self.accounting == "zcdp" and self.contribution.period_steps is not None:
+                lines.append("under zCDP a person active in k periods is protected at k^2 "
+                             "times the per-period rho (group privacy: k periods' rows move "
+                             "the same cumulative database)")
         if self.accounting == "zcdp":
             lines.append(f"as (epsilon, delta): ({ledger.epsilon_spent(self.delta):.4g}, "
                          f"{self.delta:g})")
