@@ -76,7 +76,6 @@ __all__ = [
     "Record",
     "Release",
     "Status",
-    "UserPrivacy",
     "Window",
     "encode",
     "to_builtins",
@@ -173,35 +172,6 @@ class PersonLevel(_Data, frozen=True, kw_only=True):
     rho: float | None = None
 
 
-class UserPrivacy(_Data, frozen=True, kw_only=True):
-    """What one person may cost in all, per period, at ``privacy.unit = "user"``.
-
-    Written only by flows with ``contribution.unit = "user"``; every field is configuration
-    (or derived from it), never data. The caps a kind does not take are left out.
-
-    Attributes:
-        period_steps: the period in steps (left out: the person's lifetime).
-        max_keys: counters, the keys a person may contribute to (L0).
-        max_per_key: counters, the events a person may contribute to one key (Linf).
-        max_rows: PMWG, the rows a person may add to a histogram.
-        max_rows_per_block: ERM, the rows a person may have in one block (step).
-        max_blocks: ERM, the blocks a person may have rows in.
-        epsilon: the person's ε (pure), or the ε of (ε, ``delta``) a ρ converts to.
-        delta: the δ of that guarantee (left out for pure ε).
-        rho: the person's ρ (zCDP; left out for pure ε).
-    """
-
-    period_steps: int | None = None
-    max_keys: int | None = None
-    max_per_key: int | None = None
-    max_rows: int | None = None
-    max_rows_per_block: int | None = None
-    max_blocks: int | None = None
-    epsilon: float
-    delta: float | None = None
-    rho: float | None = None
-
-
 class Privacy(_Data, frozen=True, kw_only=True):
     """What a record has cost, per privacy unit.
 
@@ -216,7 +186,6 @@ class Privacy(_Data, frozen=True, kw_only=True):
         approx_dp: the (ε, δ) a zCDP spend implies.
         person: at the user level only, what one person's contribution costs in all (the
             other figures are then per key, histogram or model stream, against one person).
-        user: what one person may cost in all (``unit = "user"`` only).
     """
 
     unit: str
@@ -227,7 +196,6 @@ class Privacy(_Data, frozen=True, kw_only=True):
     delta: float | None = None
     approx_dp: ApproxDp | None = None
     person: PersonLevel | None = None
-    user: UserPrivacy | None = None
 
     @property
     def remaining(self) -> float:

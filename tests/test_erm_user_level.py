@@ -195,9 +195,37 @@ def test_a_persons_rows_in_k_blocks_move_the_rounded_integers_by_at_most_k_d1(k:
         a = round_to_grid(solve(spec, base, n, None, precision=tau).params, g)
         b = round_to_grid(solve(spec, both, n, None, precision=tau).params, g)
         l1 = sum(abs(u - v) for u, v in zip(a, b, strict=True))
+        l2 = math.sqrt(sum((u - v) ** 2 for u, v in zip(a, b, strict=True)))
         worst = max(worst, l1)
         assert l1 <= k * spec.grid_l1_sensitivity
+        assert l2 <= k * spec.grid_l2_sensitivity
     assert worst > (k - 1) * spec.grid_l1_sensitivity / 4  # the bound is not vacuous here
+
+
+def test_a_persons_block_split_over_streams_stays_within_the_stream_factor() -> None:
+    """r rows of one block spread over two streams: the two streams' integer moves, summed,
+    stay within kappa D1 (L1) and sqrt(kappa_zcdp) D2 (L2)."""
+    r, n = 4, 40.0
+    spec = _erm("pure", r)
+    delta = spec.sensitivity(n)
+    g, tau = spec.grid(delta), float(spec.precision(n))
+    kappa = stream_factor(spec, 2, "pure")
+    kappa_z = stream_factor(_erm("zcdp", r), 2, "zcdp")
+    for seed in range(4):
+        rng = np.random.default_rng(200 + seed)
+        person = Block(spec.features(rng.normal(size=(r, spec.dimension)) * 5),
+                       rng.integers(0, 2, r))
+        l1 = l2 = 0.0
+        for stream, rows in enumerate((slice(0, 1), slice(1, r))):  # 1 row and r - 1 rows
+            base = _block(30, 10 * seed + stream, spec)
+            extra = Block(person.z[rows], person.y[rows])
+            a = round_to_grid(solve(spec, base, n, None, precision=tau).params, g)
+            b = round_to_grid(solve(spec, Block.concat([base, extra], spec.columns), n, None,
+                                    precision=tau).params, g)
+            l1 += sum(abs(u - v) for u, v in zip(a, b, strict=True))
+            l2 += math.sqrt(sum((u - v) ** 2 for u, v in zip(a, b, strict=True)))
+        assert l1 <= kappa * spec.grid_l1_sensitivity
+        assert l2 ** 2 <= kappa_z * spec.grid_l2_sensitivity ** 2
 
 
 @pytest.mark.parametrize("algorithm", ["multi-resolution", "continual", "sliding-window"])
@@ -279,17 +307,18 @@ def test_model_records_carry_the_user_level_only_at_the_user_level() -> None:
     cost = user.person_cost()
     assert cost is not None
     assert privacy["unit"] == "user"
-    assert privacy["user"] == {"period_steps": 3600, "max_rows_per_block": 3, "max_blocks": 2,
-                               "epsilon": float(cost.total), "delta": COLLISION}
+    assert privacy["person"] == {"period": "3600 steps",
+                                 "caps": [["max_rows_per_block", 3], ["max_blocks", 2]],
+                                 "epsilon": float(cost.total), "delta": COLLISION}
     event = parse_config(_tables(model={"classes": ["no", "yes"], "dimension": 2,
                                         "streams": ["a"], "stream_field": None}))
     _, _, body = ModelEncoder(event, "u-1").encode(_record())
     privacy = json.loads(body)["privacy"]
-    assert privacy["unit"] == "event" and "user" not in privacy
+    assert privacy["unit"] == "event" and "person" not in privacy
     zcdp = parse_config(_tables(privacy={"accounting": "zcdp", "rho": 0.5}, contribution=USER,
                                 model={"dimension": 2}))
     _, _, body = ModelEncoder(zcdp, "u-1").encode(_record())
-    user_part = json.loads(body)["privacy"]["user"]
+    user_part = json.loads(body)["privacy"]["person"]
     assert user_part["rho"] == float(zcdp.person_cost().total)  # type: ignore[union-attr]
     assert user_part["delta"] == 1e-6 + COLLISION and user_part["epsilon"] > user_part["rho"]
 
@@ -441,8 +470,9 @@ def test_a_user_level_flow_keeps_a_persons_rows_within_the_caps_and_says_so() ->
     assert cost is not None
     for m in models:
         assert m["privacy"]["unit"] == "user"
-        assert m["privacy"]["user"] == {"max_rows_per_block": 3, "max_blocks": 2,
-                                        "epsilon": float(cost.total), "delta": COLLISION}
+        assert m["privacy"]["person"] == {
+            "period": "lifetime", "caps": [["max_rows_per_block", 3], ["max_blocks", 2]],
+            "epsilon": float(cost.total), "delta": COLLISION}
         assert m["privacy"]["budget"] == 2.0
 
 
@@ -462,11 +492,11 @@ def test_every_schedule_runs_at_the_user_level_and_reports_the_person(
     assert models and len(models) == len(out)  # no dead letter: every record names a person
     cost = config.person_cost()
     assert cost is not None
-    expected = {"max_rows_per_block": 3, "max_blocks": 2, "epsilon": cost.epsilon(1e-6),
-                "delta": cost.delta(1e-6)}
+    expected = {"period": "lifetime", "caps": [["max_rows_per_block", 3], ["max_blocks", 2]],
+                "epsilon": cost.epsilon(1e-6), "delta": cost.delta(1e-6)}
     if cost.accounting != "pure":
         expected["rho"] = float(cost.total)
     for m in models:
-        assert m["privacy"]["unit"] == "user" and m["privacy"]["user"] == expected
+        assert m["privacy"]["unit"] == "user" and m["privacy"]["person"] == expected
         assert m["noise"]["std"] > 0
     assert {m["role"] for m in models} <= set(config.noise_std()) | {"window", "ermg"}

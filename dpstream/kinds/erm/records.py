@@ -23,15 +23,16 @@ class ModelEncoder:
 
     def __init__(self, config: ErmConfig, instance: str = "") -> None:
         self.config, self.instance = config, instance
-        self.unit, self.user = "event", None
+        self.unit = "event"
+        self.person: schemas.PersonLevel | None = None
         cost = config.person_cost()
         if cost is not None:  # unit = "user": what a person may cost in all, per period
             c = config.contribution
             zcdp = cost.accounting != "pure"  # the delta has the hash-collision term
             self.unit = "user"
-            self.user = schemas.UserPrivacy(
-                period_steps=c.period_steps, max_rows_per_block=c.cap("max_rows_per_block"),
-                max_blocks=c.cap("max_blocks"), epsilon=cost.epsilon(config.delta),
+            self.person = schemas.PersonLevel(
+                period="lifetime" if c.period_steps is None else f"{c.period_steps} steps",
+                caps=c.caps, epsilon=cost.epsilon(config.delta),
                 delta=cost.delta(config.delta), rho=float(cost.total) if zcdp else None)
 
     def _window(self, first: int, last: int) -> schemas.Window:
@@ -46,7 +47,7 @@ class ModelEncoder:
         else:
             accounting, delta = config.accounting, None
         privacy = schemas.Privacy(unit=self.unit, accounting=accounting, cost=m.cost,
-                                  spent=m.spent, budget=m.budget, delta=delta, user=self.user)
+                                  spent=m.spent, budget=m.budget, delta=delta, person=self.person)
         shared: dict[str, Any] = dict(
             flow=config.name, instance=self.instance, stream=m.stream,
             algorithm=config.algorithm, role=m.role, level=m.level, step=m.step,
