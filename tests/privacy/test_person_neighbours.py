@@ -67,7 +67,7 @@ from harness import (
     without_person,
 )
 
-from dpstream.config import CAPS, FlowConfig
+from dpstream.config import FlowConfig
 from dpstream.core.accounting.ledger import zcdp_to_approx_dp
 from dpstream.core.noise.keys import NoiseKey
 
@@ -300,19 +300,10 @@ def test_counters_two_workers_and_small_batches_publish_the_same():
 def person_terms(records: Sequence[Record]) -> dict[str, Any]:
     """The user-level terms every record states (``privacy.person``): one value for all."""
     stated = [b["privacy"] for _role, b in records if "privacy" in b]  # not alerts
-    terms = {json.dumps(p["person"] if "person" in p else person_from_user(p["user"]),
-                        sort_keys=True) for p in stated}
+    terms = {json.dumps(p["person"], sort_keys=True) for p in stated}
     assert len(terms) == 1, terms
     assert all(p["unit"] == "user" for p in stated)
     return dict(json.loads(terms.pop()))
-
-
-def person_from_user(user: dict[str, Any]) -> dict[str, Any]:
-    """``privacy.user`` (caps as fields, ``period_steps``) read as ``privacy.person``."""
-    steps = user.get("period_steps")
-    return {"caps": {k: user[k] for k in CAPS if user.get(k) is not None},
-            "period": "lifetime" if steps is None else f"{steps} steps",
-            "epsilon": user["epsilon"]}
 
 
 def check_stated(records: Sequence[Record], config: FlowConfig, per_period: float) -> None:
