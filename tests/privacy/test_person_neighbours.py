@@ -491,7 +491,8 @@ def pmwg_config(period: str) -> FlowConfig:
     })
 
 
-def pmwg_worlds(rows_per_step: int = 100) -> tuple[list[Item], list[Item]]:
+def pmwg_worlds(rows_per_step: int = 100, person: str = TARGET
+                ) -> tuple[list[Item], list[Item]]:
     """30 people with 1-10 rows each (some above the cap), a row of someone new in every step
     and partition, two questions a step (partition 2); the target: ``rows_per_step`` 'fr' rows
     in every step over both partitions, the first event of the input, the last event, and rows
@@ -515,13 +516,14 @@ def pmwg_worlds(rows_per_step: int = 100) -> tuple[list[Item], list[Item]]:
     target += [step + 0.01 + 0.98 * j / rows_per_step for step in range(PMWG_STEPS)
                for j in range(rows_per_step)]
     for j, t in enumerate(target):
-        items.append(Item(j % 2, {"country": "fr", "ts": ORIGIN + t, PERSON_FIELD: TARGET}, t))
-    return without_person(items, TARGET), items
+        items.append(Item(j % 2, {"country": "fr", "ts": ORIGIN + t, PERSON_FIELD: person}, t))
+    return without_person(items, person), items
 
 
-def pmwg_kept(config: FlowConfig, items: Sequence[Item]) -> list[Placed]:
+def pmwg_kept(config: FlowConfig, items: Sequence[Item], person: str = TARGET
+              ) -> list[Placed]:
     c = config.contribution
-    events = placed_events(kafka_view(items), lambda body: "h")[TARGET]
+    events = placed_events(kafka_view(items), lambda body: "h")[person]
     return reference_kept(events, "one", 1, c.cap("max_rows"), c.period_steps)
 
 
@@ -540,21 +542,35 @@ def run_pmwg(config: FlowConfig, items: Sequence[Item], noise: NoiseKey, **kw: A
 NOISY_ANSWER = ("t", "kind", "value", "reason", "hard_queries", "privacy")
 
 
+WHO = ["spread", "smallest hash", "largest hash"]
+
+
+def chosen_person(who: str, config: FlowConfig, noise: NoiseKey, instance: str,
+                  worlds: tuple[list[Item], list[Item]]) -> str:
+    """The target, or a name whose keyed hash is below (above) every other person's."""
+    if who == "spread":
+        return TARGET
+    people = sorted({i.body[PERSON_FIELD] for i in worlds[0] if PERSON_FIELD in i.body})
+    return hash_extreme_person(config, noise, instance, people, who == "largest hash")
+
+
 @pytest.mark.flow
+@pytest.mark.parametrize("who", WHO)
 @pytest.mark.parametrize("period", list(PERIODS))
-def test_pmwg_one_person_moves_the_size_within_the_cap(period):
+def test_pmwg_one_person_moves_the_size_within_the_cap(period, who):
     """Same questions answered in the same steps and order; the public size moves by at most
     max_rows a period the target was active in so far (the size counter adds the same noisy
     nodes in both worlds); where the hard/easy decisions agree, nothing else differs."""
     config = pmwg_config(period)
-    worlds = pmwg_worlds()
-    kept = pmwg_kept(config, worlds[1])
-    assert len(kept) == PMWG_CAPS["max_rows"] * (1 if period == "lifetime" else 2)
     moved_somewhere = False
-    for seed in range(4):
+    for seed in range(4) if who == "spread" else [204]:
         noise = NoiseKey.for_tests(200 + seed)
+        person = chosen_person(who, config, noise, f"m{seed}", pmwg_worlds())
+        worlds = pmwg_worlds(person=person)
+        kept = pmwg_kept(config, worlds[1], person)
+        assert len(kept) == PMWG_CAPS["max_rows"] * (1 if period == "lifetime" else 2)
         r0, r1 = (run_pmwg(config, w, noise, instance=f"m{seed}") for w in worlds)
-        assert TARGET not in json.dumps(r1)
+        assert person not in json.dumps(r1)
         a0 = [b for role, b in r0 if role == "answers"]
         a1 = [b for role, b in r1 if role == "answers"]
         assert [(b["id"], b["step"]) for b in a0] == [(b["id"], b["step"]) for b in a1]
@@ -650,7 +666,8 @@ def erm_config(period: str) -> FlowConfig:
     })
 
 
-def erm_worlds(rows_per_block: int = 300) -> tuple[list[Item], list[Item]]:
+def erm_worlds(rows_per_block: int = 300, person: str = TARGET
+               ) -> tuple[list[Item], list[Item]]:
     """6 rows a step of 6 other people each step (someone new on each partition every step),
     and the target: ``rows_per_block`` rows with features far above the clip norm in every
     block over both partitions, the first and the last event of the input, rows on both sides
@@ -669,13 +686,14 @@ def erm_worlds(rows_per_block: int = 300) -> tuple[list[Item], list[Item]]:
               for j in range(rows_per_block)]
     for j, t in enumerate(times):
         items.append(Item(j % 2, {"features": [40.0, 40.0, 40.0], "label": "no",
-                                  "ts": ORIGIN + t, PERSON_FIELD: TARGET}, t))
-    return without_person(items, TARGET), items
+                                  "ts": ORIGIN + t, PERSON_FIELD: person}, t))
+    return without_person(items, person), items
 
 
-def erm_kept(config: FlowConfig, items: Sequence[Item]) -> list[Placed]:
+def erm_kept(config: FlowConfig, items: Sequence[Item], person: str = TARGET
+             ) -> list[Placed]:
     c = config.contribution
-    events = placed_events(kafka_view(items), lambda body: None)[TARGET]
+    events = placed_events(kafka_view(items), lambda body: None)[person]
     return reference_kept(events, "step", c.cap("max_blocks"), c.cap("max_rows_per_block"),
                           c.period_steps)
 
@@ -701,20 +719,22 @@ def depends_on(body: dict[str, Any], steps: set[int]) -> bool:
 
 
 @pytest.mark.flow
+@pytest.mark.parametrize("who", WHO)
 @pytest.mark.parametrize("period", list(ERM_PERIODS))
-def test_erm_one_person_moves_only_the_models_of_their_kept_blocks(period):
+def test_erm_one_person_moves_only_the_models_of_their_kept_blocks(period, who):
     """The same models at the same steps with the same fields but the weights; the weights of
     a model whose dependency chain holds none of the target's kept blocks byte-identical."""
     config = erm_config(period)
-    worlds = erm_worlds()
-    kept = erm_kept(config, worlds[1])
-    blocks = {e.step for e in kept}
-    assert len(kept) == 2 * len(blocks) and blocks == (
-        {0, 1} if period == "lifetime" else {0, 1, 2, 3})
-    for seed in range(3):
+    for seed in range(3) if who == "spread" else [303]:
         noise = NoiseKey.for_tests(300 + seed)
+        person = chosen_person(who, config, noise, f"e{seed}", erm_worlds())
+        worlds = erm_worlds(person=person)
+        kept = erm_kept(config, worlds[1], person)
+        blocks = {e.step for e in kept}
+        assert len(kept) == 2 * len(blocks) and blocks == (
+            {0, 1} if period == "lifetime" else {0, 1, 2, 3})
         r0, r1 = (run_erm(config, w, noise, instance=f"e{seed}") for w in worlds)
-        assert TARGET not in json.dumps(r1)
+        assert person not in json.dumps(r1)
         assert [r for r in r0 if r[0] != "models"] == [r for r in r1 if r[0] != "models"]
         m0 = [b for role, b in r0 if role == "models"]
         m1 = [b for role, b in r1 if role == "models"]
