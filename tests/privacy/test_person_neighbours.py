@@ -289,6 +289,20 @@ def test_counters_first_and_last_person_by_hash(largest, period):
 
 
 @pytest.mark.flow
+@pytest.mark.parametrize("period", list(PERIODS))
+def test_the_coupled_check_catches_bounding_off(monkeypatch, period):
+    """With the bounding off, the target's keys beyond its kept ones move too: the records not
+    about the kept keys differ, which is what the coupled tests above assert never happens."""
+    bounding_off(monkeypatch)
+    config = counters_config("declared", "pure", period)
+    worlds = counters_worlds("declared")
+    keys = {e.group for e in counters_kept(config, worlds[1])}  # what the caps would keep
+    noise = NoiseKey.for_tests(0)
+    r0, r1 = (run_counters(config, w, noise) for w in worlds)
+    assert canonical(r0, keys) != canonical(r1, keys)
+
+
+@pytest.mark.flow
 def test_counters_two_workers_and_small_batches_publish_the_same():
     config = counters_config("declared", "zcdp", "4s")
     _, items = counters_worlds("declared")
