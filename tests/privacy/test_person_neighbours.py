@@ -26,11 +26,12 @@ BLT / zCDP, an open universe with admission under both; PMWG; ERM) runs under bo
   person's bounded contribution costs there, so a person costs (counters) L0 times the
   per-key charges (epsilon, or rho converted at privacy.delta), (PMWG) the histogram's size
   and PMWG epsilon, (ERM) max_blocks times the per-block budget, per period, times the
-  periods the person is active in. PMWG and ERM draw with 300 noise keys, a run of each world
-  per key; the counters batch the noise keys: one run holds 10 replicas of each world on keys
-  and people of their own (every key's noise is its own draw, every person is bounded alone,
-  and the coupled tests check that a person moves nothing outside their kept keys), so 30
-  noise keys give the 300 draws;
+  periods k the person is active in (k^2 for a counter's rho: the counters are cumulative).
+  PMWG and ERM draw with 300 noise keys, a run of each world per key; the counters batch
+  the noise keys: one run holds 10 replicas of each world on keys and people of their own
+  (every key's noise is its own draw, every person is bounded alone, and the coupled tests
+  check that a person moves nothing outside their kept keys), so 30 noise keys give the 300
+  draws;
 * **power**: the same statistic with the bounding turned off in the test only (the rule
   patched to caps far above the person's events, while the configuration, the noise and the
   records still claim the small caps) gives a bound above the claim, in the same scenarios:
@@ -175,12 +176,18 @@ def per_key_claim(config: FlowConfig) -> tuple[float, float]:
 
 
 def counters_claim(config: FlowConfig, periods: int) -> float:
-    """The per-person epsilon: L0 keys a period, each costing its configured charge."""
+    """The per-person epsilon: L0 keys a period, each costing its configured charge.
+
+    A person active in k periods: pure epsilon adds (k L0 keys' charges at most); a key's
+    counter is cumulative across periods, so under zCDP a key the person reaches in every
+    period sees k times the sensitivity and costs k^2 its rho (group privacy): k^2 L0 rho at
+    most (as the PMWG and ERM kinds state for their cumulative mechanisms).
+    """
     epsilon, rho = per_key_claim(config)
-    l0 = config.contribution.cap("max_keys") * periods
+    l0 = config.contribution.cap("max_keys")
     if config.privacy.accounting == "pure":
-        return l0 * epsilon
-    return zcdp_to_approx_dp(l0 * (rho + epsilon**2 / 2), config.privacy.delta)
+        return periods * l0 * epsilon
+    return zcdp_to_approx_dp(periods**2 * l0 * (rho + epsilon**2 / 2), config.privacy.delta)
 
 
 def about(records: Sequence[Record], keys: set[str]) -> list[Record]:
