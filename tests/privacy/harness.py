@@ -20,6 +20,7 @@ import pickle
 import random
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from scipy import stats
@@ -292,3 +293,120 @@ def epsilon_lower_bound(k_a: int, n_a: int, k_b: int, n_b: int, alpha: float = 1
 
     return max(one_way(k_a, n_a, k_b, n_b), one_way(k_b, n_b, k_a, n_a),
                one_way(n_a - k_a, n_a, n_b - k_b, n_b), one_way(n_b - k_b, n_b, n_a - k_a, n_a))
+
+
+# --- one person more or less (issue 24) -------------------------------------------------------
+#
+# The user-level sibling of the one-event drivers above: a stream is a list of :class:`Item`
+# (a record of some person, or of nobody, before Kafka numbers it); :func:`kafka_view` numbers
+# the offsets per partition in broker-time order, as Kafka would, so that removing a person's
+# items renumbers everyone else's offsets but keeps their order (the bounding decides in that
+# order: it must keep the same events of everyone else). :func:`reference_kept` is the
+# bounding rule of the shared design written out plainly, per person, as the oracle of what
+# the flow must keep; :func:`run_flow` runs the real Bytewax dataflow of any kind.
+
+PERSON_FIELD = "user"
+
+
+@dataclass(frozen=True)
+class Item:
+    """One input record: partition (numbered across the input topics), body, broker seconds."""
+
+    partition: int
+    body: dict[str, Any]
+    broker: float  # seconds after ORIGIN (the step is its whole part with 1 s steps)
+    topic: str = "events"
+
+
+def kafka_view(items: Sequence[Item]) -> list[RawMessage]:
+    """Kafka's view of ``items``: per partition in broker-time order, offsets from 0."""
+    ordered = sorted(range(len(items)), key=lambda i: (items[i].broker, items[i].partition, i))
+    offsets: dict[int, int] = defaultdict(int)
+    out: list[RawMessage] = []
+    for i in ordered:
+        item = items[i]
+        out.append((item.partition, json.dumps(item.body).encode(), offsets[item.partition],
+                    item.topic, round((ORIGIN + item.broker) * 1000), TIMESTAMP_LOG_APPEND_TIME))
+        offsets[item.partition] += 1
+    return out
+
+
+def without_person(items: Sequence[Item], person: str, field: str = PERSON_FIELD) -> list[Item]:
+    """The remove-one-person neighbour: ``items`` without any record of ``person``."""
+    return [item for item in items if item.body.get(field) != person]
+
+
+@dataclass(frozen=True)
+class Placed:
+    """A person's event as the bounding sees it: where it sits and what it contributes to."""
+
+    step: int
+    partition: int
+    offset: int
+    group: Any
+
+
+def placed_events(messages: Sequence[RawMessage], group_of: Any,
+                  field: str = PERSON_FIELD) -> dict[str, list[Placed]]:
+    """Every person's events of ``messages`` (1 s steps from ORIGIN, broker time), by person.
+
+    ``group_of(body)`` names what the event contributes to (a counter's key, a histogram, ...);
+    records of no person (questions, say) are left out.
+    """
+    people: dict[str, list[Placed]] = defaultdict(list)
+    for partition, value, offset, _topic, millis, _kind in messages:
+        body = json.loads(value)
+        person = body.get(field) if isinstance(body, dict) else None
+        if isinstance(person, str) and person:
+            step = (millis - ORIGIN * 1000) // 1000
+            people[person].append(Placed(step, partition, offset, group_of(body)))
+    return people
+
+
+def reference_kept(events: Sequence[Placed], grouping: str, max_groups: int,
+                   max_per_group: int, period_steps: int | None) -> list[Placed]:
+    """The events of ONE person the bounding must keep (the shared design's rule, plainly).
+
+    In the order (step, partition, offset), per period (``step // period_steps``; one period
+    with a lifetime): an event is kept iff its group is already one of the person's groups in
+    this period with fewer than ``max_per_group`` kept events, or the person has fewer than
+    ``max_groups`` groups (the group joins them). The group is the event's key ("key"), its
+    step ("step", ERM's blocks) or one for all ("one", a PMWG histogram).
+    """
+    kept: list[Placed] = []
+    period, counts = None, {}  # type: ignore[var-annotated]
+    for e in sorted(events, key=lambda e: (e.step, e.partition, e.offset)):
+        now = 0 if period_steps is None else e.step // period_steps
+        if now != period:
+            period, counts = now, {}
+        group = e.group if grouping == "key" else e.step if grouping == "step" else 0
+        if group in counts:
+            if counts[group] >= max_per_group:
+                continue
+            counts[group] += 1
+        elif len(counts) < max_groups:
+            counts[group] = 1
+        else:
+            continue
+        kept.append(e)
+    return kept
+
+
+def run_flow(config: FlowConfig, messages: Sequence[RawMessage], noise: NoiseKey, *,
+             partitions: int | dict[str, int], instance: str = "instance-1", workers: int = 1,
+             batch: int = 16, metrics: Any = None, **options: Any) -> list[Record]:
+    """Run ``messages`` through the real dataflow of any kind; every published record.
+
+    Dead letters are included (role ``dead_letters``), as every other output role is.
+    """
+    from bytewax.testing import TestingSink, TestingSource, cluster_main, run_main
+
+    sink: list[tuple[str, bytes | None, bytes]] = []
+    flow = build_flow(config, noise, instance=instance, partitions=partitions,
+                      source=TestingSource(list(messages), batch), sink=TestingSink(sink),
+                      metrics=metrics, **options)
+    if workers == 1:
+        run_main(flow)
+    else:
+        cluster_main(flow, [], 0, worker_count_per_proc=workers)
+    return [_decode(item) for item in sink]
