@@ -114,6 +114,10 @@ class _Sorted:
         """Insert sorted people at their positions (one column at a time: a small peak)."""
         if not at.size:
             return
+        if not self.size:  # into nothing: the people as given (all at 0, in their order)
+            self.hi, self.lo = hi.copy(), lo.copy()
+            self.columns = {name: np.ascontiguousarray(columns[name]) for name in self.columns}
+            return
         self.hi = np.insert(self.hi, at, hi)
         self.lo = np.insert(self.lo, at, lo)
         for name in list(self.columns):
