@@ -505,6 +505,10 @@ class ContributionBounder:
         kept_before = np.zeros(pairs, np.int64)
         hits = np.flatnonzero(existing)
         kept_before[hits] = local["counts"][pair_person[hits], slot[hits]]
+        if identity:  # one pair a person: a new group is the person's only one, rank 0
+            slot = np.where(existing, slot, used)
+            allowance = np.where(existing, cap - kept_before, np.where(used < width, cap, 0))
+            return allowance, ~existing, slot
         # new groups, per person in the order of their first event
         fresh = np.flatnonzero(~existing)
         fresh_person = pair_person[fresh]  # nondecreasing: pairs come by (person, group)
