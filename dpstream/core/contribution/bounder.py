@@ -461,7 +461,16 @@ class ContributionBounder:
             dense = self._dense = grown
         out = dense[values].astype(np.int64)
         missing = np.flatnonzero(out < 0)
-        if missing.size:
+        if missing.size and dense.size <= 16 * missing.size:  # the new keys by a bitmap
+            absent = values[missing]
+            marks = np.zeros(dense.size, np.bool_)
+            marks[absent] = True
+            distinct = np.flatnonzero(marks)  # increasing, as np.unique gives them
+            dense[distinct] = np.arange(self._key_count, self._key_count + distinct.size,
+                                        dtype=np.int32)
+            self._key_count += distinct.size
+            out[missing] = dense[absent]
+        elif missing.size:
             distinct, inverse = np.unique(values[missing], return_inverse=True)
             new = np.arange(self._key_count, self._key_count + distinct.size, dtype=np.int64)
             self._key_count += distinct.size
