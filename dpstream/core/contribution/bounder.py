@@ -37,7 +37,9 @@ a new group that is admitted, ``0`` for one that is not. A new group is admitted
 person's groups so far plus the new group's rank among the person's new groups of this step
 (ordered by their first event) is below ``max_groups``: exactly the sequential rule above (a new
 group is added at its first event, whose keep is certain, and once the person is full no group
-is added). There is no Python loop per event (the interning of keys excepted: a dict lookup
+is added). A step in which every person has one event (the usual step) takes a path with no
+sort: each event is its own pair, at rank 0, kept iff its allowance is positive. There is no
+Python loop per event (the interning of keys excepted: a dict lookup
 per event for keys of any type; integer keys, such as declared positions, are interned in
 columns, with Python work per key new in the period only).
 
