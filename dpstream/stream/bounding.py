@@ -156,8 +156,10 @@ class BoundingShard(StepBarrier):
             kept = np.flatnonzero(keep)
             if self.observe is not None:
                 self.observe(int(kept.size), len(events) - int(kept.size))
-            if kept.size:
-                payloads, first = events.take(kept).payloads, np.asarray(first)[kept]
+            if kept.size == len(events):  # nothing dropped: the payloads as they are
+                payloads = events.payloads
+            elif kept.size:
+                payloads, first = events.take_payloads(kept), np.asarray(first)[kept]
         if through:  # a kind with such records routes with its route (no route_bounded)
             if self._route_bounded is not None:
                 raise RuntimeError("records without people need the kind's route")

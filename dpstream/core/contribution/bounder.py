@@ -37,7 +37,9 @@ a new group that is admitted, ``0`` for one that is not. A new group is admitted
 person's groups so far plus the new group's rank among the person's new groups of this step
 (ordered by their first event) is below ``max_groups``: exactly the sequential rule above (a new
 group is added at its first event, whose keep is certain, and once the person is full no group
-is added). There is no Python loop per event (the interning of keys excepted: a dict lookup
+is added). A step in which every person has one event (the usual step) takes a path with no
+sort: each event is its own pair, at rank 0, kept iff its allowance is positive. There is no
+Python loop per event (the interning of keys excepted: a dict lookup
 per event for keys of any type; integer keys, such as declared positions, are interned in
 columns, with Python work per key new in the period only).
 
@@ -114,6 +116,10 @@ class _Sorted:
         """Insert sorted people at their positions (one column at a time: a small peak)."""
         if not at.size:
             return
+        if not self.size:  # into nothing: the people as given (all at 0, in their order)
+            self.hi, self.lo = hi.copy(), lo.copy()
+            self.columns = {name: np.ascontiguousarray(columns[name]) for name in self.columns}
+            return
         self.hi = np.insert(self.hi, at, hi)
         self.lo = np.insert(self.lo, at, lo)
         for name in list(self.columns):
@@ -163,7 +169,9 @@ class ContributionBounder:
     def _compact(self) -> None:
         """Merge the delta into the main columns."""
         delta = self._delta
-        if delta.size:
+        if delta.size and not self._main.size:  # nothing to merge into: the delta is all
+            self._main, self._delta = delta, self._segment(0)
+        elif delta.size:
             at, _found = _locate(self._main.hi, self._main.lo, delta.hi, delta.lo)
             self._main.insert(at, delta.hi, delta.lo, delta.columns)
             self._delta = self._segment(0)
@@ -283,6 +291,8 @@ class ContributionBounder:
             return np.zeros(0, np.bool_), np.zeros(0, np.bool_)
         pid, uhi, ulo = _dense_people(words[:, 0], words[:, 1])
         local, where = self._gather(uhi, ulo)
+        if uhi.size == n:  # one event a person (the usual step): the pairs are the people
+            return self._keep_single(step, local, where, uhi, ulo, pid, groups, rank)
         if grouping == "key":
             assert groups is not None
             order, sorted_pair, pair_person, pair_group = _by_pair(
@@ -310,23 +320,56 @@ class ContributionBounder:
         first[order] = first_sorted
         return keep, first
 
+    def _keep_single(self, step: int, local: Columns, where: tuple[Ints, Ints, Ints],
+                     uhi: Words, ulo: Words, pid: Ints, groups: Sequence[Hashable] | None,
+                     rank: Ints) -> tuple[Bools, Bools]:
+        """:meth:`keep` of a step where every person has exactly one event.
+
+        The same rule with nothing to sort: each person's one event is its own (person,
+        group) pair, with rank 0 in its pair and among the person's new groups, so it is
+        kept iff its pair's allowance is positive (the general path's ``rank_in_pair <
+        allowance`` at rank 0), and it is a first iff it is kept and its group is new.
+        Pairs are indexed by the person's dense id.
+        """
+        m = uhi.size
+        pair_group = np.zeros(m, np.int64)
+        if self.rule.grouping == "key":
+            assert groups is not None
+            pair_group[pid] = self._intern(groups)
+        first_rank = np.empty(m, np.int64)
+        first_rank[pid] = rank
+        allowance, new_group, slot = self._allowances(
+            step, local, np.arange(m, dtype=np.int64), pair_group, first_rank, m,
+            identity=True)
+        kept_pair = allowance > 0
+        self._record(step, local, np.arange(m, dtype=np.int64), pair_group, allowance,
+                     new_group, slot, kept_pair.astype(np.int64))
+        self._scatter(local, where, uhi, ulo)
+        keep = kept_pair[pid]
+        return keep, keep & new_group[pid]
+
     def _gather(self, uhi: Words, ulo: Words) -> tuple[Columns, tuple[Ints, Ints, Ints]]:
         """The step's people's columns (empty for people new this period), and where they are.
 
         Returns the columns, one row per person of the step, and, per person, the row in the
         main columns, the row in the delta (-1: not there) and the delta's insertion position.
         """
-        local = self._empty_columns(uhi.size)
         at_main, in_main = _locate(self._main.hi, self._main.lo, uhi, ulo)
         at_delta, in_delta = _locate(self._delta.hi, self._delta.lo, uhi, ulo)
         main_row = np.where(in_main, at_main, -1)
         delta_row = np.where(in_delta, at_delta, -1)
+        where = (main_row, delta_row, at_delta)
+        for segment, held in ((self._main, in_main), (self._delta, in_delta)):
+            if segment.size and bool(held.all()):  # all in one segment: one read a column
+                row = main_row if segment is self._main else delta_row
+                return {name: column[row] for name, column in segment.columns.items()}, where
+        local = self._empty_columns(uhi.size)
         for segment, row in ((self._main, main_row), (self._delta, delta_row)):
             found = np.flatnonzero(row >= 0)
             if found.size:
                 for name, column in segment.columns.items():
                     local[name][found] = column[row[found]]
-        return local, (main_row, delta_row, at_delta)
+        return local, where
 
     def _scatter(self, local: Columns, where: tuple[Ints, Ints, Ints], uhi: Words,
                  ulo: Words) -> None:
@@ -334,6 +377,10 @@ class ContributionBounder:
         main_row, delta_row, at_delta = where
         for segment, row in ((self._main, main_row), (self._delta, delta_row)):
             found = np.flatnonzero(row >= 0)
+            if found.size == row.size:  # all in this segment: one write a column
+                for name, column in segment.columns.items():
+                    column[row] = local[name]
+                return
             if found.size:
                 for name, column in segment.columns.items():
                     column[row[found]] = local[name][found]
@@ -345,14 +392,14 @@ class ContributionBounder:
 
     def _key_list(self) -> list[Hashable]:
         """The period's keys in the order of their ids (the snapshot's ``keys``)."""
-        keys: list[Any] = [None] * self._key_count
-        for key, i in self._keys.items():
-            keys[i] = key
-        if self._dense is not None:
+        keys = np.empty(self._key_count, dtype=object)
+        if self._dense is not None:  # the dense keys, placed in columns (Python ints out)
             dense = np.flatnonzero(self._dense >= 0)
-            for key, i in zip(dense.tolist(), self._dense[dense].tolist(), strict=True):
-                keys[i] = key
-        return keys
+            keys[self._dense[dense]] = dense
+        out: list[Hashable] = keys.tolist()
+        for key, i in self._keys.items():
+            out[i] = key
+        return out
 
     def _id_of(self, key: Hashable) -> int:
         """The period's id of one key, a new one if the key is new (Python, per key)."""
@@ -416,7 +463,16 @@ class ContributionBounder:
             dense = self._dense = grown
         out = dense[values].astype(np.int64)
         missing = np.flatnonzero(out < 0)
-        if missing.size:
+        if missing.size and dense.size <= 16 * missing.size:  # the new keys by a bitmap
+            absent = values[missing]
+            marks = np.zeros(dense.size, np.bool_)
+            marks[absent] = True
+            distinct = np.flatnonzero(marks)  # increasing, as np.unique gives them
+            dense[distinct] = np.arange(self._key_count, self._key_count + distinct.size,
+                                        dtype=np.int32)
+            self._key_count += distinct.size
+            out[missing] = dense[absent]
+        elif missing.size:
             distinct, inverse = np.unique(values[missing], return_inverse=True)
             new = np.arange(self._key_count, self._key_count + distinct.size, dtype=np.int64)
             self._key_count += distinct.size
@@ -425,11 +481,14 @@ class ContributionBounder:
         return out
 
     def _allowances(self, step: int, local: Columns, pair_person: Ints, pair_group: Ints,
-                    first_rank: Ints, n: int) -> tuple[Ints, Bools, Ints]:
+                    first_rank: Ints, n: int, identity: bool = False
+                    ) -> tuple[Ints, Bools, Ints]:
         """How many events each (person, group) pair of the step may keep.
 
         Also whether the group is new to the person this period, and (grouping ``key``) the
         group's slot in the person's row (its slot so far, or the one a new group takes).
+        ``identity``: pair ``i`` is person ``i`` (``pair_person`` is ``0 .. m - 1``: the
+        rows are read in place).
         """
         rule = self.rule
         cap = rule.max_per_group
@@ -447,17 +506,20 @@ class ContributionBounder:
         table = local["groups"]
         width = rule.max_groups
         slot = np.full(pairs, -1, np.int64)
-        used = (table != _NO_GROUP).sum(axis=1).astype(np.int64)
+        used = _row_counts(table != _NO_GROUP)
         chunk_pairs = max(1, _CHUNK // width)
         for begin in range(0, pairs, chunk_pairs):
             chunk = slice(begin, begin + chunk_pairs)
-            match = table[pair_person[chunk]] == pair_group[chunk, None]
-            hit = match.any(axis=1)
-            slot[chunk] = np.where(hit, match.argmax(axis=1), -1)
+            rows = table[chunk] if identity else table[pair_person[chunk]]
+            slot[chunk] = _match_slots(rows == pair_group[chunk, None])
         existing = slot >= 0
         kept_before = np.zeros(pairs, np.int64)
         hits = np.flatnonzero(existing)
         kept_before[hits] = local["counts"][pair_person[hits], slot[hits]]
+        if identity:  # one pair a person: a new group is the person's only one, rank 0
+            slot = np.where(existing, slot, used)
+            allowance = np.where(existing, cap - kept_before, np.where(used < width, cap, 0))
+            return allowance, ~existing, slot
         # new groups, per person in the order of their first event
         fresh = np.flatnonzero(~existing)
         fresh_person = pair_person[fresh]  # nondecreasing: pairs come by (person, group)
@@ -501,6 +563,42 @@ class ContributionBounder:
 def _counter(cap: int) -> type[np.unsignedinteger[Any]]:
     """The narrowest column that counts up to ``cap`` (uint8 up to 255, else uint16)."""
     return np.uint8 if cap <= np.iinfo(np.uint8).max else np.uint16
+
+
+_BYTE_SUM: Final = np.uint64(0x0101010101010101)
+_BYTE_INDEX: Final = np.uint64(0x0001020304050607)
+_TOP_BYTE: Final = np.uint64(56)
+
+
+def _row_counts(marks: Bools) -> Ints:
+    """The number of true cells of each row (exact; eight-wide rows as one word each).
+
+    A C-ordered row of eight bools read as one little-endian uint64 ``x`` has byte ``j`` equal
+    to cell ``j`` (0 or 1); the top byte of ``x * 0x0101010101010101`` (mod 2^64) is the sum
+    of the eight bytes (each partial sum is at most 8: no carry reaches it).
+    """
+    if marks.shape[1] == 8 and marks.flags.c_contiguous:
+        words = marks.view("<u8").reshape(-1)
+        return ((words * _BYTE_SUM) >> _TOP_BYTE).astype(np.int64)
+    counts = np.zeros(marks.shape[0], np.int64)
+    for column in marks.T:
+        counts += column
+    return counts
+
+
+def _match_slots(match: Bools) -> Ints:
+    """Per row, the index of its one true cell, or -1 when none (at most one true a row).
+
+    Eight-wide rows as one little-endian uint64 ``x = 2^(8j)`` (cell ``j`` true) or 0: the
+    top byte of ``x * 0x0001020304050607`` is ``j`` (byte ``7 - j`` of the factor), exactly
+    when one cell is true, which holds here: a group is at most once in a person's row.
+    """
+    if match.shape[1] == 8 and match.flags.c_contiguous:
+        words = match.view("<u8").reshape(-1)
+        index = ((words * _BYTE_INDEX) >> _TOP_BYTE).astype(np.int64)
+        return np.where(words != 0, index, -1)
+    hit = match.any(axis=1)
+    return np.where(hit, match.argmax(axis=1), -1)
 
 
 def _ranks(partition: Ints, offset: Ints) -> Ints:
