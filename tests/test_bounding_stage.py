@@ -27,6 +27,8 @@ from hypothesis import strategies as st
 from prometheus_client import generate_latest
 from support.flows import run_in_memory
 from support.messages import raw
+from support.stage import HandStage
+from support.stage import drive as drive_stage
 
 from dpstream.core.contribution.people import PersonHasher
 from dpstream.core.noise.keys import NoiseKey
@@ -132,60 +134,28 @@ def published(cfg: Any, items: list[Any], **kwargs: Any) -> list[str]:
 # -- the core of the stage, without a dataflow ----------------------------------------------
 
 
-class Stage:
-    """The clocks and the person shards of a user-level flow, driven by hand (no Bytewax).
+class Stage(HandStage):
+    """The clocks and the person shards of a counters flow, driven by hand (no Bytewax).
 
     Collects what the person shards send to each kind shard: ``sent[(kind shard, step)]``,
     the buckets (summed) and each kind shard's last frontier from each person shard.
     """
 
+    carried = HandStage.carried + ("sent", "frontiers")
+
     def __init__(self, cfg: Any, partitions: int = 3,
                  states: dict[str, Any] | None = None) -> None:
-        kind = KINDS[cfg.kind]
-        self.cfg, self.partitions = cfg, partitions
-        hasher = PersonHasher(NOISE.lane("u-1", cfg.name, "people"))
-        make = person_clocks(kind.clock(cfg, {"events": 0}), hasher, cfg.shards)
-        digest = kind.binding(cfg).mechanisms_digest
-        states = states or {"clocks": {}, "shards": {}}
-        self.clocks = {p: make(states["clocks"].get(p)) for p in range(partitions)}
-        self.shards = {s: BoundingShard(kind.clock(cfg, {"events": 0})(None), cfg, digest,
-                                        NOISE, "u-1", partitions, states["shards"].get(s),
-                                        observe=self._observe)
-                       for s in range(cfg.shards)}
+        super().__init__(cfg, NOISE, partitions=partitions, states=states)
         self.sent: dict[tuple[int, int], Counter[Any]] = defaultdict(Counter)
         self.frontiers: dict[tuple[int, int], int | None] = {}
-        self.kept = self.dropped = 0
-        self.dead: list[Any] = []
 
-    def _observe(self, kept: int, dropped: int) -> None:
-        self.kept += kept
-        self.dropped += dropped
-
-    def feed(self, batch: list[Any]) -> None:
-        updates, dead = self.clocks[batch[0][0]].process(batch[0][0], batch)
-        self.dead += dead
-        for update in updates:
-            self._take(self.shards[update.shard].update(update))
-
-    def end(self) -> None:
-        for clock in self.clocks.values():
-            for update in clock.end_of_input():
-                self._take(self.shards[update.shard].update(update))
-        for shard in self.shards.values():
-            self._take(shard.end_of_input())
-
-    def _take(self, out: list[Any]) -> None:
+    def take(self, out: list[Any]) -> None:
         for key, update in out:
             assert key == str(update.shard)
             for step, bucket in update.increments.items():
                 assert update.frontier is not None and step < update.frontier
                 self.sent[update.shard, step].update(_named(self.cfg, update.shard, bucket))
             self.frontiers[update.shard, update.partition] = update.frontier
-
-    def snapshot(self) -> dict[str, Any]:
-        return pickle.loads(pickle.dumps({
-            "clocks": {p: c.to_state() for p, c in self.clocks.items()},
-            "shards": {s: sh.to_state() for s, sh in self.shards.items()}}))
 
     def per_key(self) -> Counter[Any]:
         """Kept events per key over every step."""
@@ -208,30 +178,8 @@ def _named(cfg: Any, shard: int, bucket: Any) -> dict[Any, int]:
 def drive(cfg: Any, items: list[Any], batch: int = 1000, seed: int | None = None,
           restart_after: int | None = None) -> Stage:
     """Feed ``items`` per partition in batches (round-robin, or shuffled with ``seed``)."""
-    queues: dict[int, list[list[Any]]] = defaultdict(list)
-    per_partition: dict[int, list[Any]] = defaultdict(list)
-    for item in items:
-        per_partition[item[0]].append(item)
-    for p, records in per_partition.items():
-        queues[p] = [records[i:i + batch] for i in range(0, len(records), batch)]
-    order = [p for p, q in sorted(queues.items()) for _ in q]
-    if seed is not None:
-        random.Random(seed).shuffle(order)
-    else:
-        rounds = max(map(len, queues.values()), default=0)
-        order = [p for i in range(rounds) for p in sorted(queues) if i < len(queues[p])]
-    stage = Stage(cfg)
-    cursor = dict.fromkeys(queues, 0)
-    for i, p in enumerate(order):
-        if restart_after is not None and i == restart_after:
-            resumed = Stage(cfg, states=stage.snapshot())
-            resumed.sent, resumed.frontiers = stage.sent, stage.frontiers
-            resumed.kept, resumed.dropped = stage.kept, stage.dropped
-            stage = resumed
-        stage.feed(queues[p][cursor[p]])
-        cursor[p] += 1
-    stage.end()
-    return stage
+    return drive_stage(lambda states: Stage(cfg, states=states), items, batch, seed,
+                       restart_after)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -23,6 +23,8 @@ from hypothesis import strategies as st
 from support.fakes import FakeTrain
 from support.flows import run_in_memory
 from support.messages import raw
+from support.stage import HandStage
+from support.stage import drive as drive_stage
 
 from dpstream.core.accounting.ledger import exact
 from dpstream.core.contribution.people import PEOPLE_BOUND, collision_delta
@@ -511,37 +513,21 @@ def _people_by_order(items: list[Any]) -> dict[tuple[int, int], str]:
     return {(m[0], m[2]): json.loads(m[1])["user"] for m in items}
 
 
-class _ErmStage:
+class _ErmStage(HandStage):
     """The clocks and person shards of the user-level ERM flow, driven by hand (no Bytewax).
 
     ``rows`` collects every row the person shards hand the model shards, as
     ``(model shard, step, stream, (partition, offset), label, feature bytes)``.
     """
 
+    carried = HandStage.carried + ("rows",)
+
     def __init__(self, config: Any, partitions: int = 2,
                  states: dict[str, Any] | None = None) -> None:
-        from dpstream.core.contribution.people import PersonHasher
-        from dpstream.platform import KINDS
-        from dpstream.stream.bounding import BoundingShard, person_clocks
-
-        kind = KINDS["erm"]
-        hasher = PersonHasher(KEY.lane("u-1", config.name, "people"))
-        make = person_clocks(kind.clock(config, {"events": 0}), hasher, config.shards)
-        digest = kind.binding(config).mechanisms_digest
-        states = states or {"clocks": {}, "shards": {}}
-        self.clocks = {p: make(states["clocks"].get(p)) for p in range(partitions)}
-        self.shards = {s: BoundingShard(kind.clock(config, {"events": 0})(None), config, digest,
-                                        KEY, "u-1", partitions, states["shards"].get(s),
-                                        observe=self._observe)
-                       for s in range(config.shards)}
+        super().__init__(config, KEY, partitions=partitions, states=states)
         self.rows: list[tuple[Any, ...]] = []
-        self.kept = self.dropped = 0
 
-    def _observe(self, kept: int, dropped: int) -> None:
-        self.kept += kept
-        self.dropped += dropped
-
-    def _take(self, out: list[Any]) -> None:
+    def take(self, out: list[Any]) -> None:
         for _key, update in out:
             for step, bucket in update.increments.items():
                 for stream, parts in bucket.items():
@@ -550,25 +536,8 @@ class _ErmStage:
                                        int(y[i]), z[i].tobytes()) for i in range(len(y))]
 
     def feed(self, batch: list[Any]) -> None:
-        partition = batch[0][0]
-        updates, dead = self.clocks[partition].process(partition, batch)
-        assert not dead
-        for update in updates:
-            self._take(self.shards[update.shard].update(update))
-
-    def end(self) -> None:
-        for clock in self.clocks.values():
-            for update in clock.end_of_input():
-                self._take(self.shards[update.shard].update(update))
-        for shard in self.shards.values():
-            self._take(shard.end_of_input())
-
-    def snapshot(self) -> dict[str, Any]:
-        import pickle
-
-        return pickle.loads(pickle.dumps({
-            "clocks": {p: c.to_state() for p, c in self.clocks.items()},
-            "shards": {s: sh.to_state() for s, sh in self.shards.items()}}))
+        super().feed(batch)
+        assert not self.dead
 
 
 def _drive(config: Any, items: list[Any], batch: int = 1000, seed: int | None = None,
@@ -576,30 +545,8 @@ def _drive(config: Any, items: list[Any], batch: int = 1000, seed: int | None = 
     """Feed ``items`` per partition in batches: round robin, or in an order shuffled with
     ``seed`` (each partition's batches stay in order); restarted from a snapshot after
     ``restart_after`` batches if given."""
-    from collections import defaultdict
-
-    per_partition: dict[int, list[Any]] = defaultdict(list)
-    for item in items:
-        per_partition[item[0]].append(item)
-    queues = {p: [records[i:i + batch] for i in range(0, len(records), batch)]
-              for p, records in per_partition.items()}
-    if seed is None:
-        rounds = max(map(len, queues.values()))
-        order = [p for i in range(rounds) for p in sorted(queues) if i < len(queues[p])]
-    else:
-        order = [p for p, q in sorted(queues.items()) for _ in q]
-        random.Random(seed).shuffle(order)
-    stage = _ErmStage(config)
-    cursor = dict.fromkeys(queues, 0)
-    for i, p in enumerate(order):
-        if i == restart_after:
-            resumed = _ErmStage(config, states=stage.snapshot())
-            resumed.rows, resumed.kept, resumed.dropped = stage.rows, stage.kept, stage.dropped
-            stage = resumed
-        stage.feed(queues[p][cursor[p]])
-        cursor[p] += 1
-    stage.end()
-    return stage
+    return drive_stage(lambda states: _ErmStage(config, states=states), items, batch, seed,
+                       restart_after)
 
 
 def test_the_stage_keeps_a_persons_rows_within_the_caps_in_offset_order() -> None:
