@@ -63,9 +63,6 @@ MAX_PER_KEY = 2
 
 def workload(people: int, keys: int, steps: int, seed: int = 24) -> list[Any]:
     """One event per person per step, uniform keys, as ``RawBatch``es (module docstring)."""
-    from dpstream.kinds.counters.events import TIMESTAMP_LOG_APPEND_TIME
-    from dpstream.messages import RawBatch
-
     rng = np.random.default_rng(seed)
     names = [name.encode() for name in throughput.key_names(keys)]
     users = [f"user-{i:08d}".encode() for i in range(people)]
@@ -80,13 +77,7 @@ def workload(people: int, keys: int, steps: int, seed: int = 24) -> list[Any]:
             values = [b'{"key":"%s","user":"%s","ts":%.6f}' % (names[k], users[u], t)
                       for k, u, t in zip(chosen[mine].tolist(), mine.tolist(), times.tolist(),
                                          strict=True)]
-            stamps = np.floor(times * 1000)
-            for i in range(0, n, BATCH):
-                size = min(BATCH, n - i)
-                batches.append(RawBatch(
-                    p, values[i:i + size], list(range(offsets[p] + i, offsets[p] + i + size)),
-                    ["events"] * size, stamps[i:i + size].copy(),
-                    np.full(size, TIMESTAMP_LOG_APPEND_TIME, dtype=np.int64)))
+            batches += throughput.raw_batches(p, values, offsets[p], np.floor(times * 1000))
             offsets[p] += n
     return batches
 

@@ -77,9 +77,6 @@ def workload(keys: int, steps: int, partitions: int = PARTITIONS) -> list[Any]:
     the event's step: every event is counted at its own time. Each batch is a ``RawBatch``
     (a partition's records as columns, as the Kafka source hands them over).
     """
-    from dpstream.kinds.counters.events import TIMESTAMP_LOG_APPEND_TIME
-    from dpstream.messages import RawBatch
-
     names = [name.encode() for name in key_names(keys)]
     offsets = [0] * partitions
     batches = []
@@ -89,14 +86,28 @@ def workload(keys: int, steps: int, partitions: int = PARTITIONS) -> list[Any]:
             n = len(mine)
             times = [ORIGIN + step + j / n for j in range(n)]
             values = [b'{"key":"%s","ts":%.6f}' % pair for pair in zip(mine, times, strict=True)]
-            stamps = np.floor(np.array(times) * 1000)
-            for i in range(0, n, BATCH):  # columns built directly: no tuple per record
-                size = min(BATCH, n - i)
-                batches.append(RawBatch(
-                    p, values[i:i + size], list(range(offsets[p] + i, offsets[p] + i + size)),
-                    ["events"] * size, stamps[i:i + size].copy(),
-                    np.full(size, TIMESTAMP_LOG_APPEND_TIME, dtype=np.int64)))
+            batches += raw_batches(p, values, offsets[p], np.floor(np.array(times) * 1000))
             offsets[p] += n
+    return batches
+
+
+def raw_batches(partition: int, values: list[bytes], first_offset: int,
+                stamps: np.ndarray) -> list[Any]:
+    """One partition's consecutive records as ``RawBatch``es of ``BATCH`` records, their
+    columns built directly (no tuple per record): the raw ``values``, offsets from
+    ``first_offset`` on, the ``events`` role and the broker timestamps ``stamps`` (in ms,
+    LogAppendTime)."""
+    from dpstream.kinds.counters.events import TIMESTAMP_LOG_APPEND_TIME
+    from dpstream.messages import RawBatch
+
+    batches = []
+    n = len(values)
+    for i in range(0, n, BATCH):
+        size = min(BATCH, n - i)
+        batches.append(RawBatch(
+            partition, values[i:i + size], list(range(first_offset + i, first_offset + i + size)),
+            ["events"] * size, stamps[i:i + size].copy(),
+            np.full(size, TIMESTAMP_LOG_APPEND_TIME, dtype=np.int64)))
     return batches
 
 
