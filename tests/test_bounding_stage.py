@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from prometheus_client import generate_latest
 from support.flows import run_in_memory
 from support.messages import raw
-from support.stage import HandStage
+from support.stage import HandStage, interleave
 from support.stage import drive as drive_stage
 
 from dpstream.core.contribution.people import PersonHasher
@@ -106,22 +106,6 @@ def stream(people: int = 30, steps: int = 12, partitions: int = 3, seed: int = 0
         p = rng.randrange(partitions)
         out.append(event(p, offsets[p], key, user, ts))
         offsets[p] += 1
-    return out
-
-
-def interleave(items: list[Any], seed: int) -> list[Any]:
-    """Another order of delivery: each partition's records keep their order."""
-    rng = random.Random(seed)
-    queues: dict[int, list[Any]] = defaultdict(list)
-    for item in items:
-        queues[item[0]].append(item)
-    out = []
-    cursors = dict.fromkeys(queues, 0)
-    while len(out) < len(items):
-        p = rng.choice([q for q in queues if cursors[q] < len(queues[q])])
-        take = rng.randint(1, 9)
-        out += queues[p][cursors[p]:cursors[p] + take]
-        cursors[p] += take
     return out
 
 

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from support.fakes import FakeTrain
 from support.flows import run_in_memory
 from support.messages import raw
-from support.stage import HandStage
+from support.stage import HandStage, interleave
 from support.stage import drive as drive_stage
 
 from dpstream.core.accounting.ledger import exact
@@ -582,22 +582,6 @@ def test_batching_interleaving_and_restarts_keep_the_same_rows(
         assert (other.kept, other.dropped) == (reference.kept, reference.dropped)
 
 
-def _interleave(items: list[Any], seed: int) -> list[Any]:
-    """Another order of delivery across partitions: each partition's records keep theirs."""
-    rng = random.Random(seed)
-    queues: dict[int, list[Any]] = {}
-    for item in items:
-        queues.setdefault(item[0], []).append(item)
-    out: list[Any] = []
-    cursors = dict.fromkeys(queues, 0)
-    while len(out) < len(items):
-        p = rng.choice([q for q in queues if cursors[q] < len(queues[q])])
-        take = rng.randint(1, 9)
-        out += queues[p][cursors[p]:cursors[p] + take]
-        cursors[p] += take
-    return out
-
-
 def _models(out: list[Any]) -> list[bytes]:
     models = sorted(v for role, _k, v in out if role == "models")
     assert models and len(models) == len(out)
@@ -611,7 +595,7 @@ def test_one_and_two_workers_batching_and_interleaving_publish_the_same_models()
     reference = _models(run_in_memory(config, items, KEY, instance="u-1", partitions=2))
     assert _models(run_in_memory(config, items, KEY, instance="u-1", partitions=2,
                                  batch=7)) == reference
-    assert _models(run_in_memory(config, _interleave(items, 9), KEY, instance="u-1",
+    assert _models(run_in_memory(config, interleave(items, 9), KEY, instance="u-1",
                                  partitions=2, batch=5)) == reference
     assert _models(run_in_memory(config, items, KEY, instance="u-1", partitions=2,
                                  workers=2, batch=13)) == reference

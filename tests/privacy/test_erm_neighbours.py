@@ -50,6 +50,7 @@ import pytest
 from bytewax.testing import TestingSink, TestingSource, run_main
 from harness import epsilon_lower_bound
 from prometheus_client import CollectorRegistry
+from support.stage import batch_order
 
 from dpstream.core.erm import output_noise as core_erm
 from dpstream.core.erm.schedules.schedule import ReleaseSchedule
@@ -217,17 +218,7 @@ def drive(cfg, events: list[Event] | list[tuple], noise: NoiseKey, *, instance: 
     items = messages(events) if events and isinstance(events[0], Event) else list(events)
     if recorder is not None:
         recorder.by_schedule.clear()  # schedules of an earlier run are gone: ids are reused
-    per_partition: dict[int, list[tuple]] = defaultdict(list)
-    for m in items:
-        per_partition[m[0]].append(m)
-    queues = {p: [ms[i:i + batch] for i in range(0, len(ms), batch)]
-              for p, ms in per_partition.items()}
-    if interleave_seed is None:
-        rounds = max(map(len, queues.values()), default=0)
-        order = [p for i in range(rounds) for p in sorted(queues) if i < len(queues[p])]
-    else:
-        order = [p for p, q in sorted(queues.items()) for _ in q]
-        random.Random(interleave_seed).shuffle(order)
+    queues, order = batch_order(items, batch, interleave_seed)
     clocks = {p: ErmClock(cfg) for p in range(partitions)}
     shards: dict[int, ErmShard] = {}
     out: list[Any] = []

@@ -377,6 +377,40 @@ def frequencies(sample: Sample, keys: range, pilot_keys: range = PILOT
     return threshold, hits, totals
 
 
+def check_empirical_epsilon(label: str, sample: Sample, keys: range, claim: float,
+                            pilot_keys: range = PILOT, *, bounded: bool = True,
+                            least_draws: int = 0) -> None:
+    """The statistical tests' body: the epsilon lower bound from how often ``sample``'s
+    statistic passes the threshold (:func:`frequencies`) in each world, at most ``claim``
+    with the bounding on (``bounded``), above it with the bounding off (the power check).
+    ``least_draws``: the fewest draws a world must have released."""
+    threshold, hits, totals = frequencies(sample, keys, pilot_keys)
+    assert min(totals) >= least_draws, totals
+    bound = epsilon_lower_bound(hits[0], totals[0], hits[1], totals[1])
+    print(f"\n{label}: {hits}/{totals} above {threshold:.2f}: bound {bound:.3f}, "
+          f"claim {claim:.3f}")
+    if bounded:
+        assert bound <= claim, (hits, totals, bound, claim)
+    else:
+        assert bound > claim, (hits, totals, bound, claim)
+
+
+Run = Callable[[Sequence[Item], NoiseKey, str], list[Record]]
+Case = tuple[FlowConfig, tuple[list[Item], list[Item]], Run, float]
+
+
+def statistical_case(config: FlowConfig, worlds: tuple[list[Item], list[Item]],
+                     kept: Sequence[Placed], claim: Callable[[FlowConfig, int], float],
+                     run_kind: Callable[..., list[Record]]) -> Case:
+    """A kind's statistical tests' configuration, worlds, runner (``run_kind`` in batches of
+    256) and claim, for the periods the target's ``kept`` events are in."""
+    def run(items: Sequence[Item], noise: NoiseKey, instance: str) -> list[Record]:
+        return run_kind(config, items, noise, instance=instance, batch=256)
+
+    return config, worlds, run, claim(config, periods_active(kept,
+                                                             config.contribution.period_steps))
+
+
 OFF_GROUPS, OFF_PER_GROUP = 64, 4096
 """Caps far above any person's events here (8 keys, 4 blocks; at most 804 rows, 300 a block,
 200 a key): the bounding keeps everything. (Not 65 535 groups: the bounder's columns are as
@@ -457,13 +491,9 @@ def test_counters_empirical_epsilon_of_a_person_stays_below_the_claim(mode, acco
     claim = counters_claim(config, active)
     check_stated(run_counters(config, items, NoiseKey.for_tests(1), batch=1024), config,
                  counters_claim(config, 1))
-    threshold, hits, totals = frequencies(counters_sample(config, items, key),
-                                           KEYS_REPLICATED, PILOT_REPLICATED)
-    assert min(totals) >= 150, totals  # enough draws released the key
-    bound = epsilon_lower_bound(hits[0], totals[0], hits[1], totals[1])
-    print(f"\n{mode}/{accounting}/{period}: {hits}/{totals} above {threshold:.1f}: bound "
-          f"{bound:.3f}, claim {claim:.3f}")
-    assert bound <= claim, (hits, totals, bound, claim)
+    check_empirical_epsilon(f"{mode}/{accounting}/{period}", counters_sample(config, items, key),
+                            KEYS_REPLICATED, claim, PILOT_REPLICATED,
+                            least_draws=150)  # enough draws released the key
 
 
 @pytest.mark.statistical
@@ -479,12 +509,9 @@ def test_counters_power_bounding_off_is_caught(monkeypatch, period):
     moved = [values(records, f"b{r}.{key}")[STEPS - 1] - values(records, f"a{r}.{key}")[STEPS - 1]
              for r in range(REPLICAS)]
     assert stats.median(moved) > 100, moved  # the patch took: far more than the caps moved it
-    claim = counters_claim(config, active)
-    _threshold, hits, totals = frequencies(counters_sample(config, items, key),
-                                           KEYS_REPLICATED, PILOT_REPLICATED)
-    bound = epsilon_lower_bound(hits[0], totals[0], hits[1], totals[1])
-    print(f"\nbounding off/{period}: {hits}/{totals}: bound {bound:.3f}, claim {claim:.3f}")
-    assert bound > claim, (hits, totals, bound, claim)
+    check_empirical_epsilon(f"bounding off/{period}", counters_sample(config, items, key),
+                            KEYS_REPLICATED, counters_claim(config, active), PILOT_REPLICATED,
+                            bounded=False)
 
 
 # -- PMWG -----------------------------------------------------------------------------------------
@@ -607,6 +634,11 @@ def test_pmwg_one_person_moves_the_size_within_the_cap(period, who):
     assert moved_somewhere  # the target's kept rows do count
 
 
+def pmwg_case(period: str) -> Case:
+    config, worlds = pmwg_config(period), pmwg_worlds()
+    return statistical_case(config, worlds, pmwg_kept(config, worlds[1]), pmwg_claim, run_pmwg)
+
+
 def pmwg_statistic(records: list[Record]) -> float | None:
     """The public size t of the last step's first answer."""
     last = [b["t"] for role, b in records if role == "answers" and b["step"] == PMWG_STEPS - 1]
@@ -616,21 +648,11 @@ def pmwg_statistic(records: list[Record]) -> float | None:
 @pytest.mark.statistical
 @pytest.mark.parametrize("period", list(PERIODS))
 def test_pmwg_empirical_epsilon_of_a_person_stays_below_the_claim(period):
-    config = pmwg_config(period)
-    worlds = pmwg_worlds()
-    claim = pmwg_claim(config, periods_active(pmwg_kept(config, worlds[1]),
-                                              config.contribution.period_steps))
-
-    def run(items, noise, instance):
-        return run_pmwg(config, items, noise, instance=instance, batch=256)
-
+    config, worlds, run, claim = pmwg_case(period)
     check_stated([r for r in run(worlds[1], NoiseKey.for_tests(1), "s") if r[0] == "answers"],
                  config, pmwg_claim(config, 1))
-    threshold, hits, totals = frequencies(one_each(run, worlds, pmwg_statistic), KEYS_STAT)
-    bound = epsilon_lower_bound(hits[0], totals[0], hits[1], totals[1])
-    print(f"\npmwg/{period}: {hits}/{totals} t above {threshold:.1f}: bound {bound:.3f}, "
-          f"claim {claim:.3f}")
-    assert bound <= claim, (hits, totals, bound, claim)
+    check_empirical_epsilon(f"pmwg/{period}", one_each(run, worlds, pmwg_statistic), KEYS_STAT,
+                            claim)
 
 
 @pytest.mark.statistical
@@ -639,23 +661,14 @@ def test_pmwg_power_bounding_off_is_caught(monkeypatch, period):
     """With the bounding off the target's 800 rows move t by ~800 against the size counter's
     noise (scaled for max_rows = 3): the bound exceeds the claim (1 or 2)."""
     bounding_off(monkeypatch)
-    config = pmwg_config(period)
-    worlds = pmwg_worlds()
+    config, worlds, run, claim = pmwg_case(period)
     noise = NoiseKey.for_tests(3)
     r0, r1 = (run_pmwg(config, w, noise, batch=256) for w in worlds)
     moved = pmwg_statistic(r1) - pmwg_statistic(r0)  # type: ignore[operator]
     assert moved > 400, moved  # the patch took
-    claim = pmwg_claim(config, periods_active(pmwg_kept(config, worlds[1]),
-                                              config.contribution.period_steps))
-
-    def run(items, noise, instance):
-        return run_pmwg(config, items, noise, instance=instance, batch=256)
-
-    _threshold, hits, totals = frequencies(one_each(run, worlds, pmwg_statistic),
-                                            KEYS_POWER)
-    bound = epsilon_lower_bound(hits[0], totals[0], hits[1], totals[1])
-    print(f"\npmwg bounding off/{period}: {hits}/{totals}: bound {bound:.3f}, claim {claim:.3f}")
-    assert bound > claim, (hits, totals, bound, claim)
+    check_empirical_epsilon(f"pmwg bounding off/{period}",
+                            one_each(run, worlds, pmwg_statistic), KEYS_POWER, claim,
+                            bounded=False)
 
 
 # -- ERM ------------------------------------------------------------------------------------------
@@ -771,6 +784,11 @@ def test_erm_one_person_moves_only_the_models_of_their_kept_blocks(period, who):
         assert moved > 0  # the target's kept rows do train
 
 
+def erm_case(period: str) -> Case:
+    config, worlds = erm_config(period), erm_worlds()
+    return statistical_case(config, worlds, erm_kept(config, worlds[1]), erm_claim, run_erm)
+
+
 def erm_statistic(config: FlowConfig, worlds: tuple[list, list]) -> Statistic:
     """A linear likelihood-ratio direction over the released weights: the coupled difference
     of the two worlds' weights (the noise cancels) over each model's noise std, fixed on a
@@ -803,23 +821,13 @@ def erm_statistic(config: FlowConfig, worlds: tuple[list, list]) -> Statistic:
 @pytest.mark.statistical
 @pytest.mark.parametrize("period", list(ERM_PERIODS))
 def test_erm_empirical_epsilon_of_a_person_stays_below_the_claim(period):
-    config = erm_config(period)
-    worlds = erm_worlds()
-    claim = erm_claim(config, periods_active(erm_kept(config, worlds[1]),
-                                             config.contribution.period_steps))
-
-    def run(items, noise, instance):
-        return run_erm(config, items, noise, instance=instance, batch=256)
-
+    config, worlds, run, claim = erm_case(period)
     per_period = erm_claim(config, 1)
     assert float(config.person_cost().total) == pytest.approx(per_period)  # type: ignore[attr-defined]
     check_stated(run(worlds[1], NoiseKey.for_tests(1), "s"), config, per_period)
-    threshold, hits, totals = frequencies(
-        one_each(run, worlds, erm_statistic(config, worlds)), KEYS_STAT)
-    bound = epsilon_lower_bound(hits[0], totals[0], hits[1], totals[1])
-    print(f"\nerm/{period}: {hits}/{totals} above {threshold:.2f}: bound {bound:.3f}, "
-          f"claim {claim:.3f}")
-    assert bound <= claim, (hits, totals, bound, claim)
+    check_empirical_epsilon(f"erm/{period}",
+                            one_each(run, worlds, erm_statistic(config, worlds)), KEYS_STAT,
+                            claim)
 
 
 @pytest.mark.statistical
@@ -830,19 +838,10 @@ def test_erm_power_bounding_off_is_caught(monkeypatch, period):
     noise std sums to ~27 over the released coordinates against ~0.09 bounded): the bound
     exceeds the claim (1, or 2 for a person active in both periods)."""
     bounding_off(monkeypatch)
-    config = erm_config(period)
-    worlds = erm_worlds()
-    claim = erm_claim(config, periods_active(erm_kept(config, worlds[1]),
-                                             config.contribution.period_steps))
-
-    def run(items, noise, instance):
-        return run_erm(config, items, noise, instance=instance, batch=256)
-
-    _threshold, hits, totals = frequencies(
-        one_each(run, worlds, erm_statistic(config, worlds)), KEYS_STAT)
-    bound = epsilon_lower_bound(hits[0], totals[0], hits[1], totals[1])
-    print(f"\nerm bounding off/{period}: {hits}/{totals}: bound {bound:.3f}, claim {claim:.3f}")
-    assert bound > claim, (hits, totals, bound, claim)
+    config, worlds, run, claim = erm_case(period)
+    check_empirical_epsilon(f"erm bounding off/{period}",
+                            one_each(run, worlds, erm_statistic(config, worlds)), KEYS_STAT,
+                            claim, bounded=False)
 
 
 # -- metrics --------------------------------------------------------------------------------------

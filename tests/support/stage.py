@@ -4,8 +4,9 @@
   the flow's ``people`` lane) and its person shards (``BoundingShard``), feeds batches of raw
   records through them, and hands what the person shards send to the kind shards to
   :meth:`HandStage.take`, which a test's subclass defines to collect what it checks;
-* :func:`drive` feeds records per partition in batches, round robin or in a shuffled order, and
-  can restart the stage from a snapshot part-way.
+* :func:`drive` feeds records per partition in batches (:func:`batch_order`: round robin or in a
+  shuffled order), and can restart the stage from a snapshot part-way;
+* :func:`interleave` is another order of delivery of raw records across partitions.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import pickle
 import random
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from dpstream.core.contribution.people import PersonHasher
@@ -84,17 +85,7 @@ def drive(make: Callable[[dict[str, Any] | None], Stage], items: list[Any],
     """Feed ``items`` to ``make(None)`` per partition in batches: round robin, or in an order
     shuffled with ``seed`` (each partition's batches stay in order); after ``restart_after``
     batches, if given, go on with ``make(snapshot)``, which carries what was collected."""
-    per_partition: dict[int, list[Any]] = defaultdict(list)
-    for item in items:
-        per_partition[item[0]].append(item)
-    queues = {p: [records[i:i + batch] for i in range(0, len(records), batch)]
-              for p, records in per_partition.items()}
-    if seed is None:
-        rounds = max(map(len, queues.values()), default=0)
-        order = [p for i in range(rounds) for p in sorted(queues) if i < len(queues[p])]
-    else:
-        order = [p for p, q in sorted(queues.items()) for _ in q]
-        random.Random(seed).shuffle(order)
+    queues, order = batch_order(items, batch, seed)
     stage = make(None)
     cursor = dict.fromkeys(queues, 0)
     for i, p in enumerate(order):
@@ -107,3 +98,39 @@ def drive(make: Callable[[dict[str, Any] | None], Stage], items: list[Any],
         cursor[p] += 1
     stage.end()
     return stage
+
+
+def batch_order(items: Sequence[Any], batch: int, seed: int | None = None
+                ) -> tuple[dict[int, list[list[Any]]], list[int]]:
+    """Raw records (``item[0]`` the partition) in batches of ``batch`` per partition, and the
+    order to deliver them in, as the partition of each next batch: round robin, or shuffled
+    with ``seed`` (each partition's batches stay in order either way)."""
+    per_partition: dict[int, list[Any]] = defaultdict(list)
+    for item in items:
+        per_partition[item[0]].append(item)
+    queues = {p: [records[i:i + batch] for i in range(0, len(records), batch)]
+              for p, records in per_partition.items()}
+    if seed is None:
+        rounds = max(map(len, queues.values()), default=0)
+        order = [p for i in range(rounds) for p in sorted(queues) if i < len(queues[p])]
+    else:
+        order = [p for p, q in sorted(queues.items()) for _ in q]
+        random.Random(seed).shuffle(order)
+    return queues, order
+
+
+def interleave(items: list[Any], seed: int) -> list[Any]:
+    """Another order of delivery across partitions: each partition's records keep theirs,
+    taken 1 to 9 at a time from a partition chosen at random (with ``seed``)."""
+    rng = random.Random(seed)
+    queues: dict[int, list[Any]] = defaultdict(list)
+    for item in items:
+        queues[item[0]].append(item)
+    out: list[Any] = []
+    cursors = dict.fromkeys(queues, 0)
+    while len(out) < len(items):
+        p = rng.choice([q for q in queues if cursors[q] < len(queues[q])])
+        take = rng.randint(1, 9)
+        out += queues[p][cursors[p]:cursors[p] + take]
+        cursors[p] += take
+    return out
