@@ -428,6 +428,27 @@ def test_a_hash_depends_on_its_id_alone_never_on_the_batch() -> None:
     assert "12345" not in str(caught.value)
 
 
+def test_ids_of_one_length_hash_as_in_a_mixed_batch() -> None:
+    """A batch of ids of one byte length (hashed from one row copy) gives each id the hash
+    it has in a batch of mixed lengths (the general path), for lengths of one and several
+    blocks and non-ASCII ids; and the shard of a power-of-two count (read from one byte) is
+    the first word modulo the count, as for any other count."""
+    hasher = PersonHasher(KEY)
+    for length in (1, 13, 14, 15, 30, 254):
+        same = [f"{i:0{length}d}"[-length:] for i in range(200)]
+        mixed = hasher.hash_many([*same, "ab", "x" * 300])[:200]
+        assert [h.tobytes() for h in hasher.hash_many(same)] == [h.tobytes() for h in mixed]
+    accents = [f"é{i:03d}" for i in range(100)] + ["\udc80é"]  # 5 bytes each
+    assert ([h.tobytes() for h in hasher.hash_many(accents)]
+            == [h.tobytes() for h in hasher.hash_many([*accents, "a"])[:-1]])
+    hashes = hasher.hash_many([f"user-{i}" for i in range(4000)])
+    first = hashes.view(">u8").reshape(-1, 2)[:, 0].astype(np.uint64)
+    for shards in (1, 2, 3, 16, 100, 128, 256, 512):
+        expected = (first % np.uint64(shards)).astype(np.int64)
+        assert np.array_equal(person_shards(hashes, shards), expected)
+        assert np.array_equal(person_shards(hashes[1::3], shards), expected[1::3])
+
+
 @pytest.mark.statistical
 def test_person_hashes_do_not_collide_on_many_ids() -> None:
     """200,000 ids of one to three blocks: 2^-128 a pair makes any collision a bug.

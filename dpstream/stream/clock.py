@@ -601,7 +601,7 @@ class StepClock:
         # interleave with its short-lived objects in memory (measurably slower decoding)
         people = self.decoded_people = _UNSET
         try:  # offsets are ints from Kafka; a source without them gives None (-1)
-            offsets = np.array(messages.offsets, dtype=np.int64)
+            offsets = np.fromiter(messages.offsets, dtype=np.int64, count=len(messages))
         except TypeError:
             offsets = np.array([-1 if o is None else o for o in messages.offsets], np.int64)
         if not (isinstance(refs, range) and len(refs) == len(offsets)):

@@ -636,22 +636,20 @@ def _locate(hi: Words, lo: Words, qhi: Words, qlo: Words) -> tuple[Ints, Bools]:
     """Where each queried hash is (or would be inserted) in columns sorted by (hi, lo)."""
     size = hi.size
     left = np.searchsorted(hi, qhi, side="left").astype(np.int64)
-    position = left.copy()
-    found = np.zeros(qhi.size, np.bool_)
     if not size:
-        return position, found
-    equal = (left < size) & (hi[np.minimum(left, size - 1)] == qhi)
+        return left, np.zeros(qhi.size, np.bool_)
+    at = np.minimum(left, size - 1)
+    equal = (hi[at] == qhi) & (left < size)
     many = equal & (left + 1 < size) & (hi[np.minimum(left + 1, size - 1)] == qhi)
-    one = np.flatnonzero(equal & ~many)
-    stored = lo[left[one]]
-    position[one] += stored < qlo[one]
-    found[one] = stored == qlo[one]
-    for i in np.flatnonzero(many).tolist():  # shared high words: rare
+    stored = lo[at]  # the one stored hash of this high word, where ``equal`` and not ``many``
+    found = equal & (stored == qlo)
+    position = left + (equal & (stored < qlo))
+    for i in np.flatnonzero(many).tolist():  # shared high words: rare (set apart from above)
         begin = int(left[i])
         end = int(np.searchsorted(hi, qhi[i], side="right"))
-        at = begin + int(np.searchsorted(lo[begin:end], qlo[i]))
-        position[i] = at
-        found[i] = at < end and lo[at] == qlo[i]
+        spot = begin + int(np.searchsorted(lo[begin:end], qlo[i]))
+        position[i] = spot
+        found[i] = spot < end and lo[spot] == qlo[i]
     return position, found
 
 

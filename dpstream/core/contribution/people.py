@@ -170,27 +170,75 @@ class PersonHasher:
         if n == 0:
             return out
         try:
-            data, starts, lengths = _name_bytes(
+            joined = _joined_units(people)
+            if isinstance(joined, np.ndarray):  # every id of one byte length: one chain
+                return self._chain(joined, out.dtype).copy()
+            data, starts, lengths = joined if joined is not None else _name_bytes(
                 people if isinstance(people, tuple) else tuple(people))
         except InvalidParameterError:
             raise InvalidParameterError("a person id must be a str") from None
         heads = np.where(lengths < _SHORT, 1, 9)
         sizes = (heads + lengths + _BLOCK - 1) // _BLOCK
-        encrypt = self._encrypt()
         smallest, largest = int(sizes.min()), int(sizes.max())
         for size in [smallest] if smallest == largest else np.unique(sizes).tolist():
             every = smallest == largest
             rows = np.arange(n) if every else np.flatnonzero(sizes == size)
-            blocks = _units(data, starts, lengths, rows, size).view("V16")
-            state = np.ascontiguousarray(blocks[:, 0]).view(np.uint64)  # the zero IV
-            for j in range(1, size):
-                np.bitwise_xor(np.frombuffer(encrypt(state.view(np.uint8)), dtype=np.uint64),
-                               np.ascontiguousarray(blocks[:, j]).view(np.uint64), out=state)
-            hashes = np.frombuffer(encrypt(state.view(np.uint8)), dtype=out.dtype)
+            hashes = self._chain(_units(data, starts, lengths, rows, size), out.dtype)
             if every:
                 return hashes.copy()
             out[rows] = hashes
         return out
+
+    def _chain(self, units: npt.NDArray[np.uint8], dtype: np.dtype[Any]) -> PersonHashes:
+        """CBC-MAC (zero IV) of each row of ``units`` (whole blocks), a read-only ``V16`` array."""
+        encrypt = self._encrypt()
+        blocks = units.view("V16")
+        state = np.ascontiguousarray(blocks[:, 0]).view(np.uint64)  # the zero IV
+        for j in range(1, blocks.shape[1]):
+            np.bitwise_xor(np.frombuffer(encrypt(state.view(np.uint8)), dtype=np.uint64),
+                           np.ascontiguousarray(blocks[:, j]).view(np.uint64), out=state)
+        return np.frombuffer(encrypt(state.view(np.uint8)), dtype=dtype)
+
+
+def _joined_units(people: Sequence[str]
+                  ) -> npt.NDArray[np.uint8] | tuple[bytes, Any, Any] | None:
+    """The ids' bytes from one join: ``unit(x)`` of every id when all have one length.
+
+    The ids are joined with NUL and encoded once (lone surrogates kept, as in
+    :func:`~dpstream.core.noise.coordinates._name_bytes`). If an id holds a NUL (the text has
+    more than ``n - 1``) this returns None (the general path cuts them one by one). Else the
+    ``n`` NUL bytes of the encoding with a NUL appended are exactly the ``n`` cuts (UTF-8 writes
+    byte 0 for U+0000 only). If it is ``n`` rows of ``L + 1`` bytes (``0 < L < 255``) whose last
+    byte is NUL, those are the ``n`` cuts, so every id is the first ``L`` bytes of its row:
+    the ``(n, 16 size)`` matrix of ``unit(x)`` is returned, made by one row copy for the whole
+    batch (the same bytes as :func:`_units` writes, without a search for the cuts or a gather
+    per length). Otherwise ``(data, starts, lengths)`` as ``_name_bytes`` gives them.
+
+    Raises:
+        InvalidParameterError: an id is not a str.
+    """
+    n = len(people)
+    try:
+        text = "\0".join(people)
+    except TypeError:
+        raise InvalidParameterError("a person id must be a str") from None
+    if text.count("\0") != n - 1:
+        return None
+    data = text.encode("utf-8", "surrogatepass") + b"\0"
+    chars = np.frombuffer(data, np.uint8)
+    length, extra = divmod(len(data), n)
+    length -= 1
+    if not extra and 0 < length < _SHORT:
+        rows = chars.reshape(n, length + 1)
+        if not rows[:, length].any():  # every row ends in NUL
+            units = np.zeros((n, _BLOCK * ((length + _BLOCK) // _BLOCK)), np.uint8)
+            units[:, 0] = length
+            units[:, 1:1 + length] = rows[:, :length]
+            return units
+    ends = np.flatnonzero(chars == 0)
+    starts = np.zeros(n, dtype=np.int64)
+    starts[1:] = ends[:-1] + 1
+    return data, starts, ends - starts
 
 
 def _units(data: bytes, starts: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64],
@@ -230,14 +278,22 @@ def person_shards(hashes: PersonHashes, shards: int) -> npt.NDArray[np.int64]:
     A function of the person's hash alone, so every event of a person goes to one shard.
     """
     count = integer_at_least("shards", shards, 1)
-    words = hash_words(hashes)
-    return (words[:, 0] % np.uint64(count)).astype(np.int64)
+    array = _checked(hashes)
+    if count <= 256 and not count & (count - 1):  # a power of two: the first word's low bits,
+        # which are its last (8th) byte's low bits in big-endian order: w mod 2^k = w & (2^k - 1)
+        return (array.view(np.uint8).reshape(-1, HASH_BYTES)[:, 7] & (count - 1)).astype(np.int64)
+    return (array.view(">u8")[0::2] % np.uint64(count)).astype(np.int64)  # the first words
 
 
 def hash_words(hashes: PersonHashes) -> npt.NDArray[np.uint64]:
     """The hashes as an ``(n, 2)`` array of native uint64 words (high word first)."""
+    return _checked(hashes).view(">u8").reshape(-1, 2).astype(np.uint64)
+
+
+def _checked(hashes: PersonHashes) -> PersonHashes:
+    """``hashes`` as a contiguous 1-d ``V16`` array (refusing anything else)."""
     array = np.ascontiguousarray(hashes)
     if array.ndim != 1 or array.dtype.kind != "V" or array.dtype.itemsize != HASH_BYTES:
         raise InvalidParameterError(
             f"person hashes must be a 1-d array of {HASH_BYTES}-byte items (V{HASH_BYTES})")
-    return array.view(">u8").reshape(-1, 2).astype(np.uint64)
+    return array
