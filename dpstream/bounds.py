@@ -448,7 +448,11 @@ def run_bounds(config_path: str | os.PathLike[str] | None, sample_path: str,
     def config_at(point: Mapping[str, int]) -> FlowConfig:
         tried = copy.deepcopy(raw)
         tried["contribution"] = {**table, **point}
-        return parse_config(tried, source)
+        try:
+            return parse_config(tried, source)
+        except ConfigError as exc:  # which candidate: a grid's larger caps may not validate
+            caps_text = ", ".join(f"{name} = {value}" for name, value in point.items())
+            raise ConfigError(f"at the candidate caps {caps_text}: {exc}") from None
 
     points = [dict(zip(caps, values, strict=True))
               for values in product(*(candidates[name] for name in caps))]
