@@ -62,7 +62,7 @@ from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import ConfigError, DpstreamError
 from dpstream.messages import TIMESTAMP_CREATE_TIME, DeadLetter, RawBatch
 from dpstream.platform import flow_kind, parse_config
-from dpstream.stream.clock import MAX_SECONDS
+from dpstream.stream.clock import MAX_SECONDS, bad_person
 
 __all__ = ["KIND_CAPS", "DEFAULT_GRIDS", "BoundsReport", "Sample", "evaluate", "read_sample",
            "run_bounds"]
@@ -97,11 +97,6 @@ def _person_decoder(user_field: str) -> msgspec.json.Decoder[Any]:
     person = msgspec.defstruct("Person", [("person", object, None)],
                                rename={"person": user_field}, gc=False)
     return msgspec.json.Decoder(person)
-
-
-def _bad_person(user_field: str) -> str:
-    """Why a line without a usable person is skipped (the flow dead-letters it the same way)."""
-    return f"field {user_field!r} missing or not a non-empty string"
 
 
 @dataclass
@@ -231,7 +226,7 @@ def read_sample(config: FlowConfig, handle: BinaryIO, *, grouping: str,
                     person = None
             reason = None
             if not isinstance(person, str) or not person:
-                reason = _bad_person(config.contribution.user_field)
+                reason = bad_person(config.contribution.user_field)
             elif not (math.isfinite(seconds[j]) and seconds[j] <= MAX_SECONDS):
                 reason = "event time after the year 9999"
             elif seconds[j] < origin:
@@ -453,7 +448,11 @@ def run_bounds(config_path: str | os.PathLike[str] | None, sample_path: str,
     def config_at(point: Mapping[str, int]) -> FlowConfig:
         tried = copy.deepcopy(raw)
         tried["contribution"] = {**table, **point}
-        return parse_config(tried, source)
+        try:
+            return parse_config(tried, source)
+        except ConfigError as exc:  # which candidate: a grid's larger caps may not validate
+            caps_text = ", ".join(f"{name} = {value}" for name, value in point.items())
+            raise ConfigError(f"at the candidate caps {caps_text}: {exc}") from None
 
     points = [dict(zip(caps, values, strict=True))
               for values in product(*(candidates[name] for name in caps))]

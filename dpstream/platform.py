@@ -339,8 +339,8 @@ def build_flow(
     make_clock = kind.clock(config, bases)
     user_level = config.contribution.user_level
     if user_level:  # people hashed at once, events routed to person shards (bounding.py)
-        make_clock = person_clocks(make_clock, PersonHasher(noise.lane(
-            instance, config.name, "people")), config.shards)
+        make_clock = person_clocks(make_clock, PersonHasher.for_flow(noise, instance, config.name),
+                                   config.shards)
     assigned = assign_steps("assign_steps", raw, make_clock, metrics,
                             Quarantine(skipped, bases))
     parts = FlowParts(config, noise, instance, config.shards if user_level else total,

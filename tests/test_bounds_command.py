@@ -190,6 +190,21 @@ def test_pmwg_max_rows_keeps_the_first_rows_of_each_person(tmp_path, capsys):
     assert fractions(report) == {(1,): 2 / 4, (2,): 3 / 4, (3,): 1.0}
 
 
+def test_a_candidate_the_configuration_refuses_is_named(tmp_path, capsys):
+    # n = 100 validates at max_rows = 1 but PMWG's gamma < 1 fails at larger caps (the noise
+    # grows with max_rows): the default grid's refusal names the candidate, not only the rule
+    histogram = {"name": "h", "mechanism": "histogram", "epsilon": 0.9, "size_epsilon": 0.1,
+                 "n": 100, "universe": [{"name": "c", "values": ["x", "y"]}]}
+    config = write(tmp_path / "pmwg.toml", pmwg(
+        "127.0.0.1:9092", TOPICS, [histogram], origin=ORIGIN,
+        contribution={**USER, "max_rows": 1}))
+    sample = sample_file(tmp_path / "s.jsonl", [{"user": "p", "c": "x", "ts": ORIGIN + 0.1}])
+    assert main(["bounds", "-q", "--config", str(config), str(sample)]) == 2
+    err = capsys.readouterr().err
+    assert "at the candidate caps max_rows = " in err and "gamma" in err
+    assert "at the candidate caps max_rows = 1:" not in err  # the configured cap validates
+
+
 def test_erm_blocks_and_rows_per_block(tmp_path, capsys):
     config = write(tmp_path / "erm.toml", erm(
         "127.0.0.1:9092", {**TOPICS}, origin=ORIGIN,
