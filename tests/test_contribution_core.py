@@ -269,8 +269,6 @@ def test_state_holds_hashes_never_ids_and_refuses_other_caps() -> None:
         ContributionBounder(BoundingRule("key", 2, 3), bounder.to_state())
     with pytest.raises(InvalidParameterError, match="increasing order"):
         bounder.keep(1, hasher.hash_many(ids), ["x", "y"], [0, 0], [0, 1])
-    with pytest.raises(InvalidParameterError, match="share a"):
-        bounder.keep(3, hasher.hash_many(ids), ["x", "y"], [0, 0], [3, 3])
     with pytest.raises(InvalidParameterError, match="one group per event"):
         bounder.keep(3, hasher.hash_many(ids), ["x"], [0, 0], [4, 5])
 
@@ -548,3 +546,16 @@ def test_eight_wide_rows_and_one_event_steps_match_the_reference(width: int) -> 
     assert sum(kept) < sum(len(events) for _, events in steps)  # the caps bind
     full = sum(1 for keep, _ in expected[2:5] for k in keep if not k)  # rows fill up to width
     assert full > 0
+
+
+def test_a_repeated_partition_and_offset_is_decided_in_input_order() -> None:
+    """Offsets that went back (a re-created topic) never stop the flow: ties keep input order."""
+    hasher = PersonHasher(KEY)
+    one = hasher.hash_many(["carol"] * 3)
+    bounder = ContributionBounder(BoundingRule("key", 1, 1))
+    keep, first = bounder.keep(0, one, ["b", "a", "a"], [0, 0, 0], [7, 7, 3])
+    # (0, 3) first, then the two events at (0, 7) in the order given: "b" before the second "a"
+    assert keep.tolist() == [False, False, True] and first.tolist() == [False, False, True]
+    again = ContributionBounder(BoundingRule("key", 1, 1))
+    keep, _ = again.keep(0, one, ["b", "a", "b"], [0, 0, 0], [7, 7, 9])
+    assert keep.tolist() == [True, False, False]  # "b" at (0, 7) given first: it is kept
