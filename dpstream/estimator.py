@@ -12,20 +12,33 @@ The classifier follows scikit-learn's conventions (``classes_``, ``coef_``, ``in
 ``fit`` refuses (a released model is trained by the flow, privately). With scikit-learn
 installed it *is* a scikit-learn estimator (``ClassifierMixin``, ``BaseEstimator``); without,
 it works the same on numpy alone. Rows are clipped to the model's ``clip_norm`` before
-scoring, exactly as the flow clipped them for training: a model trained on clipped features is
+scoring, in the model's norm (``features.norm``: L2, or L1 for the objective-perturbation
+learner), exactly as the flow clipped them for training: a model trained on clipped features is
 only meaningful on them.
+
+Which model to use: the one the stream's latest ``dpstream.serving/1`` record names::
+
+    from dpstream.client import RecordConsumer
+    with RecordConsumer("kafka:9092", "models", flow="churn", from_beginning=True) as c:
+        while c.poll(timeout=1.0):  # read what is there
+            pass
+    clf = ReleasedClassifier.latest(c.latest, stream="default")  # None: none released yet
 Everything here is post-processing of a private release: it costs no privacy.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import orjson
 
 from dpstream.errors import DpstreamError
-from dpstream.schemas import MODEL_SCHEMA, Model
+from dpstream.schemas import MODEL_SCHEMA, Model, Record
+
+if TYPE_CHECKING:
+    from dpstream.client.latest import LatestValues
 
 try:  # with scikit-learn installed, the classifier is one of its estimators (tags, clone, ...)
     from sklearn.base import BaseEstimator, ClassifierMixin
@@ -48,14 +61,19 @@ class ReleasedClassifier(*_BASES):  # type: ignore[misc]
         classes: the labels, in the model's order.
         coef: weights for raw features, shape ``(1, d)`` (binary) or ``(K, d)``.
         intercept: shape ``(1,)`` or ``(K,)``.
-        clip_norm: rows are clipped to this L2 norm before scoring.
+        clip_norm: rows are clipped to this norm before scoring.
         record: the release record it came from (window, privacy cost, ...), if any.
+        norm: ``"l2"`` (the default) or ``"l1"``: the norm rows are clipped in (the record's
+            ``features.norm``).
     """
 
     _estimator_type = "classifier"
 
     def __init__(self, classes: list[Any], coef: Any, intercept: Any, clip_norm: float,
-                 record: dict[str, Any] | None = None) -> None:
+                 record: dict[str, Any] | None = None, norm: str = "l2") -> None:
+        if norm not in ("l1", "l2"):
+            raise SchemaError(f"a model's features.norm must be 'l1' or 'l2', got {norm!r}")
+        self.norm = norm
         self.classes_ = np.asarray(classes)
         self.coef_ = np.atleast_2d(np.asarray(coef, dtype=np.float64))
         self.intercept_ = np.atleast_1d(np.asarray(intercept, dtype=np.float64))
@@ -95,15 +113,61 @@ class ReleasedClassifier(*_BASES):  # type: ignore[misc]
                               f"{record.get('reason')}")
         try:
             return cls(record["classes"], record["coef"], record["intercept"],
-                       record["features"]["clip_norm"], record)
-        except (KeyError, TypeError, ValueError) as exc:
+                       record["features"]["clip_norm"], record,
+                       record["features"].get("norm") or "l2")
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise SchemaError(f"malformed {MODEL_SCHEMA} record: {exc!r}") from None
+
+    @classmethod
+    def latest(cls, records: LatestValues | Iterable[Record], *, stream: str,
+               flow: str | None = None, instance: Any = None) -> ReleasedClassifier | None:
+        """The classifier of the model that ``stream``'s latest serving record names.
+
+        Args:
+            records: a consumer's store (``RecordConsumer(...).latest``), or the models
+                topic's records in the order they were published (decoded with
+                :func:`dpstream.client.decode`; read from the beginning, or at least since
+                the named model).
+            stream: the model stream.
+            flow: the flow (needed only when the records hold several flows).
+            instance: the flow instance (needed only when they hold several; None: not
+                chosen).
+
+        Returns:
+            None while the stream has no serving record that names a model (no model
+            released yet), or when the named model was published before ``records`` begin.
+
+        Raises:
+            SchemaError: several flows (or instances) and none chosen.
+        """
+        from dpstream.client.latest import ANY, LatestValues  # noqa: PLC0415 (a cycle)
+
+        store = records if isinstance(records, LatestValues) else LatestValues()
+        if store is not records:
+            for record in records:  # type: ignore[union-attr]
+                store.add(record)
+        flows = sorted({s.flow for s in store.servings() if s.stream == stream})
+        if flow is None:
+            if len(flows) > 1:
+                raise SchemaError(f"model stream {stream!r} is served by several flows "
+                                  f"({', '.join(flows)}): name one (flow=...)")
+            if not flows:
+                return None
+            flow = flows[0]
+        if instance is None:
+            found = store.instances(flow).get(flow, [])
+            if len(found) > 1:
+                raise SchemaError(f"flow {flow!r} has {len(found)} instances: name one "
+                                  "(instance=...); their models are independent releases")
+            instance = ANY
+        model = store.served(flow, stream, instance)
+        return None if model is None else cls.from_record(model)
 
     # -- scikit-learn's estimator interface --
     def get_params(self, deep: bool = True) -> dict[str, Any]:
         """The constructor's parameters (scikit-learn convention)."""
         return {"classes": list(self.classes_), "coef": self.coef_,
-                "intercept": self.intercept_, "clip_norm": self.clip_norm}
+                "intercept": self.intercept_, "clip_norm": self.clip_norm, "norm": self.norm}
 
     def set_params(self, **params: Any) -> ReleasedClassifier:
         """Refused: a released model is fixed."""
@@ -121,7 +185,7 @@ class ReleasedClassifier(*_BASES):  # type: ignore[misc]
         x = np.asarray(X, dtype=np.float64)
         if x.ndim != 2 or x.shape[1] != self.n_features_in_:
             raise ValueError(f"X must have shape (n, {self.n_features_in_}), got {x.shape}")
-        norms = np.linalg.norm(x, axis=1)
+        norms = np.linalg.norm(x, ord=1 if self.norm == "l1" else 2, axis=1)
         scale = np.minimum(1.0, self.clip_norm / np.maximum(norms, np.finfo(float).tiny))
         rows: np.ndarray = x * scale[:, None]
         return rows
