@@ -748,6 +748,11 @@ def run_erm(config: FlowConfig, items: Sequence[Item], noise: NoiseKey, **kw: An
 NOISY_MODEL = ("coef", "intercept", "holdout")
 
 
+def is_model(record: Record) -> bool:
+    """A model record (the models topic also carries ``dpstream.serving/1`` records)."""
+    return record[0] == "models" and record[1]["schema"].startswith("dpstream.model/")
+
+
 def depends_on(body: dict[str, Any], steps: set[int]) -> bool:
     return any(first <= s <= last for first, last in body["depends_on"] for s in steps)
 
@@ -769,9 +774,10 @@ def test_erm_one_person_moves_only_the_models_of_their_kept_blocks(period, who):
             {0, 1} if period == "lifetime" else {0, 1, 2, 3})
         r0, r1 = (run_erm(config, w, noise, instance=f"e{seed}") for w in worlds)
         assert person not in json.dumps(r1)
-        assert [r for r in r0 if r[0] != "models"] == [r for r in r1 if r[0] != "models"]
-        m0 = [b for role, b in r0 if role == "models"]
-        m1 = [b for role, b in r1 if role == "models"]
+        # everything but the models, the serving records (public metadata) included, is equal
+        assert [r for r in r0 if not is_model(r)] == [r for r in r1 if not is_model(r)]
+        m0 = [b for role, b in r0 if is_model((role, b))]
+        m1 = [b for role, b in r1 if is_model((role, b))]
         assert len(m0) == len(m1) > 0
         moved = 0
         for x, y in zip(m0, m1, strict=True):
@@ -803,15 +809,15 @@ def erm_statistic(config: FlowConfig, worlds: tuple[list, list]) -> Statistic:
         return (body["step"], body["role"], body["level"])
 
     direction = {}
-    for x, y in zip((b for r, b in r0 if r == "models"), (b for r, b in r1 if r == "models"),
-                    strict=True):
+    for x, y in zip((b for r, b in r0 if is_model((r, b))),
+                    (b for r, b in r1 if is_model((r, b))), strict=True):
         diff = [b - a for a, b in zip(weights(x), weights(y), strict=True)]
         if any(diff):
             direction[key(x)] = [d / x["noise"]["std"] for d in diff]
     assert len(direction) >= 2, "the target should move several models"
 
     def value(records: list[Record]) -> float | None:
-        found = {key(b): b for role, b in records if role == "models"}
+        found = {key(b): b for role, b in records if is_model((role, b))}
         return sum(sum(w * v for w, v in zip(direction[k], weights(found[k]), strict=True))
                    for k in direction)
 
