@@ -285,14 +285,13 @@ class Answer(_Record, frozen=True, kw_only=True, tag=ANSWER_SCHEMA):
 class ModelFeatures(_Data, frozen=True, kw_only=True):
     """The raw features a model expects: ``dimension`` numbers, rows clipped to ``clip_norm``.
 
-    ``norm`` is the norm rows are clipped in: ``"l1"`` (the objective-perturbation learner),
-    or None, which means L2 (left out of the record: every model before the field existed, and
-    every output-perturbation model since). It is a function of the configuration: public.
+    ``norm`` is the norm of that clipping: ``"l2"`` (output perturbation; omitted, the default)
+    or ``"l1"`` (the objective learner).
     """
 
     dimension: int
     clip_norm: float
-    norm: str | None = None
+    norm: str = "l2"
 
 
 class ModelNoise(_Data, frozen=True, kw_only=True):
