@@ -46,19 +46,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
 import numpy as np
 import pytest
-from harness import epsilon_lower_bound
+import test_person_neighbours as person
+from harness import PERSON_FIELD, Item, epsilon_lower_bound
 from test_erm_neighbours import (
-    D,
     ORIGIN_ISO,
     SCENARIOS,
-    STEPS,
+    D,
     Event,
     Run,
     _pairs,
@@ -71,9 +70,10 @@ from test_erm_neighbours import (
     drive,
     extreme,
     grid_integers,
-    messages,
 )
 
+from dpstream.core.erm.objective import objective_budget
+from dpstream.core.erm.schedules import releases
 from dpstream.core.noise.keys import NoiseKey
 from dpstream.platform import parse_config
 
@@ -126,10 +126,33 @@ OBJECTIVE_SCENARIOS = [
 ]
 
 
+class _Inputs:
+    """The spec, normaliser and cost of every model the objective learner trains, by model."""
+
+    def __init__(self) -> None:
+        self.by_model: dict[int, tuple[Any, float, Fraction]] = {}
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        original = releases.objective_perturbation
+        inputs = self
+
+        def learner(spec: Any, block: Any, *, normalizer: float, center: Any, cost: Fraction,
+                    rng: Any, initial: Any = None) -> Any:
+            model = original(spec, block, normalizer=normalizer, center=center, cost=cost,
+                             rng=rng, initial=initial)
+            inputs.by_model[id(model)] = (spec, normalizer, cost)  # the run keeps the model
+            return model
+
+        monkeypatch.setattr(releases, "objective_perturbation", learner)
+
+
 @pytest.fixture
 def recorder(monkeypatch):
     r = _Recorder()
     r.install(monkeypatch)
+    inputs = _Inputs()
+    inputs.install(monkeypatch)
+    r.inputs = inputs  # type: ignore[attr-defined]
     return r
 
 
@@ -150,10 +173,10 @@ def lipschitz(spec: Any) -> float:
     return 1.0 if len(spec.classes) == 2 else float(np.sqrt(2.0))
 
 
-def assert_coupled_shift_within_the_analysis(cfg: Any, a: Run, b: Run, step: int,
+def assert_coupled_shift_within_the_analysis(inputs: _Inputs, a: Run, b: Run, step: int,
                                              stream: str = "a") -> int:
-    """Every trained model's coupled grid difference within the module docstring's bound."""
-    spec = cfg.model
+    """Every trained model's coupled grid difference within the module docstring's bound;
+    returns how many models moved."""
     moved = 0
     assert set(a.trained) == set(b.trained)
     for name in a.trained:
@@ -169,7 +192,7 @@ def assert_coupled_shift_within_the_analysis(cfg: Any, a: Run, b: Run, step: int
             own = chain[0]
             real = 0.0
             if own[0] <= step <= own[1]:  # the event is in the computation's own data
-                real += coupled_shift(spec, ma)
+                real += coupled_shift(inputs, ma)
             centre = tuple(chain[1:])
             if centre and any(f <= s <= last for f, last in centre for s in (step,)):
                 ca, cb = ta[centre], tb[centre]
@@ -183,15 +206,15 @@ def assert_coupled_shift_within_the_analysis(cfg: Any, a: Run, b: Run, step: int
     return moved
 
 
-def coupled_shift(spec: Any, model: Any) -> float:
+def coupled_shift(inputs: _Inputs, model: Any) -> float:
     """``G / (n̄ Λ) + 2 τ_total``: the L2 distance of the two computed minimisers under the same
-    noise (module docstring), from what the model states (``Λ``, ``τ_total``)."""
-    learner = objective_terms(spec, model)
-    return lipschitz(spec) / (model.normalizer * learner["Lambda"]) + 2 * learner["tau_total"]
-
-
-def objective_terms(spec: Any, model: Any) -> dict[str, float]:
-    raise NotImplementedError  # filled in against the learner's API
+    noise (module docstring); ``Λ`` (raised when the Jacobian term needs it) and ``τ_total``
+    as :func:`~dpstream.core.erm.objective.objective_budget` sets them for the model's spec
+    (the updates' λ for a centred one), normaliser and cost."""
+    spec, normalizer, cost = inputs.by_model[id(model)]
+    budget = objective_budget(spec, normalizer, cost)
+    assert model.sensitivity == 2 * budget.distance and model.grid == budget.grid
+    return lipschitz(spec) / (normalizer * budget.regularization) + float(model.sensitivity)
 
 
 @pytest.mark.parametrize("algorithm, sampling",
@@ -214,7 +237,7 @@ def test_coupled_neighbours_move_exactly_the_models_of_the_events_block(algorith
         assert touched, (name, "no model depends on the event's block")
         if not sampling:  # every model that can see the event does
             assert moved_models(a, b, step) == (touched, touched), name
-            moved_any += assert_coupled_shift_within_the_analysis(cfg, a, b, step)
+            moved_any += assert_coupled_shift_within_the_analysis(recorder.inputs, a, b, step)
     assert sampling or moved_any
 
 
@@ -225,8 +248,8 @@ STAT = {"base_blocks": 1, "streams": ("a",), "regularization": 1.0, "block_size"
 """Blocks of about 6 rows against b0 = 6, one stream, 3 steps: block 0 feeds three continual
 models (the base [0,0], the base [0,1] and the update centred on it), the windows ending at
 steps 0-2, the multi-resolution levels over it, or the one independent model."""
-PILOT = range(92_000, 92_040)
-KEYS = range(62_000, 62_600)
+PILOT = range(92_000, 92_030)
+KEYS = range(62_000, 62_400)
 PILOT_POWER = range(93_000, 93_015)
 KEYS_POWER = range(63_000, 63_120)
 
@@ -331,7 +354,7 @@ def stat_config(algorithm: str) -> Any:
 @pytest.mark.statistical
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_empirical_epsilon_of_an_event_stays_below_the_claim(algorithm):
-    """600 draws a world; alpha = 1e-3 per Clopper-Pearson interval, so a correct flow shows a
+    """400 draws a world; alpha = 1e-3 per Clopper-Pearson interval, so a correct flow shows a
     bound above its claim with probability below 2e-3 (harness.epsilon_lower_bound)."""
     cfg = stat_config(algorithm)
     base = base_events(seed=3, steps=STAT_STEPS, rate=6, streams=("a",))
@@ -358,3 +381,132 @@ def test_power_the_learner_with_beta_scaled_up_is_caught(monkeypatch, algorithm)
     print(f"\nbeta x100, {algorithm}: budget {budget}: {hits} of {len(KEYS_POWER)}, "
           f"lower bound {bound:.3f}")
     assert bound > budget, (hits, bound)
+
+
+# -- one person more or less (unit = "user") ----------------------------------------------------
+
+PERSON_ALGORITHMS = ["continual", "sliding-window"]
+
+
+def person_config(algorithm: str, period: str = "lifetime") -> Any:
+    """test_person_neighbours' ERM flow (b0 = 6, a block a step, pure epsilon 0.25 a level,
+    lambda = 30: near 0 the loss is nearly linear, so k rows move the model k times as far as
+    one), caps 2 rows a block and 2 blocks, with the objective learner."""
+    return config(algorithm, streams=("a",), epsilon=0.25, regularization=30.0, block_size=6,
+                  base_blocks=1, window_blocks=3,
+                  contribution=person.contribution(period, **person.ERM_CAPS))
+
+
+def person_worlds(person_name: str = person.TARGET) -> tuple[list[Item], list[Item]]:
+    """test_person_neighbours' ERM worlds (the target's rows in every block over both
+    partitions, 20 a block: 10 times the cap; the first and the last event of the input, both
+    sides of each period boundary), the target's features along one axis: the largest L2 norm
+    the L1 feature map lets through."""
+    without, with_target = person.erm_worlds(rows_per_block=20, person=person_name)
+    moved = [dataclasses.replace(item, body={**item.body, "features": AXIS[::-1]})
+             if item.body.get(PERSON_FIELD) == person_name else item for item in with_target]
+    return without, moved
+
+
+def person_case(algorithm: str) -> tuple[Any, tuple[list[Item], list[Item]], Any, float]:
+    cfg, worlds = person_config(algorithm), person_worlds()
+    return person.statistical_case(cfg, worlds, person.erm_kept(cfg, worlds[1]),
+                                   person.erm_claim, person.run_erm)
+
+
+@pytest.mark.flow
+@pytest.mark.parametrize("algorithm", PERSON_ALGORITHMS)
+def test_one_person_moves_only_the_models_of_their_kept_blocks(algorithm):
+    """The real dataflow, coupled: every record but the models of the target's kept blocks
+    (the serving records included) byte-identical, those models' public fields equal and
+    their weights moved (the objective noise does not swallow the target's rows)."""
+    cfg = person_config(algorithm)
+    noise = NoiseKey.for_tests(2524)
+    worlds = person_worlds()
+    kept = person.erm_kept(cfg, worlds[1])
+    blocks = {e.step for e in kept}
+    assert len(kept) == 4 and blocks == {0, 1}  # 2 rows in each of max_blocks = 2 blocks
+    r0, r1 = (person.run_erm(cfg, w, noise, instance="o1") for w in worlds)
+    assert person.TARGET not in json.dumps(r1)
+    assert [r for r in r0 if not person.is_model(r)] == [r for r in r1 if not person.is_model(r)]
+    assert any(r[1]["schema"] == "dpstream.serving/1" for r in r0)
+    m0 = [b for role, b in r0 if person.is_model((role, b))]
+    m1 = [b for role, b in r1 if person.is_model((role, b))]
+    assert len(m0) == len(m1) > 0
+    touched = moved = 0
+    for x, y in zip(m0, m1, strict=True):
+        assert {k: v for k, v in x.items() if k not in person.NOISY_MODEL} == \
+            {k: v for k, v in y.items() if k not in person.NOISY_MODEL}
+        assert x["privacy"]["unit"] == "user"
+        if not person.depends_on(x, blocks):
+            assert x == y
+        else:
+            touched += 1
+            moved += x != y
+    assert moved == touched > 0
+
+
+@pytest.mark.statistical
+@pytest.mark.parametrize("algorithm", PERSON_ALGORITHMS)
+def test_empirical_epsilon_of_a_person_stays_below_the_claim(algorithm):
+    """300 draws a world through the real dataflow; the claim (max_blocks times the per-block
+    budget: test_person_neighbours.erm_claim) is what every record states."""
+    cfg, worlds, run, claim = person_case(algorithm)
+    per_period = person.erm_claim(cfg, 1)
+    assert float(cfg.person_cost().total) == pytest.approx(per_period)
+    person.check_stated(run(worlds[1], NoiseKey.for_tests(1), "s"), cfg, per_period)
+    person.check_empirical_epsilon(f"objective/{algorithm}",
+                                   person.one_each(run, worlds, person.erm_statistic(cfg, worlds)),
+                                   person.KEYS_STAT, claim)
+
+
+@pytest.mark.statistical
+def test_power_a_person_against_the_learner_with_beta_scaled_up(monkeypatch):
+    """The learner drawing 100 times less noise while the records claim the same cost: the
+    target's 4 kept rows show a bound above the per-person claim."""
+    scale_down(monkeypatch, 100)
+    cfg, worlds, run, claim = person_case("continual")
+    person.check_empirical_epsilon("objective, beta x100",
+                                   person.one_each(run, worlds, person.erm_statistic(cfg, worlds)),
+                                   person.KEYS_POWER, claim, bounded=False)
+
+
+def test_the_coupled_check_catches_a_solver_without_the_raised_regulariser(monkeypatch,
+                                                                          recorder):
+    """Power of the coupled check: with lambda = 0.01 the Jacobian term makes the learner raise
+    Lambda (Chaudhuri et al.'s Delta); a learner that budgets with the raised Lambda but solves
+    with the configured lambda moves models by more than the analysis allows (the correct one,
+    run first on the same neighbours, stays within it)."""
+    from dpstream.core.erm import objective
+
+    cfg = config("continual", regularization=0.01)
+    classes = tuple(cfg.model.classes)
+    base = base_events()
+    noise = NoiseKey.for_tests(2522)
+
+    def outcomes() -> list[bool]:
+        a = drive(cfg, base, noise, recorder=recorder)
+        caught = []
+        for _name, step, neighbour in OBJECTIVE_SCENARIOS:
+            b = drive(cfg, neighbour(base, classes), noise, recorder=recorder)
+            try:
+                assert_coupled_shift_within_the_analysis(recorder.inputs, a, b, step)
+                caught.append(False)
+            except AssertionError:
+                caught.append(True)
+        return caught
+
+    assert not any(outcomes())
+    raised = {objective_budget(*inputs).regularization
+              for inputs in recorder.inputs.by_model.values()}
+    assert min(raised) > 2 * cfg.model.regularization, raised  # Lambda is raised here
+    original = objective.solve
+
+    def solve(spec, block, normalizer, center, **options):
+        return original(dataclasses.replace(spec, regularization=cfg.model.regularization),
+                        block, normalizer, center, **options)
+
+    monkeypatch.setattr(objective, "solve", solve)
+    caught = outcomes()
+    print(f"caught {sum(caught)} of {len(caught)}")
+    assert sum(caught) >= 3, caught
