@@ -20,7 +20,6 @@ import sqlite3
 from collections import defaultdict
 from contextlib import closing
 from datetime import timedelta
-from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
