@@ -510,3 +510,111 @@ def test_the_coupled_check_catches_a_solver_without_the_raised_regulariser(monke
     caught = outcomes()
     print(f"caught {sum(caught)} of {len(caught)}")
     assert sum(caught) >= 3, caught
+
+
+# -- a bounded history (release.max_history) ----------------------------------------------------
+
+HISTORY = 2
+
+
+class _TrainedAt:
+    """The step each computation (by its chain) was trained at, per schedule."""
+
+    def __init__(self) -> None:
+        self.by_schedule: dict[int, dict[tuple, int]] = {}
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from dpstream.core.erm.schedules.schedule import ReleaseSchedule
+
+        original = ReleaseSchedule.add_block
+        seen = self
+
+        def add_block(schedule: Any, step: int, block: Any) -> Any:
+            out = original(schedule, step, block)
+            mine = seen.by_schedule.setdefault(id(schedule), {})
+            for c in schedule.trained:
+                mine.setdefault(tuple(c.depends_on), step)
+            return out
+
+        monkeypatch.setattr(ReleaseSchedule, "add_block", add_block)
+
+    def steps(self) -> dict[tuple, int]:
+        """Every computation of the one schedule of stream "a" trained so far."""
+        mine = [m for m in self.by_schedule.values() if m]
+        merged: dict[tuple, int] = {}
+        for m in mine:
+            merged.update(m)
+        return merged
+
+
+def reads(chain: tuple, trained_at: dict[tuple, int], block: int, history: int) -> bool:
+    """Whether a model's output depends on ``block``'s rows: some computation of its chain
+    (its own, its centre's, ...) read it — a computation over ``[first, last]`` trained at
+    ``t`` blocks seen reads ``[max(first, t - H), last]`` (schedule.py, *Bounded history*)."""
+    for i in range(len(chain)):
+        first, last = chain[i]
+        t = trained_at[tuple(chain[i:])] + 1
+        if max(first, t - history) <= block <= last:
+            return True
+    return False
+
+
+@pytest.mark.parametrize("algorithm", ["continual", "multi-resolution", "sliding-window"])
+def test_an_event_older_than_the_history_bound_moves_no_later_release(algorithm,
+                                                                      monkeypatch):
+    """With ``release.max_history = 2`` a computation trains on the last two blocks of its
+    range only: between neighbours differing in block 0 or 3 (an extreme row, each label, at
+    the block's first instant or not; a removed row), every model none of whose chain's
+    computations read the block is byte-identical — also the later models whose nominal range
+    (``depends_on``) still holds it — and every model one of them read moved; the serving
+    records are byte-identical."""
+    check_history_neighbours(algorithm, monkeypatch)
+
+
+def test_the_history_check_catches_a_schedule_that_reads_past_the_bound(monkeypatch):
+    """Power: a schedule that keeps and reads every block of a computation's range (the
+    bound ignored while configured) moves models the check expects byte-identical."""
+    from dpstream.core.erm.schedules.schedule import ReleaseSchedule
+
+    monkeypatch.setattr(ReleaseSchedule, "_window_start", lambda self, t: 0)
+    with pytest.raises(AssertionError, match="past the bound"):
+        check_history_neighbours("continual", monkeypatch)
+
+
+def check_history_neighbours(algorithm: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    trained = _TrainedAt()
+    trained.install(monkeypatch)
+    cfg = config(algorithm, streams=("a",), release={"max_history": HISTORY})
+    assert cfg.schedule.max_history == HISTORY
+    base = [e for e in base_events() if e.body.get("s") == "a"]
+    noise = NoiseKey.for_tests(2525)
+    a = drive(cfg, base, noise)
+    counts = {"read, moved": 0, "past the bound, identical": 0}
+    for block in (0, 3):
+        neighbours = {
+            "extreme, label 0": base + [extreme(block, "no", stream=None, features=AXIS)],
+            "extreme, label 1, first instant": base + [extreme(block, "yes", stream=None,
+                                                               where=0.0)],
+            "removed": without_first(base, block),
+        }
+        for name, items in neighbours.items():
+            trained.by_schedule.clear()
+            b = drive(cfg, items, noise)
+            assert_same_structure(a, b)
+            assert a.serving == b.serving, (block, name)
+            at = trained.steps()
+            for (x, va), (_y, vb) in _pairs(a, b):
+                chain = tuple(tuple(pair) for pair in x["depends_on"])
+                if reads(chain, at, block, HISTORY):
+                    assert va != vb, (block, name, x["step"], x["role"], chain)
+                    counts["read, moved"] += 1
+                else:
+                    assert va == vb, ("moved past the bound", block, name, x["step"], chain)
+                    counts["past the bound, identical"] += depends_on_step(x, block)
+    assert all(counts.values()), counts  # neither half of the check is vacuous
+
+
+def without_first(events: list[Event], step: int) -> list[Event]:
+    """``events`` minus the first event of ``step``."""
+    i = next(i for i, e in enumerate(events) if int(e.broker) == step)
+    return events[:i] + events[i + 1:]
