@@ -70,6 +70,7 @@ from test_erm_neighbours import (
     drive,
     extreme,
     grid_integers,
+    messages,
 )
 
 from dpstream.core.erm.objective import objective_budget
@@ -233,12 +234,52 @@ def test_coupled_neighbours_move_exactly_the_models_of_the_events_block(algorith
         b = drive(cfg, neighbour(base, classes), noise, recorder=recorder)
         assert not a.dead and not b.dead, name
         assert_same_structure(a, b)
+        assert a.serving == b.serving, name  # post-processing of public metadata
         touched = assert_untouched_models_identical(a, b, step)
         assert touched, (name, "no model depends on the event's block")
         if not sampling:  # every model that can see the event does
             assert moved_models(a, b, step) == (touched, touched), name
             moved_any += assert_coupled_shift_within_the_analysis(recorder.inputs, a, b, step)
     assert sampling or moved_any
+
+
+
+@pytest.mark.parametrize("algorithm", ["continual", "sliding-window"])
+def test_multinomial_neighbours_every_label(algorithm, recorder):
+    """Three classes (softmax: ``L1 = 2``, the Jacobian's rank 2, ``G = sqrt(2)``): an extreme
+    row of each label in the first block and at a window edge."""
+    cfg = config(algorithm, classes=(0, 1, 2), epsilon=0.5)
+    base = base_events(classes=(0, 1, 2))
+    noise = NoiseKey.for_tests(2523)
+    a = drive(cfg, base, noise, recorder=recorder)
+    assert a.records
+    moved = 0
+    for label in (0, 1, 2):
+        for step in (0, 4):
+            b = drive(cfg, base + [extreme(step, label, features=AXIS)], noise,
+                      recorder=recorder)
+            assert_same_structure(a, b)
+            assert a.serving == b.serving
+            touched = assert_untouched_models_identical(a, b, step)
+            assert moved_models(a, b, step) == (touched, touched)
+            moved += assert_coupled_shift_within_the_analysis(recorder.inputs, a, b, step)
+    assert moved
+
+
+@pytest.mark.flow
+def test_the_real_dataflow_publishes_what_the_driven_layer_produced():
+    """The driven layer above is the flow: the real Bytewax dataflow publishes the same bytes
+    (models and serving records) with the objective learner, for both neighbours."""
+    from test_erm_neighbours import dataflow
+
+    cfg = config("continual")
+    base = base_events()
+    noise = NoiseKey.for_tests(2527)
+    for events in (base, base + [extreme(0, "no", features=AXIS)]):
+        published = sorted(v for role, _k, v in dataflow(cfg, events, noise) if role == "models")
+        driven = drive(cfg, events, noise)
+        assert published == sorted(driven.values + driven.serving)
+        assert all(json.loads(v)["features"]["norm"] == "l1" for v in driven.values)
 
 
 # -- over many noise keys: one event -------------------------------------------------------------
@@ -618,3 +659,69 @@ def without_first(events: list[Event], step: int) -> list[Event]:
     """``events`` minus the first event of ``step``."""
     i = next(i for i, e in enumerate(events) if int(e.broker) == step)
     return events[:i] + events[i + 1:]
+
+
+def run_recovered(cfg: Any, items: list[Any], noise: NoiseKey, directory: Any,
+                  abort_at: int | None = None) -> list[list[tuple[str, bytes]]]:
+    """The real dataflow with Bytewax recovery and the history files in ``directory``: one
+    run, or (``abort_at``) a run aborted after that many records and its resumption."""
+    from datetime import timedelta
+
+    from bytewax.recovery import RecoveryConfig, init_db_dir
+    from bytewax.testing import TestingSink, TestingSource, run_main
+
+    from dpstream.platform import build_flow
+
+    directory.mkdir()
+    init_db_dir(directory, 1)
+    source = (items if abort_at is None
+              else items[:abort_at] + [TestingSource.ABORT()] + items[abort_at:])
+    runs = []
+    for _ in range(1 if abort_at is None else 2):
+        sink: list[Any] = []
+        run_main(build_flow(cfg, noise, instance="h-1", partitions=2,
+                            source=TestingSource(source, 8), sink=TestingSink(sink),
+                            recovery_dir=str(directory)),
+                 epoch_interval=timedelta(0), recovery_config=RecoveryConfig(directory))
+        runs.append([(role, value) for role, _key, value in sink])
+    return runs
+
+
+def identity(value: bytes) -> tuple:
+    body = json.loads(value)
+    return (body["schema"], body["stream"], body["step"], body.get("role"),
+            str(body.get("level")), json.dumps(body.get("depends_on")))
+
+
+@pytest.mark.flow
+@pytest.mark.parametrize("algorithm", ["continual", "sliding-window"])
+def test_a_resumed_run_on_file_history_equals_an_uninterrupted_one_for_both_neighbours(
+        algorithm, tmp_path):
+    """``release.max_history = 2``, the objective learner, the history in files under the
+    recovery directory: for each neighbour (an extreme row in block 1, or not), a run aborted
+    mid-stream and resumed from its last snapshot (the history files are cut back to the
+    snapshot's cursors) publishes exactly the uninterrupted run's records, a replayed
+    record byte-identical to its first copy; the neighbours' serving records are equal."""
+    cfg = config(algorithm, release={"max_history": HISTORY})
+    base = base_events()
+    noise = NoiseKey.for_tests(2526)
+    worlds = {"without": base, "with": base + [extreme(1, "no", features=AXIS)]}
+    whole: dict[str, list[tuple[str, bytes]]] = {}
+    for name, events in worlds.items():
+        items = messages(events)
+        [whole[name]] = run_recovered(cfg, items, noise, tmp_path / f"{name}-whole")
+        assert list((tmp_path / f"{name}-whole" / "history").rglob("*")), "no history files"
+        first, second = run_recovered(cfg, items, noise, tmp_path / f"{name}-resumed",
+                                      abort_at=len(items) // 2)
+        assert first and len(first) < len(whole[name])  # the abort lands mid-run
+        copies: dict[tuple, set[bytes]] = {}
+        for role, value in first + second:
+            assert role == "models"
+            copies.setdefault(identity(value), set()).add(value)
+        assert all(len(c) == 1 for c in copies.values()), "a replay published other bytes"
+        assert sorted(v for c in copies.values() for v in c) == \
+            sorted(v for _role, v in whole[name])
+    serving = {name: [v for _r, v in out if identity(v)[0] == "dpstream.serving/1"]
+               for name, out in whole.items()}
+    assert serving["without"] == serving["with"] and serving["with"]
+    assert whole["without"] != whole["with"]  # the row is not lost
