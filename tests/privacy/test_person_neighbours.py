@@ -694,7 +694,8 @@ def erm_config(period: str) -> FlowConfig:
         "metrics": {"port": 0},
         "contribution": contribution(period, **ERM_CAPS),
         "model": {"classes": ["no", "yes"], "dimension": D, "clip_norm": 2.0,
-                  "regularization": 30.0, "streams": ["a"]},
+                  "regularization": 30.0, "streams": ["a"],
+                  "learner": "output"},  # the objective learner: test_erm_objective_neighbours
         "release": {"algorithm": "continual", "block_size": 6, "base_blocks": 1,
                     "window_blocks": 3, "sampling": False},
     })
