@@ -444,3 +444,79 @@ def test_the_objective_learner_beats_output_perturbation_at_the_same_cost():
                                    cost=Fraction(1), rng=KEY.stream("acc-obj", i))
         acc_obj.append(float(np.mean(predict(obj, m.params, obj.features(x)) == y)))
     assert min(acc_obj) > float(np.median(acc_out))
+
+
+# -- configuration --
+
+
+def _config(model=None, privacy=None, release=None):
+    from dpstream.platform import parse_config
+
+    return parse_config({
+        "flow": {"kind": "erm", "name": "c", "origin": "2026-09-21T14:13:20Z", "step": "1s"},
+        "privacy": {"accounting": "pure", "epsilon": 1.0, **(privacy or {})},
+        "metrics": {"port": 0},
+        "model": {"classes": ["no", "yes"], "dimension": 3, **(model or {})},
+        "release": {"algorithm": "continual", **(release or {})},
+    })
+
+
+def test_the_config_default_is_objective_for_pure_and_output_otherwise():
+    assert _config().model.learner == "objective"
+    assert _config({"learner": "output"}).model.learner == "output"
+    assert _config(privacy={"accounting": "zcdp", "rho": 0.5}).model.learner == "output"
+    ermg = _config(privacy={"delta": 1e-6}, release={"algorithm": "ermg"})
+    assert ermg.model.learner == "output"  # ERMG's black box is output perturbation
+    text = _config().describe()
+    assert "learner: objective (certified objective perturbation" in text
+    assert "features clipped to L1 norm" in text
+    assert "learner: output" in _config({"learner": "output"}).describe()
+    # the learner is bound into the mechanisms digest: a store of the other learner is refused
+    assert _config().mechanisms_digest != _config({"learner": "output"}).mechanisms_digest
+
+
+def test_the_config_refuses_objective_with_zcdp_or_ermg_and_unknown_names():
+    from dpstream.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"learner = 'objective' \(objective perturbation\) "
+                                          r"is pure epsilon-DP only"):
+        _config({"learner": "objective"}, privacy={"accounting": "zcdp", "rho": 0.5})
+    with pytest.raises(ConfigError, match="must be one of 'output', 'objective', got 'sgd'"):
+        _config({"learner": "sgd"})
+    with pytest.raises(ConfigError, match="not available with release.algorithm = 'ermg'"):
+        _config({"learner": "objective"}, privacy={"delta": 1e-6},
+                release={"algorithm": "ermg"})
+    from dpstream.core.erm.ermg import OutputPerturbation
+
+    with pytest.raises(InvalidParameterError, match="ERMG's black box is output perturbation"):
+        OutputPerturbation(spec_of())
+
+
+def test_check_config_shows_the_learner(tmp_path, capsys):
+    from dpstream.cli import main
+
+    path = tmp_path / "erm.toml"
+    path.write_text('[flow]\nkind = "erm"\nname = "c"\nstep = "1s"\n'
+                    'origin = "2026-09-21T14:13:20Z"\n[privacy]\nepsilon = 1.0\n'
+                    '[model]\nclasses = ["no", "yes"]\ndimension = 3\nlearner = "objective"\n'
+                    '[release]\nalgorithm = "continual"\n')
+    assert main(["check-config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "learner: objective" in out
+
+
+def test_a_released_record_says_l1_and_the_client_clips_in_l1():
+    from dpstream.estimator import ReleasedClassifier
+
+    spec = spec_of(dimension=3)
+    w = np.array([[0.7, -1.1, 0.4, 0.2]])
+    coef, intercept = spec.linear_model(w)
+    clf = ReleasedClassifier(["no", "yes"], coef, intercept, 2.0, norm="l1")
+    x = np.array([[3.0, -4.0, 1.0], [0.2, 0.1, -0.3]])
+    np.testing.assert_allclose(clf.decision_function(x), spec.features(x) @ w[0], rtol=1e-9)
+    l2 = ReleasedClassifier(["no", "yes"], coef, intercept, 2.0)
+    assert not np.allclose(l2.decision_function(x[:1]), clf.decision_function(x[:1]))
+    record = {"schema": "dpstream.model/1", "classes": ["no", "yes"], "coef": coef.tolist(),
+              "intercept": intercept.tolist(),
+              "features": {"dimension": 3, "clip_norm": 2.0, "norm": "l1"}}
+    assert ReleasedClassifier.from_record(record).norm == "l1"

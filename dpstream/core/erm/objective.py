@@ -125,6 +125,7 @@ from dpstream.errors import InvalidParameterError
 
 __all__ = [
     "ObjectiveBudget",
+    "linear_noise_std",
     "objective_budget",
     "objective_perturbation",
 ]
@@ -250,6 +251,12 @@ def _dlap_variance(scale: Fraction) -> float:
     return 2.0 * math.exp(-x) / math.expm1(-x) ** 2
 
 
+def linear_noise_std(spec: ErmSpec, normalizer: float, cost: Fraction) -> float:
+    """The per-coordinate std of ``b / n̄`` of a release at ``cost``: a model's ``noise_std``."""
+    budget = objective_budget(spec, normalizer, cost)
+    return float(budget.gamma) * math.sqrt(_dlap_variance(budget.noise_scale)) / float(normalizer)
+
+
 def _linear_noise(rng: RandomIntegers, budget: ObjectiveBudget, p: int) -> list[float]:
     """Draw ``b_j = gamma (k_j + 1/2)`` for ``j < p``, exactly representable floats."""
     shift = budget.gamma.denominator.bit_length()  # gamma = 2^-(shift - 1)
@@ -336,7 +343,7 @@ def objective_perturbation(
     return PrivateModel(
         params=_params_from_integers(released, g, shape),
         grid=g,
-        noise_std=std / float(normalizer),
+        noise_std=std / float(normalizer),  # = linear_noise_std(spec, normalizer, cost)
         cost=total,
         sensitivity=2 * budget.distance,
         normalizer=float(normalizer),
