@@ -520,3 +520,30 @@ def test_a_released_record_says_l1_and_the_client_clips_in_l1():
               "intercept": intercept.tolist(),
               "features": {"dimension": 3, "clip_norm": 2.0, "norm": "l1"}}
     assert ReleasedClassifier.from_record(record).norm == "l1"
+
+
+@pytest.mark.parametrize("dimension", [3, 64])
+def test_a_tiny_per_row_budget_widens_the_precision_and_still_releases(dimension):
+    # constant noise, decreasing cost: a model on 2^30 times more data costs 2^-30 as much,
+    # and b grows as 1/cost. float64 cannot certify the minimiser to 2^-20/(n Lambda) then, so
+    # the precision (and the lattice) widen with the public bound S' on b's scale, and the
+    # |b| check that keeps the gradient's rounding in the solver's allowance holds with a
+    # 64-fold margin: no refusal in 20 releases.
+    spec = spec_of(dimension=dimension, regularization=1e-2)
+    x, y, block = data(spec, 400, seed=2)
+    cost = Fraction(1, 1 << 30)
+    normalizer = 400.0 * (1 << 30)
+    b = objective_budget(spec, normalizer, cost)
+    p = spec.parameter_count
+    assert b.widening > 1 and b.linear + b.jacobian + b.output == cost
+    assert b.precision == b.widening / (1 << 20) / (Fraction(normalizer) * Fraction(
+        b.regularization))
+    assert b.distance <= 2 * b.precision
+    assert b.noise_scale < 1 << 47  # k stays far below 2^52
+    assert b.widening * (1 << 22) >= 1 / b.beta * math.sqrt(p)
+    normal = objective_budget(spec, 400.0, Fraction(1))
+    assert normal.widening == 1
+    for i in range(20):
+        model = objective_perturbation(spec, block, normalizer=normalizer, center=None,
+                                       cost=cost, rng=KEY.stream("tiny", i))
+        assert model.cost == cost and np.isfinite(model.params).all()
