@@ -538,7 +538,8 @@ def test_a_tiny_per_row_budget_widens_the_precision_and_still_releases(dimension
     assert b.widening > 1 and b.linear + b.jacobian + b.output == cost
     assert b.precision == b.widening / (1 << 20) / (Fraction(normalizer) * Fraction(
         b.regularization))
-    assert b.distance <= 2 * b.precision
+    # gamma sqrt(p)/2 <= 8 s 2^-q sqrt(p)/2 <= 4 s 2^-20/sqrt(p): tau_total <= tau (1 + 4/sqrt(p))
+    assert b.distance <= b.precision * (1 + Fraction(4) / math.isqrt(p))
     assert b.noise_scale < 1 << 47  # k stays far below 2^52
     assert b.widening * (1 << 22) >= 1 / b.beta * math.sqrt(p)
     normal = objective_budget(spec, 400.0, Fraction(1))
