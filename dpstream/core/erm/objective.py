@@ -347,8 +347,8 @@ def objective_perturbation(
     p = spec.parameter_count
     shape = (spec.rows, spec.columns)
     b = np.array(_linear_noise(rng, budget, p), dtype=np.float64)
-    widest = max(abs(Fraction(v)) for v in b.tolist())
-    if widest * _sqrt_up(p) > _LINEAR_LIMIT * budget.widening:
+    largest = max(abs(Fraction(v)) for v in b.tolist())
+    if largest * _sqrt_up(p) > _LINEAR_LIMIT * budget.widening:
         raise CertificationError(
             "an objective-perturbation noise draw exceeds the solver's floating-point "
             "allowance; nothing was released"
