@@ -86,11 +86,9 @@ def config(algorithm: str = "continual", *, accounting: str = "pure", epsilon: f
            sampling: bool = False, block_size: int = 16, base_blocks: int = 2,
            window_blocks: int = 3, regularization: float = 0.5, holdout: str | None = None,
            clip_norm: float = 2.0, name: str = "nb"):
-    # output perturbation (the objective learner, pure epsilon's default, has its own file:
-    # test_erm_objective_neighbours)
     model: dict[str, Any] = {"classes": list(classes), "dimension": D, "clip_norm": clip_norm,
                              "regularization": regularization, "streams": list(streams),
-                             "learner": "output"}
+                             "learner": "output"}  # the grid coupling below is its property
     if len(streams) > 1:
         model["stream_field"] = "s"
     raw: dict[str, Any] = {
