@@ -494,3 +494,16 @@ def test_a_resume_without_its_history_files_stops_saying_why(tmp_path):
         run_flow(cfg, crashing, [], recovery=store, history=store)
     text = str(raised.value)
     assert "must move with its recovery store" in text, text
+
+
+def test_release_max_history_is_a_setting_that_check_config_shows():
+    from dpstream.errors import ConfigError
+
+    bounded, unbounded = flow_config(max_history=64), flow_config()
+    assert bounded.schedule.max_history == 64 and unbounded.schedule.max_history is None
+    assert "history bounded to the last 64 blocks" in bounded.describe()
+    assert "history bounded" not in unbounded.describe()
+    assert bounded.mechanisms_digest != unbounded.mechanisms_digest  # a resume cannot change it
+    for bad in (0, -3, 2.5, "64"):
+        with pytest.raises(ConfigError, match=r"release\.max_history|\[release\].*max_history"):
+            flow_config(max_history=bad)
