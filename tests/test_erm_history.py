@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from support.fakes import FakeTrain
 
 from dpstream.core.erm.history import (
@@ -224,6 +226,51 @@ def test_a_new_history_deletes_what_the_directory_held(tmp_path):
     assert segment_names(directory) == [] and again.end == 0
     again.append(0, a_block(2, 50))
     assert same(again.read(0, 0), a_block(2, 50))
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["append", "append", "append", "snapshot", "drop",
+                                           "crash", "tear"]),
+                          st.integers(0, 6)), max_size=40))
+def test_any_run_of_appends_drops_snapshots_and_crashes_reads_as_in_memory(tmp_path_factory,
+                                                                          operations):
+    """A file store driven like a schedule under crashes reads exactly what memory keeps.
+
+    ``crash``: the process dies; a new store object resumes from the last snapshot (the
+    reference rolls back to it too). ``tear``: the same after half a record was written.
+    """
+    directory = tmp_path_factory.mktemp("h")
+    columns = erm_spec().columns
+    files = FileBlockStore(directory, columns, blocks_per_segment=3, keep_snapshots=1)
+    files.restore(None, first=0)
+    memory = MemoryBlockStore(columns)
+    snapshot = (None, [], 0)  # the files' state, the reference's blocks, first
+    for op, n in operations:
+        if op == "append":
+            step = files.end
+            block = a_block(n, step)
+            files.append(step, block)
+            memory.append(step, block)
+        elif op == "drop":
+            files.drop_before(files.first + n // 3)
+            memory.drop_before(memory.first + n // 3)
+        elif op == "snapshot":
+            snapshot = (files.state(), memory.state(), files.first)
+        else:
+            if op == "tear":
+                files.flush()
+                tail = directory / f"segment-{files.end // 3:010d}.blocks"
+                with open(tail, "ab") as f:
+                    f.write(b"DPHB" + bytes(n))
+            files = FileBlockStore(directory, columns, blocks_per_segment=3, keep_snapshots=1)
+            state, blocks, first = snapshot
+            files.restore(state, first=first)
+            memory = MemoryBlockStore(columns)
+            memory.restore(blocks or None, first=first)
+        assert (files.first, files.end) == (memory.first, memory.end)
+        if files.first < files.end:
+            assert same(files.read(files.first, files.end - 1),
+                        memory.read(memory.first, memory.end - 1))
 
 
 # --- the schedules ---------------------------------------------------------------------------
@@ -494,3 +541,16 @@ def test_a_resume_without_its_history_files_stops_saying_why(tmp_path):
         run_flow(cfg, crashing, [], recovery=store, history=store)
     text = str(raised.value)
     assert "must move with its recovery store" in text, text
+
+
+def test_release_max_history_is_a_setting_that_check_config_shows():
+    from dpstream.errors import ConfigError
+
+    bounded, unbounded = flow_config(max_history=64), flow_config()
+    assert bounded.schedule.max_history == 64 and unbounded.schedule.max_history is None
+    assert "history bounded to the last 64 blocks" in bounded.describe()
+    assert "history bounded" not in unbounded.describe()
+    assert bounded.mechanisms_digest != unbounded.mechanisms_digest  # a resume cannot change it
+    for bad in (0, -3, 2.5, "64"):
+        with pytest.raises(ConfigError, match=r"release\.max_history|\[release\].*max_history"):
+            flow_config(max_history=bad)
