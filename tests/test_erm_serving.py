@@ -216,3 +216,27 @@ def test_a_snapshot_resumes_to_the_same_serving_records():
             a = [x for x in s.step(step, block(cfg, step)) if isinstance(x, ServingRecord)]
             b = [x for x in r.step(step, block(cfg, step)) if isinstance(x, ServingRecord)]
             assert a == b and len(a) == 1 and a[0].choice is not None
+
+
+def test_after_the_budget_is_spent_the_stream_keeps_serving_its_last_model(monkeypatch):
+    """A refused charge (the ledger's BudgetExhaustedError, as a resume under a lowered budget
+    would raise it) is announced as before; the serving records go on naming the last model."""
+    from dpstream.core.erm.schedules.schedule import ReleaseSchedule
+    from dpstream.errors import BudgetExhaustedError
+
+    cfg = erm_config("continual")
+    (s, _) = streams(cfg)
+    for step in range(4):
+        s.step(step, block(cfg, step))
+    before = s.step(4, block(cfg, 4))[-1]
+    assert isinstance(before, ServingRecord) and before.choice is not None
+
+    def refuse(self, step, data):
+        raise BudgetExhaustedError("refused")
+
+    monkeypatch.setattr(ReleaseSchedule, "add_block", refuse)
+    exhausted = s.step(5, block(cfg, 5))
+    assert [type(r) for r in exhausted] == [ModelRecord, ServingRecord]
+    assert exhausted[0].role == "exhausted" and exhausted[1].choice == before.choice
+    later = s.step(6, block(cfg, 6))
+    assert len(later) == 1 and later[0].choice == before.choice and later[0].step == 6
