@@ -29,16 +29,13 @@ Everything here is post-processing of a private release: it costs no privacy.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import orjson
 
 from dpstream.errors import DpstreamError
-from dpstream.schemas import MODEL_SCHEMA, Model, Record
-
-if TYPE_CHECKING:
-    from dpstream.client.latest import LatestValues
+from dpstream.schemas import MODEL_SCHEMA, Model, Record, Serving
 
 try:  # with scikit-learn installed, the classifier is one of its estimators (tags, clone, ...)
     from sklearn.base import BaseEstimator, ClassifierMixin
@@ -52,6 +49,41 @@ __all__ = ["ReleasedClassifier", "SchemaError"]
 
 class SchemaError(DpstreamError):
     """A record is not a ``dpstream.model/1`` model (or lacks what a classifier needs)."""
+
+
+class ServingStore(Protocol):
+    """What :meth:`ReleasedClassifier.latest` reads of a store (the client's ``LatestValues``)."""
+
+    def servings(self, flow: str | None = None) -> list[Serving]:
+        """Every stream's latest serving record."""
+
+    def served(self, flow: str, stream: str, instance: Any = ...) -> Model | None:
+        """The model the latest serving record of ``stream`` names, if held."""
+
+
+def _served_in_order(records: Iterable[Record], stream: str
+                     ) -> dict[tuple[str, str | None], tuple[Serving, Model | None]]:
+    """Per (flow, instance): the latest serving record of ``stream`` and the model it names.
+
+    The model is the one of the named role and level as it stood when the serving record was
+    read (None if it was not read before it).
+    """
+    models: dict[tuple[str, str | None, str | None, int | None], Model] = {}
+    out: dict[tuple[str, str | None], tuple[Serving, Model | None]] = {}
+    for record in records:
+        if isinstance(record, Model) and record.stream == stream and record.has_weights:
+            models[(record.flow, record.instance, record.role, record.level)] = record
+        elif isinstance(record, Serving) and record.stream == stream:
+            slot = (record.flow, record.instance)
+            held = out.get(slot)
+            if held is not None and held[0].step >= record.step:
+                continue  # a replayed or older copy
+            named = record.model
+            model = None if named is None else models.get(
+                (record.flow, record.instance, named.role, named.level))
+            out[slot] = (record, model if model is not None and named is not None
+                         and model.step == named.step else None)
+    return out
 
 
 class ReleasedClassifier(*_BASES):  # type: ignore[misc]
@@ -119,7 +151,7 @@ class ReleasedClassifier(*_BASES):  # type: ignore[misc]
             raise SchemaError(f"malformed {MODEL_SCHEMA} record: {exc!r}") from None
 
     @classmethod
-    def latest(cls, records: LatestValues | Iterable[Record], *, stream: str,
+    def latest(cls, records: ServingStore | Iterable[Record], *, stream: str,
                flow: str | None = None, instance: Any = None) -> ReleasedClassifier | None:
         """The classifier of the model that ``stream``'s latest serving record names.
 
@@ -140,13 +172,14 @@ class ReleasedClassifier(*_BASES):  # type: ignore[misc]
         Raises:
             SchemaError: several flows (or instances) and none chosen.
         """
-        from dpstream.client.latest import ANY, LatestValues  # noqa: PLC0415 (a cycle)
-
-        store = records if isinstance(records, LatestValues) else LatestValues()
-        if store is not records:
-            for record in records:  # type: ignore[union-attr]
-                store.add(record)
-        flows = sorted({s.flow for s in store.servings() if s.stream == stream})
+        if not isinstance(records, (list, tuple)) and hasattr(records, "served"):
+            store: ServingStore = records  # type: ignore[assignment]
+            slots = {(s.flow, s.instance) for s in store.servings() if s.stream == stream}
+            found = None
+        else:
+            found = _served_in_order(records, stream)
+            slots = set(found)
+        flows = sorted({f for f, _ in slots})
         if flow is None:
             if len(flows) > 1:
                 raise SchemaError(f"model stream {stream!r} is served by several flows "
@@ -154,13 +187,18 @@ class ReleasedClassifier(*_BASES):  # type: ignore[misc]
             if not flows:
                 return None
             flow = flows[0]
+        instances = [i for f, i in slots if f == flow]
         if instance is None:
-            found = store.instances(flow).get(flow, [])
-            if len(found) > 1:
-                raise SchemaError(f"flow {flow!r} has {len(found)} instances: name one "
+            if len(instances) > 1:
+                raise SchemaError(f"flow {flow!r} has {len(instances)} instances: name one "
                                   "(instance=...); their models are independent releases")
-            instance = ANY
-        model = store.served(flow, stream, instance)
+            if not instances:
+                return None
+            instance = instances[0]
+        if found is None:
+            model = store.served(flow, stream, instance)
+        else:
+            model = found.get((flow, instance), (None, None))[1]
         return None if model is None else cls.from_record(model)
 
     # -- scikit-learn's estimator interface --

@@ -427,13 +427,17 @@ def test_coupled_neighbours_differ_only_in_the_weights_and_within_the_charge(alg
     noise = NoiseKey.for_tests(21)
     a = drive(cfg, base, noise, recorder=recorder)
     assert a.records, "nothing was released"
-    moved_any = 0
+    moved_any = served_moved = 0
     for name, step, neighbour in SCENARIOS:
         b = drive(cfg, neighbour(base, classes), noise, recorder=recorder)
         assert not a.dead and not b.dead, name
         assert_same_structure(a, b)
         assert a.serving == b.serving, name  # the choice reads public metadata only
         assert_serving_names_released_models(cfg, b)
+        named = {(x["stream"], x["model"]["role"], x["model"]["level"], x["model"]["step"])
+                 for x in map(json.loads, b.serving) if x["model"] is not None}
+        served_moved += sum(va != vb for (xa, va), (_xb, vb) in _pairs(a, b)
+                            if (xa["stream"], xa["role"], xa["level"], xa["step"]) in named)
         touched = assert_untouched_models_identical(a, b, step)
         moved_any += assert_weights_within_charged_sensitivity(cfg, a, b, step)
         if algorithm == "sliding-window":
@@ -449,6 +453,8 @@ def test_coupled_neighbours_differ_only_in_the_weights_and_within_the_charge(alg
         elif algorithm in ("continual", "multi-resolution") and step == 0:
             assert touched >= 3, name  # the first block feeds every cumulative model
     assert moved_any, "the extreme events moved no model: the check would be vacuous"
+    # not vacuous either: served models' weights do differ, the serving records do not
+    assert served_moved, "no served model moved: identical serving records would prove nothing"
 
 
 def test_the_grid_check_catches_a_solver_normalised_by_the_private_count(monkeypatch,

@@ -27,11 +27,12 @@ fields (two candidates equal on all of them are equal). Give it one stream's can
 and level were released at which step over which blocks (fixed by the public schedule and
 the public ledger: a stream stops at a public step, ``role = "exhausted"``), and the noise
 standard deviation, a public function of the configuration, the public normaliser and the
-schedule's noise level (:mod:`dpstream.core.erm.output_noise`, :class:`PrivateModel`'s
-``noise_std``). No data value, no count and no random number is read: the choice is
-post-processing of differentially private releases (Dwork-Roth 2014, Proposition 2.1), and a
-stream's serving records are the same for any two neighbouring inputs whose releases are
-identical (the neighbouring-stream tests check it through the whole flow).
+schedule's noise level (:mod:`dpstream.core.erm.output_noise`,
+:class:`~dpstream.core.erm.model.PrivateModel`'s ``noise_std``). No data value, no count and
+no random number is read: the choice is post-processing of differentially private releases
+(Dwork-Roth 2014, Proposition 2.1), and a stream's serving records are the same for any two
+neighbouring inputs whose releases are identical (the neighbouring-stream tests check it
+through the whole flow).
 """
 
 from __future__ import annotations

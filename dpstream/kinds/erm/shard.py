@@ -11,7 +11,10 @@ After its models, every stream names at every step the model a consumer should u
 metadata of the models it released (None before the first; after the budget is spent, the
 last choice). A stream keeps, in its state, the candidates that cover its latest released block
 (all a later choice can need: a candidate covering an older last block is never eligible
-again), so a replay from a snapshot writes the same serving records.
+again), so a replay from a snapshot writes the same serving records. A snapshot of a dpstream
+before serving records does not know what its stream released: resumed from one, a stream
+writes no serving record until its next release (whose models end at the latest block, so
+the choice is then complete again).
 
 **History and memory.** Each stream's schedule keeps the blocks it may still train on in a
 :class:`~dpstream.core.erm.history.FileBlockStore` of its own: append-only, checksummed segment
@@ -149,15 +152,17 @@ class _Stream:
                  store: FileBlockStore | None = None) -> None:
         self.config, self.name = config, name
         self.exhausted: bool = bool(state and state.get("exhausted"))
-        self.candidates: list[ServingCandidate] = [  # a snapshot before serving: none yet
-            _candidate(name, c) for c in (state or {}).get("serving", [])]
+        kept = {} if state is None else state.get("serving")  # None: an older snapshot
+        self.candidates: list[ServingCandidate] | None = None if kept is None else [
+            _candidate(name, c) for c in kept]
         self.schedule = _make_schedule(config, noise, coords,
                                        None if state is None else state["schedule"], train,
                                        store)
 
     def to_state(self) -> dict[str, Any]:
         return {"schedule": self.schedule.to_state(), "exhausted": self.exhausted,
-                "serving": [_candidate_state(c) for c in self.candidates]}
+                "serving": None if self.candidates is None
+                else [_candidate_state(c) for c in self.candidates]}
 
     def step(self, step: int, block: Block) -> list[ModelRecord | ServingRecord]:
         """The step's models (or the exhaustion notice), then the step's serving record."""
@@ -168,11 +173,12 @@ class _Stream:
                                      m.model.noise_std) for m in out
                  if isinstance(m, ModelRecord) and m.model is not None]
         if fresh:  # keep only the candidates that cover the latest released block
-            pool = self.candidates + fresh
+            pool = (self.candidates or []) + fresh
             latest = max(c.last_step for c in pool)
             self.candidates = [c for c in pool if c.last_step == latest]
-        out.append(ServingRecord(self.name, self.config.algorithm, step,
-                                 serving_choice(self.candidates)))
+        if self.candidates is not None:
+            out.append(ServingRecord(self.name, self.config.algorithm, step,
+                                     serving_choice(self.candidates)))
         return out
 
     def _models(self, step: int, block: Block) -> list[ModelRecord]:
