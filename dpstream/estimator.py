@@ -12,20 +12,30 @@ The classifier follows scikit-learn's conventions (``classes_``, ``coef_``, ``in
 ``fit`` refuses (a released model is trained by the flow, privately). With scikit-learn
 installed it *is* a scikit-learn estimator (``ClassifierMixin``, ``BaseEstimator``); without,
 it works the same on numpy alone. Rows are clipped to the model's ``clip_norm`` before
-scoring, exactly as the flow clipped them for training: a model trained on clipped features is
+scoring, in the model's norm (``features.norm``: L2, or L1 for the objective-perturbation
+learner), exactly as the flow clipped them for training: a model trained on clipped features is
 only meaningful on them.
+
+Which model to use: the one the stream's latest ``dpstream.serving/1`` record names::
+
+    from dpstream.client import RecordConsumer
+    with RecordConsumer("kafka:9092", "models", flow="churn", from_beginning=True) as c:
+        while c.poll(timeout=1.0):  # read what is there
+            pass
+    clf = ReleasedClassifier.latest(c.latest, stream="default")  # None: none released yet
 Everything here is post-processing of a private release: it costs no privacy.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, Protocol
 
 import numpy as np
 import orjson
 
 from dpstream.errors import DpstreamError
-from dpstream.schemas import MODEL_SCHEMA, Model
+from dpstream.schemas import MODEL_SCHEMA, Model, Record, Serving
 
 try:  # with scikit-learn installed, the classifier is one of its estimators (tags, clone, ...)
     from sklearn.base import BaseEstimator, ClassifierMixin
@@ -39,6 +49,41 @@ __all__ = ["ReleasedClassifier", "SchemaError"]
 
 class SchemaError(DpstreamError):
     """A record is not a ``dpstream.model/1`` model (or lacks what a classifier needs)."""
+
+
+class ServingStore(Protocol):
+    """What :meth:`ReleasedClassifier.latest` reads of a store (the client's ``LatestValues``)."""
+
+    def servings(self, flow: str | None = None) -> list[Serving]:
+        """Every stream's latest serving record."""
+
+    def served(self, flow: str, stream: str, instance: Any = ...) -> Model | None:
+        """The model the latest serving record of ``stream`` names, if held."""
+
+
+def _served_in_order(records: Iterable[Record], stream: str
+                     ) -> dict[tuple[str, str | None], tuple[Serving, Model | None]]:
+    """Per (flow, instance): the latest serving record of ``stream`` and the model it names.
+
+    The model is the one of the named role and level as it stood when the serving record was
+    read (None if it was not read before it).
+    """
+    models: dict[tuple[str, str | None, str | None, int | None], Model] = {}
+    out: dict[tuple[str, str | None], tuple[Serving, Model | None]] = {}
+    for record in records:
+        if isinstance(record, Model) and record.stream == stream and record.has_weights:
+            models[(record.flow, record.instance, record.role, record.level)] = record
+        elif isinstance(record, Serving) and record.stream == stream:
+            slot = (record.flow, record.instance)
+            held = out.get(slot)
+            if held is not None and held[0].step >= record.step:
+                continue  # a replayed or older copy
+            named = record.model
+            model = None if named is None else models.get(
+                (record.flow, record.instance, named.role, named.level))
+            out[slot] = (record, model if model is not None and named is not None
+                         and model.step == named.step else None)
+    return out
 
 
 class ReleasedClassifier(*_BASES):  # type: ignore[misc]
@@ -101,9 +146,60 @@ class ReleasedClassifier(*_BASES):  # type: ignore[misc]
         try:
             return cls(record["classes"], record["coef"], record["intercept"],
                        record["features"]["clip_norm"], record,
-                       record["features"].get("norm", "l2"))
-        except (KeyError, TypeError, ValueError) as exc:
+                       record["features"].get("norm") or "l2")
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise SchemaError(f"malformed {MODEL_SCHEMA} record: {exc!r}") from None
+
+    @classmethod
+    def latest(cls, records: ServingStore | Iterable[Record], *, stream: str,
+               flow: str | None = None, instance: Any = None) -> ReleasedClassifier | None:
+        """The classifier of the model that ``stream``'s latest serving record names.
+
+        Args:
+            records: a consumer's store (``RecordConsumer(...).latest``), or the models
+                topic's records in the order they were published (decoded with
+                :func:`dpstream.client.decode`; read from the beginning, or at least since
+                the named model).
+            stream: the model stream.
+            flow: the flow (needed only when the records hold several flows).
+            instance: the flow instance (needed only when they hold several; None: not
+                chosen).
+
+        Returns:
+            None while the stream has no serving record that names a model (no model
+            released yet), or when the named model was published before ``records`` begin.
+
+        Raises:
+            SchemaError: several flows (or instances) and none chosen.
+        """
+        if not isinstance(records, (list, tuple)) and hasattr(records, "served"):
+            store: ServingStore = records  # type: ignore[assignment]
+            slots = {(s.flow, s.instance) for s in store.servings() if s.stream == stream}
+            found = None
+        else:
+            found = _served_in_order(records, stream)
+            slots = set(found)
+        flows = sorted({f for f, _ in slots})
+        if flow is None:
+            if len(flows) > 1:
+                raise SchemaError(f"model stream {stream!r} is served by several flows "
+                                  f"({', '.join(flows)}): name one (flow=...)")
+            if not flows:
+                return None
+            flow = flows[0]
+        instances = [i for f, i in slots if f == flow]
+        if instance is None:
+            if len(instances) > 1:
+                raise SchemaError(f"flow {flow!r} has {len(instances)} instances: name one "
+                                  "(instance=...); their models are independent releases")
+            if not instances:
+                return None
+            instance = instances[0]
+        if found is None:
+            model = store.served(flow, stream, instance)
+        else:
+            model = found.get((flow, instance), (None, None))[1]
+        return None if model is None else cls.from_record(model)
 
     # -- scikit-learn's estimator interface --
     def get_params(self, deep: bool = True) -> dict[str, Any]:

@@ -60,6 +60,7 @@ __all__ = [
     "DEAD_LETTER_SCHEMA",
     "MODEL_SCHEMA",
     "RELEASE_SCHEMA",
+    "SERVING_SCHEMA",
     "STATUS_SCHEMA",
     "SUPPORTED_SCHEMAS",
     "Alert",
@@ -75,6 +76,8 @@ __all__ = [
     "Privacy",
     "Record",
     "Release",
+    "ServedModel",
+    "Serving",
     "Status",
     "Window",
     "encode",
@@ -87,10 +90,12 @@ ALERT_SCHEMA: Final = "dpstream.alert/1"
 ANSWER_SCHEMA: Final = "dpstream.answer/1"
 MODEL_SCHEMA: Final = "dpstream.model/1"
 DEAD_LETTER_SCHEMA: Final = "dpstream.dead_letter/1"
+SERVING_SCHEMA: Final = "dpstream.serving/1"
 
 SUPPORTED_SCHEMAS: Final = {
     "dpstream.release": 1, "dpstream.status": 1, "dpstream.alert": 1,
     "dpstream.answer": 1, "dpstream.model": 1, "dpstream.dead_letter": 1,
+    "dpstream.serving": 1,
 }
 """The record types dpstream writes and reads, by name, with their current major version."""
 
@@ -360,7 +365,43 @@ class DeadLetter(_Record, frozen=True, kw_only=True, tag=DEAD_LETTER_SCHEMA):
     original_truncated: bool
 
 
-Record = Release | Status | Alert | Answer | Model | DeadLetter
+class ServedModel(_Data, frozen=True, kw_only=True):
+    """The released model a :class:`Serving` record names.
+
+    It is the ``dpstream.model/1`` record of the same flow, instance and stream with this
+    ``role``, ``level`` and ``step`` (one coordinate: a flow instance publishes it once).
+    ``window`` spans the blocks (steps) it covers through ``depends_on``, ``blocks`` counts
+    them, and ``noise_std`` is its ``noise.std``.
+    """
+
+    role: str
+    level: int | None
+    step: int
+    window: Window
+    blocks: int
+    noise_std: float
+
+
+class Serving(_Record, frozen=True, kw_only=True, tag=SERVING_SCHEMA):
+    """The model of ``stream`` a consumer should use after ``step`` (None: none released yet).
+
+    An ERM flow writes one per model stream and step, on the models topic, after the step's
+    models. The choice is :func:`dpstream.core.erm.serving.serving_choice` over the stream's
+    released models (post-processing of public metadata: no privacy cost); ``model`` is
+    always written (``null`` before the first release).
+    """
+
+    flow: str
+    instance: str | None = None
+    """The flow instance that published it (None from a dpstream before the field existed)."""
+    stream: str
+    algorithm: str
+    step: int
+    released: Window
+    model: ServedModel | None
+
+
+Record = Release | Status | Alert | Answer | Model | DeadLetter | Serving
 """Every record type dpstream publishes."""
 
 _ANY: Final = msgspec.json.Decoder()

@@ -4,6 +4,7 @@ from the real broker."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -23,21 +24,25 @@ from dpstream.client import (
     DeadLetter,
     LatestValues,
     Model,
+    ReadStats,
     RecordConsumer,
     Release,
     SchemaVersionError,
+    Serving,
     Status,
     UnknownRecordError,
     decode,
 )
+from dpstream.client.render import live_table, record_row
 from dpstream.core.counting import outputs as core
 from dpstream.core.erm.model import PrivateModel
+from dpstream.core.erm.serving import ServingCandidate
 from dpstream.errors import DpstreamError
-from dpstream.estimator import ReleasedClassifier
+from dpstream.estimator import ReleasedClassifier, SchemaError
 from dpstream.io.topics import produce, read_all
 from dpstream.kinds.counters.records import RecordEncoder
 from dpstream.kinds.erm.records import ModelEncoder
-from dpstream.kinds.erm.shard import ModelRecord
+from dpstream.kinds.erm.shard import ModelRecord, ServingRecord
 from dpstream.kinds.pmwg.records import AnswerEncoder
 from dpstream.kinds.pmwg.shard import AnswerRecord
 from dpstream.messages import DeadLetter as RawDeadLetter
@@ -231,6 +236,77 @@ def test_latest_values_of_alerts_statuses_answers_models_and_dead_letters():
     assert latest.model("churn", stream, "exhausted") == records["exhausted"]
     assert len(latest.models()) == 2
     assert latest.dead_letters == {"invalid JSON": 1}
+
+
+def served_records(flow: str = "churn", instance: str | None = None):
+    """Two steps of one stream, from the ERM encoder: a model at each step, then the serving
+    record naming it; the second model has the same role and level as the first."""
+    config = load_config(ROOT / "deploy" / "erm.example.toml")
+    config = dataclasses.replace(config, name=flow)
+    stream = next(iter(config.streams))
+    encode = ModelEncoder(config, instance or "").encode
+    out = []
+    for step, shift in ((3, 0.0), (4, 0.5)):
+        params = np.linspace(-1, 1, config.model.dimension + 1)[None, :] + shift
+        model = PrivateModel(params, Fraction(1, 1024), 0.1, Fraction(1, 2), Fraction(1, 100),
+                             1024.0, 1000)
+        record = ModelRecord(stream, config.algorithm, step, "update", None, step, step,
+                             ((step, step), (0, 1)), model, 0.25, 0.75, 2.0, None)
+        choice = ServingCandidate.of(stream, step, "update", None, record.depends_on, 0.1)
+        out.append(decode(encode(record)[2]))
+        out.append(decode(encode(ServingRecord(stream, config.algorithm, step, choice))[2]))
+    return stream, out
+
+
+def test_the_serving_record_names_the_model_to_use_even_when_a_newer_one_arrives_first():
+    stream, (model3, serving3, model4, serving4) = served_records()
+    assert isinstance(serving3, Serving) and serving3.model is not None
+    latest = LatestValues()
+    assert latest.served("churn", stream) is None  # nothing yet
+    latest.add(model3)
+    latest.add(serving3)
+    assert latest.served("churn", stream) == model3
+    latest.add(model4)  # the next model of the same role and level, before its serving record
+    assert latest.model("churn", stream, "update") == model4
+    assert latest.served("churn", stream) == model3  # still what the serving record names
+    clf = ReleasedClassifier.latest(latest, stream=stream)
+    assert clf is not None and clf.record["step"] == 3
+    latest.add(serving4)
+    assert latest.served("churn", stream) == model4
+    assert not latest.add(serving4) and latest.counts.duplicates == 1  # a replayed copy
+    assert latest.servings() == [serving4] and latest.flows() == ["churn"]
+    # from the records alone, in publication order, and with a second flow
+    assert ReleasedClassifier.latest([model3, serving3, model4, serving4],
+                                     stream=stream).record["step"] == 4
+    _, other = served_records("other")
+    with pytest.raises(SchemaError, match="several flows"):
+        ReleasedClassifier.latest([model3, serving3, *other], stream=stream)
+    assert ReleasedClassifier.latest([model3, serving3, *other], stream=stream,
+                                     flow="other").record["flow"] == "other"
+    # a consumer that missed the named model (started reading later) has nothing to serve
+    assert ReleasedClassifier.latest([serving4], stream=stream) is None
+    assert ReleasedClassifier.latest([model4, serving4], stream="no such stream") is None
+    # shown by `dpstream tail`
+    assert "use update of step 4 (3 blocks, data steps 0..4)" in record_row(serving4)
+    rows = live_table(latest, ReadStats(), "t")
+    assert "serving" in rows and "use update of step 4" in rows
+
+
+def test_a_model_clipped_in_l1_is_applied_in_l1():
+    record = {"schema": "dpstream.model/1", "classes": [0, 1], "role": "update",
+              "coef": [[1.0, 1.0]], "intercept": [0.0],
+              "features": {"dimension": 2, "clip_norm": 1.0, "norm": "l1"}}
+    clf = ReleasedClassifier.from_record(record)
+    l2 = ReleasedClassifier.from_record({**record, "features": {"dimension": 2,
+                                                                 "clip_norm": 1.0}})
+    x = np.array([[3.0, 4.0]])  # L1 norm 7 -> scaled by 1/7; L2 norm 5 -> by 1/5
+    assert clf.norm == "l1" and l2.norm == "l2"
+    assert clf.decision_function(x) == pytest.approx([1.0])
+    assert l2.decision_function(x) == pytest.approx([7 / 5])
+    with pytest.raises(SchemaError, match="norm"):
+        ReleasedClassifier.from_record({**record, "features": {"dimension": 2,
+                                                               "clip_norm": 1.0,
+                                                               "norm": "linf"}})
 
 
 # -- against the real broker ---------------------------------------------------------------------

@@ -36,10 +36,11 @@ from support.cli_flows import finish, iso
 from support.configs import erm, write
 from support.flows import TopicWatch
 
+from dpstream.client import decode
 from dpstream.estimator import ReleasedClassifier
 from dpstream.io.topics import Record, ensure_topics, produce, read_all
 from dpstream.messages import TICK
-from dpstream.schemas import MODEL_SCHEMA
+from dpstream.schemas import MODEL_SCHEMA, SERVING_SCHEMA
 
 pytestmark = [pytest.mark.integration]
 
@@ -200,6 +201,11 @@ def check_model(record: Record, *, flow: str) -> dict[str, Any]:
 def models_by_identity(records: list[Record], flow: str) -> dict[tuple, set[bytes]]:
     grouped: dict[tuple, set[bytes]] = defaultdict(set)
     for record in records:
+        body = json.loads(record.value)
+        if body["schema"] == SERVING_SCHEMA:  # one per stream and step, after its models
+            assert body["flow"] == flow and record.key == body["stream"].encode()
+            grouped[("serving", body["stream"], body["step"], "")].add(record.value)
+            continue
         grouped[identity(check_model(record, flow=flow))].add(record.value)
     return grouped
 
@@ -257,8 +263,12 @@ def test_a_bounded_run_publishes_valid_models_of_both_streams_that_classify(brok
     records = read_all(bootstrap, topics["models"], timeout=30, idle=2)
     grouped = models_by_identity(records, flow="erm-live")
     assert len(records) == len(grouped)  # one run, no replay: every model once
-    bodies = [json.loads(next(iter(values))) for values in grouped.values()]
+    every = [json.loads(next(iter(values))) for values in grouped.values()]
+    bodies = [b for b in every if b["schema"] == MODEL_SCHEMA]
     check_release_pattern(bodies)
+    served = [b for b in every if b["schema"] == SERVING_SCHEMA]
+    assert sorted((b["stream"], b["step"]) for b in served) == sorted(
+        (s, step) for s in STREAMS for step in range(STEPS))  # one per stream and step
     # the models are usable: each stream's latest continual model (its base or an update
     # centred on it: one per step, built on every block so far) through the estimator
     X, y = fresh_data()
@@ -271,6 +281,9 @@ def test_a_bounded_run_publishes_valid_models_of_both_streams_that_classify(brok
         assert latest["step"] == STEPS - 1
         raw = next(r.value for r in records if json.loads(r.value) == latest)
         clf = ReleasedClassifier.from_record(raw)
+        # the serving record names that model: the client's reader gives the same classifier
+        chosen = ReleasedClassifier.latest([decode(r.value) for r in records], stream=stream)
+        assert chosen is not None and chosen.record == latest
         assert list(clf.classes_) == CLASSES and clf.n_features_in_ == D
         assert clf.predict_proba(X).shape == (len(X), 2)
         scores[stream] = clf.score(X, y)
@@ -334,7 +347,8 @@ def test_kill_minus_nine_and_resume_gives_the_models_of_an_uninterrupted_run(bro
     conflicting = {key: values for key, values in grouped_b.items() if len(values) != 1}
     assert not conflicting  # replayed models are byte-identical copies: nothing re-noised
     assert 0 < seen < len(grouped_b)  # killed mid-stream
-    check_release_pattern([json.loads(next(iter(v))) for v in grouped_b.values()])
+    check_release_pattern([b for v in grouped_b.values()
+                           if (b := json.loads(next(iter(v))))["schema"] == MODEL_SCHEMA])
 
     # A: the same flow instance (B's manifest, not its state), uninterrupted, into new topics
     tag = uuid.uuid4().hex[:8]

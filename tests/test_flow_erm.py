@@ -83,7 +83,15 @@ def run(cfg, items, workers=1, batch=100, metrics=None, partitions=2):
 
 
 def models(sink):
-    return [json.loads(v) for role, _k, v in sink if role == "models"]
+    """The model records (``dpstream.model/1``) of the models topic, in order."""
+    return [b for b in (json.loads(v) for role, _k, v in sink if role == "models")
+            if b["schema"] == "dpstream.model/1"]
+
+
+def servings(sink):
+    """The serving records (``dpstream.serving/1``) of the models topic, in order."""
+    return [b for b in (json.loads(v) for role, _k, v in sink if role == "models")
+            if b["schema"] == "dpstream.serving/1"]
 
 
 def test_continual_release_publishes_usable_models_with_their_window_and_cost(tmp_path):
@@ -175,7 +183,8 @@ def test_bad_records_become_dead_letters_and_name_no_value():
 def test_a_crash_and_resume_reproduces_every_model(tmp_path):
     init_db_dir(tmp_path, 1)
     items = stream(steps=10)
-    whole = models(run(config(), items))
+    first = run(config(), items)
+    whole = models(first) + servings(first)  # the serving records too: the same on a replay
     crashing = items[: len(items) // 2] + [TestingSource.ABORT()] + items[len(items) // 2:]
     sink: list = []
     for _ in range(2):
@@ -186,12 +195,16 @@ def test_a_crash_and_resume_reproduces_every_model(tmp_path):
     for role, _k, v in sink:
         if role == "models":
             m = json.loads(v)
-            copies[(m["stream"], m["step"], m["role"], m["level"])].add(v)
+            copies[(m["schema"], m["stream"], m["step"], m.get("role"),
+                    str(m.get("level")))].add(v)
     assert all(len(c) == 1 for c in copies.values())  # replays are byte-identical
-    resumed = sorted((json.loads(next(iter(c))) for c in copies.values()),
-                     key=lambda m: (m["stream"], m["step"], m["role"], str(m["level"])))
-    assert resumed == sorted(whole, key=lambda m: (m["stream"], m["step"], m["role"],
-                                                   str(m["level"])))
+
+    def order(m):
+        return (m["schema"], m["stream"], m["step"], str(m.get("role")), str(m.get("level")))
+
+    resumed = sorted((json.loads(next(iter(c))) for c in copies.values()), key=order)
+    assert any(m["schema"] == "dpstream.serving/1" for m in resumed)
+    assert resumed == sorted(whole, key=order)
 
 
 def test_a_snapshot_refuses_other_model_parameters():
@@ -344,3 +357,88 @@ def test_the_example_configuration_loads_and_reports_its_guarantee():
     cfg = load_config("deploy/erm.example.toml")
     text = cfg.describe()
     assert cfg.kind == "erm" and "continual" in text and "2" in text
+
+
+# -- the model to serve ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("algorithm, extra", [
+    ("continual", {}), ("sliding-window", {"window_blocks": 3}), ("multi-resolution", {}),
+    ("independent", {}),
+])
+def test_every_step_has_one_serving_record_per_stream_naming_a_released_model(algorithm,
+                                                                              extra):
+    cfg = config(algorithm=algorithm, **extra)
+    sink = run(cfg, stream(steps=9, rate=120))
+    released = models(sink)
+    position = {(m["stream"], m["role"], m["level"], m["step"]): i
+                for i, m in enumerate(json.loads(v) for role, _k, v in sink
+                                      if role == "models") if "role" in m}
+    served = servings(sink)
+    per_stream = defaultdict(list)
+    for i, body in enumerate(json.loads(v) for role, _k, v in sink if role == "models"):
+        if body["schema"] != "dpstream.serving/1":
+            continue
+        per_stream[body["stream"]].append(body["step"])
+        named = body["model"]
+        if named is None:  # none yet: no model of the stream released by this step
+            assert not [m for m in released
+                        if m["stream"] == body["stream"] and m["step"] <= body["step"]]
+            continue
+        key = (body["stream"], named["role"], named["level"], named["step"])
+        assert key in position and position[key] < i  # released, and published before it
+        model = next(m for m in released if (m["stream"], m["role"], m["level"],
+                                              m["step"]) == key)
+        assert named["noise_std"] == model["noise"]["std"]
+        spans = model["depends_on"]
+        assert named["window"]["first_step"] == min(a for a, _ in spans)
+        assert named["window"]["last_step"] == max(b for _, b in spans)
+    assert served and set(per_stream) == {"a", "b"}
+    last = max(b["step"] for b in served)
+    for steps in per_stream.values():
+        assert steps == list(range(last + 1))  # every step, exactly once, in order
+    final = {b["stream"]: b["model"] for b in served if b["step"] == last}
+    for name, named in final.items():
+        newest = max(b for m in released if m["stream"] == name for _, b in m["depends_on"])
+        assert named is not None and named["window"]["last_step"] == newest, (name, named)
+        if algorithm == "continual":
+            assert named["window"]["first_step"] == 0  # the model of all the data so far
+
+
+def test_released_classifier_latest_predicts_like_the_served_model_itself(monkeypatch):
+    """From a real run's records: the classifier the serving record names scores raw rows
+    exactly as the core scores the model's own parameters on the flow's own feature map."""
+    from dpstream.client import ReleasedClassifier as ClientClassifier
+    from dpstream.client import decode
+    from dpstream.core.erm.model import predict, predict_proba
+    from dpstream.kinds.erm.records import ModelEncoder
+    from dpstream.kinds.erm.shard import ModelRecord
+
+    seen = {}
+    encode = ModelEncoder.encode
+
+    def spy(self, m):  # keep each released model's own parameters (a spy: it encodes as ever)
+        if isinstance(m, ModelRecord) and m.model is not None:
+            seen[(m.stream, m.role, m.level, m.step)] = m.model.params
+        return encode(self, m)
+
+    monkeypatch.setattr(ModelEncoder, "encode", spy)
+    cfg = config()
+    sink = run(cfg, stream(steps=8, rate=120))
+    records = [decode(v) for role, _k, v in sink if role == "models"]
+    assert ClientClassifier is ReleasedClassifier
+    for name in ("a", "b"):
+        clf = ReleasedClassifier.latest(records, stream=name)
+        assert clf is not None
+        key = (name, clf.record["role"], clf.record["level"], clf.record["step"])
+        params = seen[key]
+        rng = np.random.default_rng(7)
+        X = np.vstack([rng.normal(size=(200, D)), 50 * rng.normal(size=(20, D))])  # some clipped
+        z = cfg.model.features(X)
+        own = np.asarray(cfg.model.classes)[predict(cfg.model, params, z)]
+        assert (clf.predict(X) == own).all()
+        np.testing.assert_allclose(clf.predict_proba(X), predict_proba(cfg.model, params, z),
+                                   rtol=1e-9, atol=1e-12)
+    # before any serving record that names a model: nothing to serve
+    first = [r for r in records if getattr(r, "model", 0) is None]
+    assert first and ReleasedClassifier.latest(first, stream="a") is None

@@ -76,6 +76,7 @@ def test_the_golden_runs_cover_every_output_record_kind() -> None:
         ("releases", "dpstream.release/1"), ("alerts", "dpstream.alert/1"),
         ("releases", "dpstream.status/1"), ("answers", "dpstream.answer/1"),
         ("models", "dpstream.model/1"), ("dead-letters", "dpstream.dead_letter/1"),
+        ("models", "dpstream.serving/1"),
         ("dpstream.release/1", "mechanism", "tree-laplace"),
         ("dpstream.release/1", "mechanism", "blt-gaussian"),
         ("dpstream.answer/1", "mechanism", "pmwg"),

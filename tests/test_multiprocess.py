@@ -327,7 +327,8 @@ def erm_events(steps: int = 8) -> dict[int, list[Stamped]]:
 
 
 def model_identity(body: dict[str, Any]) -> tuple[Any, ...]:
-    return body["stream"], body["step"], body["role"], str(body["level"])
+    return (body["schema"], body["stream"], body["step"], body.get("role"),  # serving records
+            str(body.get("level")))  # have no role: their coordinate is (stream, step)
 
 
 KINDS = {

@@ -23,10 +23,11 @@ from dpstream.client import SchemaVersionError, decode
 from dpstream.core.counting import outputs as core
 from dpstream.core.counting.outputs import ReleaseColumns, StepOutputs
 from dpstream.core.erm.model import PrivateModel
+from dpstream.core.erm.serving import ServingCandidate
 from dpstream.kinds.counters.records import RecordEncoder
 from dpstream.kinds.erm.config import Holdout
 from dpstream.kinds.erm.records import ModelEncoder
-from dpstream.kinds.erm.shard import ModelRecord
+from dpstream.kinds.erm.shard import ModelRecord, ServingRecord
 from dpstream.kinds.pmwg.records import AnswerEncoder
 from dpstream.kinds.pmwg.shard import AnswerRecord
 from dpstream.messages import DeadLetter as RawDeadLetter
@@ -85,9 +86,25 @@ EXAMPLES: dict[str, list[schemas.Record]] = {
                       privacy=PRIVACY, coef=((0.5,),), intercept=(0.0,),
                       features=schemas.ModelFeatures(dimension=1, clip_norm=2.5),
                       noise=schemas.ModelNoise(std=0.1, grid="1/2"), holdout=None),
+        schemas.Model(flow="m", stream="s", algorithm="erm", role="update", level=None, step=7,
+                      released=WINDOW, window=WINDOW, depends_on=(), classes=("a", "b"),
+                      privacy=PRIVACY, coef=((0.5,),), intercept=(0.0,),
+                      features=schemas.ModelFeatures(dimension=1, clip_norm=2.5, norm="l1"),
+                      noise=schemas.ModelNoise(std=0.1, grid="1/2"), holdout=None),
         schemas.Model(flow="m", stream="s", algorithm="ermg", role="exhausted", level=None,
                       step=9, released=WINDOW, window=WINDOW, depends_on=(), classes=(0, 1),
                       privacy=PRIVACY, reason="budget spent"),
+    ],
+    schemas.SERVING_SCHEMA: [
+        schemas.Serving(flow="m", instance=INSTANCE, stream="s", algorithm="continual",
+                        step=8, released=schemas.Window.of_steps(ORIGIN, 60.0, 8, 8,
+                                                                 steps=True),
+                        model=schemas.ServedModel(
+                            role="update", level=None, step=8,
+                            window=schemas.Window.of_steps(ORIGIN, 60.0, 0, 8, steps=True),
+                            blocks=8, noise_std=0.125)),
+        schemas.Serving(flow="m", stream="s", algorithm="sliding-window", step=0,
+                        released=WINDOW, model=None),
     ],
     schemas.DEAD_LETTER_SCHEMA: [
         schemas.DeadLetter(flow="f", instance=INSTANCE, reason="invalid JSON",
@@ -128,12 +145,16 @@ def test_unset_and_none_fields() -> None:
     """None is left out where the default is None; a required None and a set null are kept."""
     answer = orjson.loads(schemas.encode(EXAMPLES[schemas.ANSWER_SCHEMA][0]))
     assert answer["reason"] is None and "kinds" not in answer
-    model, bare, exhausted = (orjson.loads(schemas.encode(m))
-                              for m in EXAMPLES[schemas.MODEL_SCHEMA])
+    model, bare, l1, exhausted = (orjson.loads(schemas.encode(m))
+                                  for m in EXAMPLES[schemas.MODEL_SCHEMA])
+    assert "norm" not in model["features"] and l1["features"]["norm"] == "l1"
+    served, none_yet = (orjson.loads(schemas.encode(m))
+                        for m in EXAMPLES[schemas.SERVING_SCHEMA])
+    assert served["model"]["level"] is None and none_yet["model"] is None  # always written
     assert model["holdout"] == {"accuracy": 0.875, "rows": 400}
     assert bare["holdout"] is None and bare["level"] is None and "reason" not in bare
     assert "holdout" not in exhausted and "coef" not in exhausted
-    assert decode(schemas.encode(EXAMPLES[schemas.MODEL_SCHEMA][2])).holdout is msgspec.UNSET
+    assert decode(schemas.encode(EXAMPLES[schemas.MODEL_SCHEMA][3])).holdout is msgspec.UNSET
     release = orjson.loads(schemas.encode(EXAMPLES[schemas.RELEASE_SCHEMA][1]))
     assert "instance" not in release and "cost" not in release["privacy"]
 
@@ -199,6 +220,10 @@ def _producer_values() -> dict[str, list[bytes]]:
                                0.75, 2.0, 0.8125))[2],
             models(ModelRecord(stream, erm.algorithm, 9, "exhausted", None, 9, 9, (), None,
                                0.0, 2.0, 2.0, None, reason="budget spent"))[2]],
+        schemas.SERVING_SCHEMA: [
+            models(ServingRecord(stream, erm.algorithm, 8, ServingCandidate(
+                stream, 8, "update", None, 0, 7, 7, 0.125)))[2],
+            models(ServingRecord(stream, erm.algorithm, 0, None))[2]],
         schemas.DEAD_LETTER_SCHEMA: [
             encode_dead_letter("it", RawDeadLetter("invalid JSON", b'{"broken', "events", 2,
                                                    41), instance=INSTANCE)[2],
@@ -236,6 +261,13 @@ def test_producer_fields_carry_what_was_encoded() -> None:
     assert isinstance(scored, schemas.Model)
     assert isinstance(scored.holdout, schemas.ModelHoldout)
     assert scored.holdout.accuracy == 0.8125
+    served = decode(values[schemas.SERVING_SCHEMA][0])
+    assert isinstance(served, schemas.Serving) and served.model is not None
+    assert (served.model.role, served.model.level, served.model.step, served.model.blocks,
+            served.model.window.first_step, served.model.window.last_step) == (
+        "update", None, 8, 7, 0, 7)
+    assert (served.step, served.released.last_step, served.instance) == (8, 8, INSTANCE)
+    assert decode(values[schemas.SERVING_SCHEMA][1]).model is None  # type: ignore[union-attr]
 
 
 def test_identity() -> None:

@@ -20,6 +20,8 @@ The consumer side of dpstream, on kafka-python::
   :class:`DeadLetter` (operators only), immutable, decoded by :func:`decode`
   (:mod:`dpstream.client.records`) with schema-version checks (:class:`SchemaVersionError`,
   :class:`UnknownRecordError`).
+* **The model to serve** (:class:`Serving`, ERM): :meth:`ReleasedClassifier.latest` builds
+  the classifier of the model a stream's latest serving record names.
 * **The latest value per key** (:class:`LatestValues`), with replayed copies recognised.
 * **A live consumer** (:class:`RecordConsumer`): records that are not dpstream's are counted
   and skipped, never raised.
@@ -36,6 +38,7 @@ from dpstream.client.budget import from_prometheus as budget_from_prometheus
 from dpstream.client.consumer import ReadStats, Received, RecordConsumer
 from dpstream.client.latest import LatestValues, StoreCounts
 from dpstream.client.records import RecordError, SchemaVersionError, UnknownRecordError, decode
+from dpstream.estimator import ReleasedClassifier
 from dpstream.schemas import (
     SUPPORTED_SCHEMAS,
     Alert,
@@ -46,6 +49,8 @@ from dpstream.schemas import (
     Privacy,
     Record,
     Release,
+    ServedModel,
+    Serving,
     Status,
     Window,
 )
@@ -66,7 +71,10 @@ __all__ = [
     "RecordConsumer",
     "RecordError",
     "Release",
+    "ReleasedClassifier",
     "SchemaVersionError",
+    "ServedModel",
+    "Serving",
     "Status",
     "StoreCounts",
     "UnknownRecordError",

@@ -39,8 +39,18 @@ answers                   ``(flow, histogram)``: the latest step's answers, by a
 models                    ``(flow, stream, role, level)``: each role and level of a stream
                           is its own series (a base, its updates, the multi-resolution
                           levels)
+serving records           ``(flow, stream)``: the model to serve, see below
 dead letters              not stored: counted by reason
 ========================  ===========================================================
+
+**Serving.** A ``dpstream.serving/1`` record names the model of its stream to serve, by
+its role, level and step; it follows that model on the stream's partition of the models
+topic. When the latest serving record of a stream arrives, the store resolves it against the
+latest model of the named role and level and keeps that model with it
+(:meth:`LatestValues.served`): the model a consumer should use, even after a newer model of
+the same role and level arrives ahead of the next serving record. A consumer that started
+reading after the named model was published (``from_beginning=False``) has the serving
+record but not its model until the next release is chosen.
 
 It is not thread-safe: feed it from one thread.
 """
@@ -61,6 +71,7 @@ from dpstream.schemas import (
     Model,
     Record,
     Release,
+    Serving,
     Status,
 )
 
@@ -69,7 +80,7 @@ __all__ = ["HISTORY_STEPS", "LatestValues", "StoreCounts"]
 HISTORY_STEPS: Final = 64
 """How many steps behind a subject's latest one the store still compares copies with."""
 
-_R = TypeVar("_R", Release, Status, Alert, Model, Answer)
+_R = TypeVar("_R", Release, Status, Alert, Model, Answer, Serving)
 
 
 def _digest(record: Any) -> bytes:
@@ -187,6 +198,8 @@ class LatestValues:
         self._alerts: _Latest[Alert] = _Latest(self.counts, history)
         self._models: _Latest[Model] = _Latest(self.counts, history)
         self._answers: _Latest[Answer] = _Latest(self.counts, history)
+        self._servings: _Latest[Serving] = _Latest(self.counts, history)
+        self._served: dict[tuple[str, str, str | None], Model] = {}
         self.dead_letters: Counter[str] = Counter()
         """Dead letters seen, by reason (replayed copies included)."""
         self._dead_instances: set[tuple[str, str | None]] = set()
@@ -204,11 +217,27 @@ class LatestValues:
                                     record)
         if isinstance(record, Answer):
             return self._answers.add((record.flow, record.histogram), record, record.id)
+        if isinstance(record, Serving):
+            new = self._servings.add((record.flow, record.stream), record)
+            if new:
+                self._resolve(record)
+            return new
         if isinstance(record, DeadLetter):
             self.dead_letters[record.reason] += 1
             self._dead_instances.add((record.flow, record.instance))
             return True
         raise TypeError(f"not a dpstream record: {type(record).__name__}")
+
+    def _resolve(self, serving: Serving) -> None:
+        """Keep the model ``serving`` names, if this store holds it (see the module docstring)."""
+        slot = (serving.flow, serving.stream, serving.instance)
+        named = serving.model
+        model = None if named is None else self._models.get(
+            (serving.flow, serving.stream, named.role, named.level), serving.instance)
+        if model is not None and named is not None and model.step == named.step:
+            self._served[slot] = model
+        else:
+            self._served.pop(slot, None)
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -232,6 +261,25 @@ class LatestValues:
               instance: Any = ANY) -> Model | None:
         """The latest model of one role (and level) of ``stream``."""
         return self._models.get((flow, stream, role, level), instance)
+
+    def serving(self, flow: str, stream: str, instance: Any = ANY) -> Serving | None:
+        """The latest serving record of ``stream`` (of ``instance``, or of any)."""
+        return self._servings.get((flow, stream), instance)
+
+    def servings(self, flow: str | None = None) -> list[Serving]:
+        """Every stream's latest serving record, sorted by flow and stream."""
+        return _sorted(self._servings, flow)
+
+    def served(self, flow: str, stream: str, instance: Any = ANY) -> Model | None:
+        """The model the latest serving record of ``stream`` names, if this store has read it.
+
+        None before a serving record, while it names none (no model released yet), or when
+        the named model was published before this store began reading.
+        """
+        serving = self.serving(flow, stream, instance)
+        if serving is None:
+            return None
+        return self._served.get((flow, stream, serving.instance))
 
     def releases(self, flow: str | None = None) -> list[Release]:
         """Every key's latest release (of ``flow``, or all flows), sorted by flow and key."""
@@ -278,7 +326,7 @@ class LatestValues:
     def _all_instances(self, dead_letters: bool = True) -> set[tuple[str, str | None]]:
         found = (self._releases.instances() | self._statuses.instances()
                  | self._alerts.instances() | self._models.instances()
-                 | self._answers.instances())
+                 | self._answers.instances() | self._servings.instances())
         return found | self._dead_instances if dead_letters else found
 
 

@@ -29,6 +29,7 @@ from dpstream.schemas import (
     Privacy,
     Record,
     Release,
+    Serving,
     Status,
 )
 
@@ -83,6 +84,16 @@ def _cells(record: Record, key: str) -> Cells:
                 f"acc {record.holdout.accuracy:.3f}",
                 "" if record.noise is None else _number(record.noise.std, 3), str(record.step),
                 _time(record.released.end), _spend(record.privacy), _model_note(record))
+    if isinstance(record, Serving):
+        served = record.model
+        if served is None:
+            return ("serving", key, "", "", str(record.step), _time(record.released.end), "",
+                    "no model released yet")
+        level = "" if served.level is None else f"/{served.level}"
+        return ("serving", key, "", _number(served.noise_std, 3), str(record.step),
+                _time(record.released.end), "",
+                f"use {served.role}{level} of step {served.step} ({served.blocks} blocks, "
+                f"data steps {served.window.first_step}..{served.window.last_step})")
     return ("dead", "", "", "", "", "", "", f"{record.reason} (from {record.source.topic}"
             f"[{record.source.partition}]@{record.source.offset})")
 
@@ -112,6 +123,8 @@ def record_key(record: Record, several_flows: bool = False) -> str:
     elif isinstance(record, Model):
         key = f"{record.stream} {record.role}" + ("" if record.level is None
                                                   else f"/{record.level}")
+    elif isinstance(record, Serving):
+        key = record.stream
     else:
         key = ""
     return f"{record.flow}:{key}" if several_flows and key else key
@@ -177,7 +190,8 @@ def _latest_rows(latest: LatestValues) -> list[Cells]:
             what, _, value, std, step, end, privacy, _ = (
                 _cells(release, label) if release is not None else ("key", label, *[""] * 6))
             rows.append((what, label, value, std, step, end, privacy, " ".join(notes)))
-    others: list[Answer | Model] = [*latest.answers(), *latest.models()]
+    others: list[Answer | Model | Serving] = [*latest.answers(), *latest.models(),
+                                              *latest.servings()]
     for record in others:
         rows.append(_cells(record, record_key(record, several)))
     for reason, n in sorted(latest.dead_letters.items()):

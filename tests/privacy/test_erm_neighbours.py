@@ -29,6 +29,9 @@ hold:
   exceeds the claim. Likewise the grid check above is run against a core that solves with the
   private count as normaliser, and must catch it (blocks hold fewer events than the nominal
   ``b0``, which is what exposes that bug);
+* **serving records** (``dpstream.serving/1``, one per stream and step, naming the model to
+  serve): byte-identical between coupled neighbours, since the rule reads only the released
+  models' public metadata (:mod:`dpstream.core.erm.serving`);
 * **metrics and dead letters**: the model metrics of neighbours are identical but for the
   holdout accuracy, which is a function of the published models; no series counts events;
   a bad record's dead-letter reason echoes no value of the record, and a bad record changes no
@@ -58,7 +61,7 @@ from dpstream.core.noise.keys import NoiseKey
 from dpstream.kinds.erm.events import ErmClock
 from dpstream.kinds.erm.metrics import register_metrics as erm_series
 from dpstream.kinds.erm.records import ModelEncoder
-from dpstream.kinds.erm.shard import ErmShard
+from dpstream.kinds.erm.shard import ErmShard, ModelRecord, ServingRecord
 from dpstream.messages import TIMESTAMP_LOG_APPEND_TIME
 from dpstream.metrics import FlowMetrics
 from dpstream.platform import build_flow, parse_config
@@ -183,6 +186,7 @@ class Run:
     values: list[bytes]  # the encoded models topic values, in publication order
     dead: list[Any]
     trained: dict[str, dict[tuple, Any]] = field(default_factory=dict)  # stream -> chain -> model
+    serving: list[bytes] = field(default_factory=list)  # the serving records, in order
 
     def bodies(self) -> list[dict[str, Any]]:
         return [json.loads(v) for v in self.values]
@@ -250,7 +254,9 @@ def drive(cfg, events: list[Event] | list[tuple], noise: NoiseKey, *, instance: 
             erm_series(metrics).observe_models(published)
         out.extend(published)
     encoder = ModelEncoder(cfg, instance)
-    run = Run(out, [encoder.encode(m)[2] for m in out], dead)
+    models = [m for m in out if isinstance(m, ModelRecord)]
+    run = Run(models, [encoder.encode(m)[2] for m in models], dead,
+              serving=[encoder.encode(m)[2] for m in out if isinstance(m, ServingRecord)])
     if recorder is not None:
         for shard in shards.values():
             members = shard.members if hasattr(shard, "members") else shard.streams
@@ -334,6 +340,22 @@ def _pairs(a: Run, b: Run) -> list[tuple[tuple[dict, bytes], tuple[dict, bytes]]
     return list(zip(left, right, strict=True))
 
 
+def assert_serving_names_released_models(cfg, run: Run) -> None:
+    """One serving record per stream and step, each naming a model the run released."""
+    released = {(x["stream"], x["role"], x["level"], x["step"]) for x in run.bodies()}
+    seen: dict[str, list[int]] = defaultdict(list)
+    for value in run.serving:
+        body = json.loads(value)
+        seen[body["stream"]].append(body["step"])
+        named = body["model"]
+        if named is not None:
+            assert (body["stream"], named["role"], named["level"], named["step"]) in released
+            assert named["step"] <= body["step"]
+    steps = sorted(seen[cfg.streams[0]])
+    assert steps == list(range(len(steps))) and len(steps) >= STEPS - 1, steps
+    assert all(sorted(v) == steps for v in seen.values()) and set(seen) == set(cfg.streams)
+
+
 def assert_weights_within_charged_sensitivity(cfg, a: Run, b: Run, step: int,
                                               stream: str = "a") -> int:
     """Every trained model's grid difference is within what its computation was charged.
@@ -405,11 +427,17 @@ def test_coupled_neighbours_differ_only_in_the_weights_and_within_the_charge(alg
     noise = NoiseKey.for_tests(21)
     a = drive(cfg, base, noise, recorder=recorder)
     assert a.records, "nothing was released"
-    moved_any = 0
+    moved_any = served_moved = 0
     for name, step, neighbour in SCENARIOS:
         b = drive(cfg, neighbour(base, classes), noise, recorder=recorder)
         assert not a.dead and not b.dead, name
         assert_same_structure(a, b)
+        assert a.serving == b.serving, name  # the choice reads public metadata only
+        assert_serving_names_released_models(cfg, b)
+        named = {(x["stream"], x["model"]["role"], x["model"]["level"], x["model"]["step"])
+                 for x in map(json.loads, b.serving) if x["model"] is not None}
+        served_moved += sum(va != vb for (xa, va), (_xb, vb) in _pairs(a, b)
+                            if (xa["stream"], xa["role"], xa["level"], xa["step"]) in named)
         touched = assert_untouched_models_identical(a, b, step)
         moved_any += assert_weights_within_charged_sensitivity(cfg, a, b, step)
         if algorithm == "sliding-window":
@@ -425,6 +453,8 @@ def test_coupled_neighbours_differ_only_in_the_weights_and_within_the_charge(alg
         elif algorithm in ("continual", "multi-resolution") and step == 0:
             assert touched >= 3, name  # the first block feeds every cumulative model
     assert moved_any, "the extreme events moved no model: the check would be vacuous"
+    # not vacuous either: served models' weights do differ, the serving records do not
+    assert served_moved, "no served model moved: identical serving records would prove nothing"
 
 
 def test_the_grid_check_catches_a_solver_normalised_by_the_private_count(monkeypatch,
@@ -469,6 +499,7 @@ def test_multinomial_and_zcdp_neighbours_every_label(classes, accounting, algori
         for step in (0, 4):
             b = drive(cfg, base + [extreme(step, label)], noise, recorder=recorder)
             assert_same_structure(a, b)
+            assert a.serving == b.serving
             assert_untouched_models_identical(a, b, step)
             moved += assert_weights_within_charged_sensitivity(cfg, a, b, step)
     assert moved
@@ -820,7 +851,7 @@ def test_the_real_dataflow_publishes_what_the_driven_layer_produced():
         sink = dataflow(cfg, events, noise, metrics)
         published = sorted(v for role, _k, v in sink if role == "models")
         driven = drive(cfg, events, noise)
-        assert published == sorted(driven.values)
+        assert published == sorted(driven.values + driven.serving)
         dead = [json.loads(v) for role, _k, v in sink if role == "dead_letters"]
         assert len(dead) == len(driven.dead)
         for letter in dead:

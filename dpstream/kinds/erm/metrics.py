@@ -55,6 +55,8 @@ class ErmMetrics:
         self._model_series()
         flow = self.metrics.flow
         for m in models:
+            if not hasattr(m, "model"):  # a serving record names a model: nothing to count
+                continue
             self.models.labels(flow, m.stream, m.role).inc()
             self.model_spent.labels(flow, m.stream).set(m.spent)
             self.model_budget.labels(flow, m.stream).set(m.budget)

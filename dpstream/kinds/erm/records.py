@@ -2,7 +2,9 @@
 
 Each record is keyed by its model stream and carries the model's window, its privacy cost
 and the per-event budget (the fields, order and change rules are defined in
-:mod:`dpstream.schemas`).
+:mod:`dpstream.schemas`). After a step's models, each stream's ``dpstream.serving/1`` record
+(:class:`dpstream.schemas.Serving`) names the model to serve, on the same topic and key, so it
+follows them in their partition.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any
 from dpstream import schemas
 from dpstream.core._checks import fraction_text
 from dpstream.kinds.erm.config import ErmConfig
-from dpstream.kinds.erm.shard import ModelRecord
+from dpstream.kinds.erm.shard import ModelRecord, ServingRecord
 from dpstream.messages import Encoded
 
 __all__ = ["ModelEncoder"]
@@ -39,9 +41,19 @@ class ModelEncoder:
         return schemas.Window.of_steps(self.config.origin, self.config.step_seconds, first, last,
                                        steps=True)
 
-    def encode(self, m: ModelRecord) -> Encoded:
-        """One model record on the models topic."""
+    def encode(self, m: ModelRecord | ServingRecord) -> Encoded:
+        """One model (or serving) record on the models topic."""
         config = self.config
+        if isinstance(m, ServingRecord):
+            c = m.choice
+            served = None if c is None else schemas.ServedModel(
+                role=c.role, level=c.level, step=c.step,
+                window=self._window(c.first_step, c.last_step), blocks=c.blocks,
+                noise_std=c.noise_std)
+            return "models", m.stream.encode(), schemas.encode(schemas.Serving(
+                flow=config.name, instance=self.instance, stream=m.stream,
+                algorithm=m.algorithm, step=m.step, released=self._window(m.step, m.step),
+                model=served))
         if config.algorithm == "ermg":  # BBImprover charges rho; spent and budget are the
             accounting, delta = "approx_dp", config.delta  # epsilon of (eps, delta)
         else:

@@ -5,6 +5,16 @@ events sorted by input partition and offset, so a replay trains on the very same
 very same order) goes to its release schedule, and every model the schedule releases comes out
 as a :class:`ModelRecord` (encoded by :mod:`dpstream.kinds.erm.records`). A stream whose
 budget is spent says so once and releases no further model.
+
+After its models, every stream names at every step the model a consumer should use, a
+:class:`ServingRecord`: :func:`~dpstream.core.erm.serving.serving_choice` over the public
+metadata of the models it released (None before the first; after the budget is spent, the
+last choice). A stream keeps, in its state, the candidates that cover its latest released block
+(all a later choice can need: a candidate covering an older last block is never eligible
+again), so a replay from a snapshot writes the same serving records. A snapshot of a dpstream
+before serving records does not know what its stream released: resumed from one, a stream
+writes no serving record until its next release (whose models end at the latest block, so
+the choice is then complete again).
 """
 
 from __future__ import annotations
@@ -16,13 +26,14 @@ import numpy as np
 
 from dpstream.core.erm.model import PrivateModel, predict
 from dpstream.core.erm.schedules.schedule import ReleaseSchedule
+from dpstream.core.erm.serving import ServingCandidate, serving_choice
 from dpstream.core.erm.spec import Block
 from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import BudgetExhaustedError
 from dpstream.kinds.erm.config import ErmConfig
 from dpstream.stream.barrier import MechanismShard
 
-__all__ = ["ErmShard", "ModelRecord"]
+__all__ = ["ErmShard", "ModelRecord", "ServingRecord"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +54,26 @@ class ModelRecord:
     budget: float
     accuracy: float | None
     reason: str | None = None
+
+
+@dataclass(frozen=True)
+class ServingRecord:
+    """The model of ``stream`` to serve after ``step`` (``choice`` None: none released yet)."""
+
+    stream: str
+    algorithm: str
+    step: int
+    choice: ServingCandidate | None
+
+
+def _candidate_state(c: ServingCandidate) -> list[Any]:
+    return [c.step, c.role, c.level, c.first_step, c.last_step, c.blocks, c.noise_std]
+
+
+def _candidate(stream: str, data: list[Any]) -> ServingCandidate:
+    step, role, level, first, last, blocks, std = data
+    return ServingCandidate(stream, int(step), str(role), None if level is None else int(level),
+                            int(first), int(last), int(blocks), float(std))
 
 
 def _make_schedule(config: ErmConfig, noise: NoiseKey, coords: tuple[Any, ...],
@@ -66,16 +97,36 @@ class _Stream:
                  state: dict[str, Any] | None, train: Any = None) -> None:
         self.config, self.name = config, name
         self.exhausted: bool = bool(state and state.get("exhausted"))
+        kept = {} if state is None else state.get("serving")  # None: an older snapshot
+        self.candidates: list[ServingCandidate] | None = None if kept is None else [
+            _candidate(name, c) for c in kept]
         self.schedule = _make_schedule(config, noise, coords,
                                        None if state is None else state["schedule"], train)
 
     def to_state(self) -> dict[str, Any]:
-        return {"schedule": self.schedule.to_state(), "exhausted": self.exhausted}
+        return {"schedule": self.schedule.to_state(), "exhausted": self.exhausted,
+                "serving": None if self.candidates is None
+                else [_candidate_state(c) for c in self.candidates]}
 
-    def step(self, step: int, block: Block) -> list[ModelRecord]:
+    def step(self, step: int, block: Block) -> list[ModelRecord | ServingRecord]:
+        """The step's models (or the exhaustion notice), then the step's serving record."""
+        out: list[ModelRecord | ServingRecord] = []
+        if not self.exhausted:
+            out.extend(self._models(step, block))
+        fresh = [ServingCandidate.of(m.stream, m.step, m.role, m.level, m.depends_on,
+                                     m.model.noise_std) for m in out
+                 if isinstance(m, ModelRecord) and m.model is not None]
+        if fresh:  # keep only the candidates that cover the latest released block
+            pool = (self.candidates or []) + fresh
+            latest = max(c.last_step for c in pool)
+            self.candidates = [c for c in pool if c.last_step == latest]
+        if self.candidates is not None:
+            out.append(ServingRecord(self.name, self.config.algorithm, step,
+                                     serving_choice(self.candidates)))
+        return out
+
+    def _models(self, step: int, block: Block) -> list[ModelRecord]:
         config = self.config
-        if self.exhausted:
-            return []
         try:
             releases = self.schedule.add_block(step, block)
         except BudgetExhaustedError:
@@ -124,11 +175,12 @@ class ErmShard(MechanismShard):
         for name, parts in bucket.items():
             pending.setdefault(name, []).extend(parts)
 
-    def close(self, step: int, bucket: dict[str, Any] | None) -> list[ModelRecord]:
+    def close(self, step: int, bucket: dict[str, Any] | None
+              ) -> list[ModelRecord | ServingRecord]:
         """Give every stream of this shard its block (rows in partition, offset order)."""
         bucket = bucket or {}
         columns = self.config.model.columns
-        out = []
+        out: list[ModelRecord | ServingRecord] = []
         for name in sorted(self.members):
             parts = bucket.get(name)
             if parts:
