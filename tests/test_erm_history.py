@@ -486,7 +486,7 @@ def by_identity(sink) -> dict[tuple, set[bytes]]:
     for role, _k, v in sink:
         if role == "models":
             m = json.loads(v)
-            copies[(m["stream"], m["step"], m["role"], m["level"])].add(v)
+            copies[(m["schema"], m["stream"], m["step"], m.get("role"), m.get("level"))].add(v)
     return copies
 
 
