@@ -95,18 +95,18 @@ class ReleasedClassifier(*_BASES):  # type: ignore[misc]
         intercept: shape ``(1,)`` or ``(K,)``.
         clip_norm: rows are clipped to this norm before scoring.
         record: the release record it came from (window, privacy cost, ...), if any.
-        norm: ``"l2"`` (the default) or ``"l1"``: the norm rows are clipped in (the record's
-            ``features.norm``).
+        norm: the clipping's norm, ``"l2"`` (output perturbation) or ``"l1"`` (the objective
+            learner); a record's ``features.norm``.
     """
 
     _estimator_type = "classifier"
 
     def __init__(self, classes: list[Any], coef: Any, intercept: Any, clip_norm: float,
                  record: dict[str, Any] | None = None, norm: str = "l2") -> None:
-        if norm not in ("l1", "l2"):
-            raise SchemaError(f"a model's features.norm must be 'l1' or 'l2', got {norm!r}")
-        self.norm = norm
         self.classes_ = np.asarray(classes)
+        if norm not in ("l1", "l2"):
+            raise SchemaError(f"a model's clipping norm must be 'l1' or 'l2', got {norm!r}")
+        self.norm = norm
         self.coef_ = np.atleast_2d(np.asarray(coef, dtype=np.float64))
         self.intercept_ = np.atleast_1d(np.asarray(intercept, dtype=np.float64))
         self.clip_norm = float(clip_norm)

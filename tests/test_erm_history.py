@@ -554,3 +554,31 @@ def test_release_max_history_is_a_setting_that_check_config_shows():
     for bad in (0, -3, 2.5, "64"):
         with pytest.raises(ConfigError, match=r"release\.max_history|\[release\].*max_history"):
             flow_config(max_history=bad)
+
+
+@pytest.mark.flow
+def test_without_a_recovery_directory_the_history_is_private_and_removed_at_exit(tmp_path):
+    """A run without recovery keeps its histories in a private temporary directory (0700) of
+    the process, removed when the process exits."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import json, sys
+        sys.path.insert(0, "tests")
+        from test_erm_history import flow_config, flow_events, run_flow
+        import dpstream.kinds.erm.shard as shard
+        run_flow(flow_config(max_history=4), flow_events(steps=6), [])
+        root = shard._temporary_root[0]
+        segments = sorted(str(p.relative_to(root)) for p in root.rglob("segment-*"))
+        print(json.dumps([str(root), oct(root.stat().st_mode & 0o777), segments]))
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]))
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         check=True, env=env, cwd=Path(__file__).resolve().parent.parent)
+    root, mode, segments = json.loads(out.stdout.strip().splitlines()[-1])
+    assert mode == oct(0o700)
+    assert segments and all(s.startswith("m-1/m/") for s in segments)
+    assert not Path(root).exists()  # removed at exit

@@ -19,7 +19,8 @@
 
 Chaudhuri, Monteleoni, Sarwate 2011 (JMLR, "Differentially Private Empirical Risk Minimization",
 Algorithm 2 and Theorem 9: objective perturbation), Kifer, Smith, Thakurta 2012 ("Private Convex
-ERM and High-Dimensional Regression", Theorem 2: any norm, here L1 with Laplace-type noise), made
+ERM and High-Dimensional Regression", objective perturbation in any norm: here L1, with noise
+of density ``~ exp(-beta ||b||_1)``), made
 exact with the coupling of Iyengar, Near, Song, Thakkar, Thakurta, Wang 2019 ("Towards Practical
 Differentially Private Convex Optimization", Algorithm 1, *approximate minima perturbation*: output
 noise covers the distance between the computed and the exact minimiser).
@@ -67,7 +68,8 @@ H_D + n̄ Lambda I >= n̄ Lambda I``. ``H_z`` is ``sigmoid' z z^T`` (rank 1, ``<
 resp. ``(diag(p) - p p^T) (x) z z^T`` (rank ``<= K - 1``, ``<= ||z||_2^2 / 2``), so the
 determinant is at most ``(1 + c_l / (n̄ Lambda))^rank = exp(eps_jac)`` (``||z||_2 <= 1``), and
 in the other direction it is at most 1. With ``beta (L1 + gamma p) = eps_b``: the exact
-minimiser ``w*`` is ``(eps_b + eps_jac)``-DP (CMS 2011 Theorem 9, KST 2012 Theorem 2).
+minimiser ``w*`` is ``(eps_b + eps_jac)``-DP (the argument of CMS 2011, Theorem 9, in the L1
+norm as KST 2012 do).
 
 **The computed minimiser and the output noise** (Iyengar et al. 2019). The solver
 (:func:`~dpstream.core.erm.solver.solve` with ``linear = b``) certifies
