@@ -105,6 +105,9 @@ BoolArray = npt.NDArray[np.bool_]
 _ACCOUNTINGS: Final = ("pure", "zcdp")
 Learner = Literal["output", "objective"]
 LEARNERS: Final = ("output", "objective")
+OBJECTIVE_MAX_PARAMETERS: Final = 1 << 30
+"""The most parameters ``p`` the objective learner takes: its noise-only refusal stays below
+``2^-60`` a release up to there (:mod:`~dpstream.core.erm.objective`, *Floating point*)."""
 _SQRT2_UP: Final = Fraction(math.isqrt(2 << 80) + 1, 1 << 40)  # > sqrt(2)
 _FEATURE_SHRINK: Final = 1.0 - 2.0**-32  # ||z|| <= 1 survives the rounding of the map
 _INV_SQRT2: Final = 1.0 / math.sqrt(2.0)
@@ -181,6 +184,11 @@ class ErmSpec:
             raise InvalidParameterError(
                 "learner 'objective' (objective perturbation) is pure epsilon-DP only: with "
                 f"accounting {self.accounting!r} use learner 'output'"
+            )
+        if self.learner == "objective" and self.parameter_count > OBJECTIVE_MAX_PARAMETERS:
+            raise InvalidParameterError(
+                f"learner 'objective' supports at most {OBJECTIVE_MAX_PARAMETERS} parameters "
+                f"(classes x columns), got {self.parameter_count}: use learner 'output'"
             )
         object.__setattr__(self, "_index", {c: i for i, c in enumerate(classes)})
 
