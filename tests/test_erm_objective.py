@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from dpstream.core.erm import objective
+from dpstream.core.erm import spec as spec_module
 from dpstream.core.erm.objective import (
     JACOBIAN_CAP,
     OUTPUT_SHARE,
@@ -188,6 +189,40 @@ def test_the_learner_is_bound_into_the_spec_dict_only_when_not_output():
     assert "learner" not in output.to_dict()
     assert output.to_dict() == dataclasses.replace(output, learner="output").to_dict()
     assert spec_of().to_dict()["learner"] == "objective"
+
+
+_CONSTANTS = {  # each learner constant and a changed value
+    "OUTPUT_SHARE": Fraction(1, 50), "JACOBIAN_CAP": Fraction(1, 3), "SOLVER_BITS": 21,
+    "WIDE_BITS": 22, "LATTICE_BITS": 19, "LINEAR_BITS": 28, "RAISE_STEP_BITS": 40,
+    "VERSION": spec_module.VERSION + 1}
+
+
+def _binding(erm: ErmSpec) -> str:
+    from dpstream.core.erm.schedules.schedule import ReleaseSchedule
+    from dpstream.core.erm.schedules.spec import ScheduleSpec
+
+    sched = ScheduleSpec(algorithm="continual", epsilon=1.0, block_size=16)
+    return ReleaseSchedule(sched, erm, KEY, ("bind",))._binding
+
+
+@pytest.mark.parametrize("name", sorted(_CONSTANTS))
+def test_every_learner_constant_is_bound_into_the_noise(monkeypatch, name):
+    # Pitfall 13: a release that redraws the same uniform integers must compute the same thing
+    # from them. The schedule keys its noise by a digest of the specs' to_dict(); changing any
+    # constant of the objective mechanism (or its version, for a changed rule) changes that
+    # digest, hence every noise stream, while the output learner's bytes stay as they were.
+    spec, output = spec_of(), ErmSpec(("no", "yes"), 4, 2.0, 0.05)
+    before, before_output = _binding(spec), _binding(output)
+    budget = objective_budget(spec, 64.0, Fraction(1, 1 << 30))
+    for module in (spec_module, objective):  # as an edit of its definition would
+        if hasattr(module, name):
+            monkeypatch.setattr(module, name, _CONSTANTS[name])
+    assert _binding(spec) != before
+    assert spec.to_dict()["objective"][name.lower()] == (
+        str(_CONSTANTS[name]) if isinstance(_CONSTANTS[name], Fraction) else _CONSTANTS[name])
+    assert _binding(output) == before_output
+    if name != "VERSION":  # a live constant: the release's computation changes with it
+        assert objective_budget(spec, 64.0, Fraction(1, 1 << 30)) != budget
 
 
 # -- the L1 feature map --

@@ -138,7 +138,11 @@ that the output noise covers (the analogue of output perturbation's ``Delta + 2 
 
 **Exactness and replay-safety.** All randomness comes from ``rng`` (the caller derives it from
 ``NoiseKey.stream(*coordinates)``): first ``k_1..k_p``, then the output noise, row-major. The
-solver is deterministic, so a replayed release is byte-identical.
+solver is deterministic, so a replayed release is byte-identical. The mechanism's version and
+every constant that shapes what it computes from those integers
+(:func:`~dpstream.core.erm.spec.learner_binding`, defined next to ``ErmSpec``) are bound into
+``ErmSpec.to_dict()``, hence into the noise coordinates: a changed mechanism never redraws a
+stored stream's integers (pitfall 13; bump ``VERSION`` on every change of a rule).
 
 **State.** None: the release is a :class:`~dpstream.core.erm.model.PrivateModel`. zCDP is not
 supported here (``ErmSpec`` refuses the combination); ERMG stays on output perturbation.
@@ -157,35 +161,31 @@ import numpy as np
 from dpstream.core.erm.grid import _params_from_integers, round_to_grid
 from dpstream.core.erm.model import PrivateModel
 from dpstream.core.erm.solver import CertificationError, _precision_float, solve
-from dpstream.core.erm.spec import Block, ErmSpec, FloatArray, _as_fraction
+from dpstream.core.erm.spec import (  # the learner's constants live with its binding
+    JACOBIAN_CAP,
+    LATTICE_BITS,
+    LINEAR_BITS,
+    OUTPUT_SHARE,
+    RAISE_STEP_BITS,
+    SOLVER_BITS,
+    WIDE_BITS,
+    Block,
+    ErmSpec,
+    FloatArray,
+    _as_fraction,
+    learner_binding,
+)
 from dpstream.core.noise.samplers import RandomIntegers, discrete_laplace
 from dpstream.errors import InvalidParameterError
 
 __all__ = [
     "ObjectiveBudget",
+    "learner_binding",
     "linear_noise_std",
     "objective_budget",
     "objective_perturbation",
 ]
 
-OUTPUT_SHARE: Final = Fraction(1, 100)
-"""The share of the per-row budget spent on the output noise that covers the solver."""
-JACOBIAN_CAP: Final = Fraction(1, 2)
-"""The most of the per-row budget the Jacobian term may take (``Lambda`` is raised otherwise)."""
-SOLVER_BITS: Final = 20
-"""``tau = 2^-SOLVER_BITS s / (n̄ Lambda)``, ``s = max(1, S sqrt(p) 2^-WIDE_BITS)``."""
-WIDE_BITS: Final = 21
-"""Above ``S sqrt(p) = 2^WIDE_BITS`` the certified precision widens with the noise (docstring)."""
-LATTICE_BITS: Final = 20
-"""``gamma = 2^(v - ceil(log2 p) - LATTICE_BITS)`` (``v``: module docstring)."""
-LINEAR_BITS: Final = 27
-"""The check ``||b||_inf sqrt(p) <= 2^LINEAR_BITS s`` before solving (module docstring)."""
-RAISE_STEP_BITS: Final = 30
-"""``Lambda`` is raised from ``(1 + 2^-RAISE_STEP_BITS)`` times the analytic threshold in steps
-of that factor (module docstring)."""
-VERSION: Final = 3
-"""The mechanism's version, bound into the noise with its constants (:func:`learner_binding`).
-Bump it on every change of what a release draws or computes from its noise (pitfall 13)."""
 _LOG_MARGIN: Final = 1 + Fraction(1, 1 << 40)
 _FLOAT_LIMIT: Final = Fraction(2) ** 1000  # |b| must stay far inside float64's range
 
@@ -238,25 +238,6 @@ class ObjectiveBudget:
     grid: Fraction
     l1_sensitivity: Fraction
     output_scale: Fraction
-
-
-def learner_binding() -> dict[str, object]:
-    """The mechanism's version and constants: bound into the noise (``ErmSpec.to_dict``).
-
-    Two releases that draw the same uniform integers must compute the same thing from them
-    (pitfall 13): any change of a constant below, or of a rule they name, changes the binding
-    and so the noise stream (bump :data:`VERSION` for a change of a rule).
-    """
-    return {
-        "version": VERSION,
-        "output_share": str(OUTPUT_SHARE),
-        "jacobian_cap": str(JACOBIAN_CAP),
-        "solver_bits": SOLVER_BITS,
-        "wide_bits": WIDE_BITS,
-        "lattice_bits": LATTICE_BITS,
-        "linear_bits": LINEAR_BITS,
-        "raise_step_bits": RAISE_STEP_BITS,
-    }
 
 
 def _widening(scale: Fraction, root: Fraction) -> Fraction:
