@@ -699,3 +699,34 @@ def test_the_jacobian_term_is_needed_and_charged(monkeypatch):
     # these keys: 0.0 (correct) and 2.17 (broken).
     assert _jacobian_bound(monkeypatch, broken=False) < 1.0
     assert _jacobian_bound(monkeypatch, broken=True) > 1.0
+
+
+def test_a_store_of_the_other_learner_is_refused_with_the_setting_that_resumes_it(tmp_path):
+    # Review F10: the new default (objective under pure accounting) refuses a store written
+    # by output perturbation, and an operator might "fix" that with a new instance, whose
+    # spend adds. The refusal names [model] learner = "output" when that is the difference
+    # (and the other way round), and only then.
+    from dpstream.errors import RecoveryMismatchError
+    from dpstream.instance import bind_instance
+
+    def bind(cfg, directory):
+        return bind_instance(cfg, cfg, KEY, directory)
+
+    bind(_config({"learner": "output"}), tmp_path / "out")
+    with pytest.raises(RecoveryMismatchError, match='learner = "output": set it'):
+        bind(_config(), tmp_path / "out")  # the default: objective
+    assert bind(_config({"learner": "output"}), tmp_path / "out").resumed
+    bind(_config(), tmp_path / "obj")
+    with pytest.raises(RecoveryMismatchError, match='learner = "objective": set it'):
+        bind(_config({"learner": "output"}), tmp_path / "obj")
+    with pytest.raises(RecoveryMismatchError, match="mechanisms") as other:  # not the learner
+        bind(_config({"regularization": 0.5}), tmp_path / "obj")
+    assert "learner" not in str(other.value)
+    # the same hint where a shard's snapshot binding is checked
+    from dpstream.stream.barrier import check_binding
+
+    objective_config = _config()
+    state = {"instance": "i", "mechanisms": _config({"learner": "output"}).mechanisms_digest}
+    with pytest.raises(InvalidParameterError, match='learner = "output": set it'):
+        check_binding(state, "i", objective_config.mechanisms_digest, KEY,
+                      objective_config.mechanisms_hint)
