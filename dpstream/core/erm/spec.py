@@ -72,7 +72,7 @@ the stored floats' exact L1 norm is at most ``(1 - 2^-32)(1 + (2d + 4) 2^-53) <=
 ``d <= 2^19`` (tested with exact fractions). The output learner keeps the L2 map above, byte
 for byte; ``learner`` is bound into :meth:`ErmSpec.to_dict` only when it is not ``"output"``,
 and then with the objective mechanism's version and constants
-(:func:`~dpstream.core.erm.objective.learner_binding`), so a changed mechanism never redraws
+(:func:`learner_binding`, next to ``ErmSpec``), so a changed mechanism never redraws
 the same noise (pitfall 13).
 The objective learner is pure epsilon only: under zCDP the spec is refused.
 
