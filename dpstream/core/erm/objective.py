@@ -79,24 +79,24 @@ minimiser ``w*`` is ``(eps_b + eps_jac)``-DP (the argument of CMS 2011, Theorem 
 norm as KST 2012 do).
 
 **The computed minimiser and the output noise** (Iyengar et al. 2019). The solver
-(:func:`~dpstream.core.erm.solver.solve` with ``linear = b``) certifies
-``||w_hat - argmin J_b_fp|| <= tau = 2^-20 s / (n̄ Lambda)``, with ``s = max(1, S' sqrt(p)
-2^-21)`` and ``S' = (L1 + 1)/eps_b >= 1/beta`` (as ``gamma p <= 1``) a public bound on the
-scale of ``b`` (``s = 1`` unless the per-row budget is below about ``6 sqrt(p) 2^-21``, see
-*Floating point*); ``argmin J_b_fp`` and ``argmin J_B`` differ by at most ``||b_fp - B||_2 /
-(n̄ Lambda) <= (gamma sqrt(p) / 2 + 2^-26 s) / (n̄ Lambda)`` (strong convexity: the linear
-term moves the minimiser by its change over ``n̄ Lambda``). So ``||w_hat - w*|| <= tau_total
-= tau + (gamma sqrt(p) / 2 + 2^-26 s) / (n̄ Lambda)``, with ``w_hat`` a
-deterministic function of ``k`` and ``w*`` of ``(k, U)``. The release rounds ``w_hat`` onto the
-public grid ``g = tau / ceil(sqrt(p))`` (exactly, :func:`~dpstream.core.erm.grid.round_to_grid`)
-and adds iid ``DLap(t)``: for any ``u, u'`` with ``||u - u'|| <= 2 tau_total`` the rounded
-integers differ by at most ``D1 = 2 sqrt(p) tau_total / g + p`` in L1 (``sqrt(p)`` rounded up to
-a rational), and ``t = D1 / eps_out`` makes their output laws within ``exp(eps_out)``. For an
+(:func:`~dpstream.core.erm.solver.solve` with ``linear = b``) certifies ``||w_hat - argmin
+J_b_fp|| <= tau = 2^-20 s / (n̄ Lambda)``, with ``s = max(1, S' sqrt(p) 2^-21)`` and ``S' = (L1
++ 1)/eps_b >= 1/beta`` (as ``gamma p <= 1``) a public bound on the scale of ``b`` (``s = 1``
+unless the per-row budget ``e`` is below ``(L1 + 1) sqrt(p) 2^-21 / 0.49``, as ``eps_b >= 0.49
+e``; see *Floating point*); ``argmin J_b_fp`` and ``argmin J_B`` differ by at most ``||b_fp -
+B||_2 / (n̄ Lambda) <= (gamma sqrt(p) / 2 + 2^-26 s) / (n̄ Lambda)`` (strong convexity: the
+linear term moves the minimiser by its change over ``n̄ Lambda``). So ``||w_hat - w*|| <=
+tau_total = tau + (gamma sqrt(p) / 2 + 2^-26 s) / (n̄ Lambda)``, with ``w_hat`` a deterministic
+function of ``k`` and ``w*`` of ``(k, U)``. The release rounds ``w_hat`` onto the public grid
+``g = tau / ceil(sqrt(p))`` (exactly, :func:`~dpstream.core.erm.grid.round_to_grid`) and adds
+iid ``DLap(t)``: for any ``u, u'`` with ``||u - u'|| <= 2 tau_total`` the rounded integers
+differ by at most ``D1 = 2 sqrt(p) tau_total / g + p`` in L1 (``sqrt(p)`` rounded up to a
+rational), and ``t = D1 / eps_out`` makes their output laws within ``exp(eps_out)``. For an
 output event ``E`` let ``h(u) = P[round(u/g) + Y in E]``, ``h+(w) = sup h`` and ``h-(w) = inf
 h`` over the ball of radius ``tau_total`` around ``w`` (so ``h+ <= e^eps_out h-``). Then
-``P_D(E) = E[h(w_hat_D)] <= E[h+(w*_D)] <= e^(eps_b + eps_jac) E[h+(w*_D')] <=
-e^(eps_b + eps_jac + eps_out) E[h-(w*_D')] <= e^(e) P_D'(E)``, and symmetrically. One row costs
-``e = C/r``, a unit of ``r`` rows ``C``: the model's ``cost``, exactly.
+``P_D(E) = E[h(w_hat_D)] <= E[h+(w*_D)] <= e^(eps_b + eps_jac) E[h+(w*_D')] <= e^(eps_b +
+eps_jac + eps_out) E[h-(w*_D')] <= e^(e) P_D'(E)``, and symmetrically. One row costs ``e =
+C/r``, a unit of ``r`` rows ``C``: the model's ``cost``, exactly.
 
 **Floating point.** ``g``, ``t``, ``tau``, ``D1`` and every epsilon are Fractions (``Lambda``
 and ``n̄ = 1/fl(1/n̄)`` are the exact values of the floats the solver uses); the output noise is
@@ -116,8 +116,8 @@ to floats: ``|b_fp,j - b_j| <= 2^-53 |b_j| <= 2^-26 s / sqrt(p)``, at most ``2^-
 ``p <= 2^30`` (``ErmSpec`` refuses larger ``p`` for this learner; pitfall 16: a refusal that
 depends on the noise alone replays on every restart, so it must be negligible). Its per-
 coordinate limit ``2^27 s / sqrt(p)`` is at least ``64 S' >= 64 / beta`` (``s >= S' sqrt(p)
-2^-21``), so a coordinate fails only if ``|k + 1/2| > 64 sigma``, ``sigma = 1/(beta gamma)``
-``k``'s scale; ``P(k >= m) = a^ceil(m) / (1 + a) <= a^m`` with ``a = exp(-1/sigma)`` gives a
+2^-21``), so a coordinate fails only if ``|k + 1/2| > 64 sigma``, with ``sigma = 1/(beta gamma)``
+(``k``'s scale); ``P(k >= m) = a^ceil(m) / (1 + a) <= a^m`` with ``a = exp(-1/sigma)`` gives a
 probability at most ``2 e^-64 a^-1/2 <= 2 e^-63.5`` a coordinate when ``sigma >= 1``, and ``p 2
 e^-63.5 < 2^-60`` for ``p <= 2^30``. ``sigma >= 1`` always: ``sigma >= 1/(e gamma) = 2^(q -
 v)/e``, at least ``2^(ceil(log2 e))/e >= 1`` when ``s = 1`` (``v <= 0``) and at least ``2^21
