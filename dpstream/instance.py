@@ -56,7 +56,7 @@ import secrets
 import sqlite3
 import stat
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -214,8 +214,13 @@ def _check_instance_id(instance_id: str) -> None:
 
 
 def _resume(directory: Path, manifest: Path, fixed: dict[str, Any],
-            instance_id: str | None) -> FlowInstance:
-    """The instance recorded in ``manifest``, if its fixed settings (and id) are ours."""
+            instance_id: str | None,
+            hint: Callable[[object], str] | None = None) -> FlowInstance:
+    """The instance recorded in ``manifest``, if its fixed settings (and id) are ours.
+
+    ``hint`` (the binding's optional ``mechanisms_hint``) explains a recorded mechanisms
+    digest that differs from ours, when it can (e.g. the other ERM learner).
+    """
     _refuse_if_shared(manifest, "flow instance manifest", _PRIVATE_FILE_MODE)
     try:
         recorded = json.loads(manifest.read_text())
@@ -236,6 +241,7 @@ def _resume(directory: Path, manifest: Path, fixed: dict[str, Any],
             f"{instance_id} (DPSTREAM_INSTANCE_ID): every process of a flow instance must use "
             "one id; a new instance needs new, empty recovery directories")
     changed = [f"{name}: {settings.get(name)!r} in the store, {value!r} now"
+               + (hint(settings.get(name)) if name == "mechanisms" and hint else "")
                for name, value in fixed.items() if settings.get(name) != value
                and (name in settings or name not in _RECORDED_SINCE_ISSUE_22)]
     if changed:
@@ -384,10 +390,11 @@ def bind_instance(config: FlowConfig, spec: Mechanisms, noise: NoiseKey,
     private_directory(directory)
     manifest = directory / MANIFEST_NAME
     fixed = _fixed_settings(config, spec, noise)
+    hint = getattr(spec, "mechanisms_hint", None)
     if instance_id is None and process > 0 and not manifest.exists():
         _await_manifest(directory, manifest, process, wait_seconds)
     if manifest.exists():
-        return _with_skips(_resume(directory, manifest, fixed, instance_id), manifest,
+        return _with_skips(_resume(directory, manifest, fixed, instance_id, hint), manifest,
                            requested)
     if any(p.name != MANIFEST_NAME and not _temporary_manifest(p.name)
            and not LOCK_PATTERN.fullmatch(p.name) and p.name != MANIFEST_LOCK_NAME
@@ -404,7 +411,7 @@ def bind_instance(config: FlowConfig, spec: Mechanisms, noise: NoiseKey,
         "skipped_records": _skip_entries(skipped),
     })
     if not made:  # another process sharing the directory made it first: bind to that one
-        return _with_skips(_resume(directory, manifest, fixed, instance_id), manifest,
+        return _with_skips(_resume(directory, manifest, fixed, instance_id, hint), manifest,
                            requested)
     return FlowInstance(instance, durable=True, skipped=tuple(skipped),
                         newly_skipped=tuple(skipped))

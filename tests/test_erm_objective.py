@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from dpstream.core.erm import objective
+from dpstream.core.erm import spec as spec_module
 from dpstream.core.erm.objective import (
     JACOBIAN_CAP,
     OUTPUT_SHARE,
@@ -139,7 +140,7 @@ def test_replay_is_byte_identical_and_coordinates_differ():
     assert first.integers != other.integers
 
 
-def test_a_draw_outside_the_exact_range_releases_nothing(monkeypatch):
+def test_a_draw_outside_the_solvers_allowance_releases_nothing(monkeypatch):
     spec = spec_of()
     _, _, block = data(spec, 50)
     monkeypatch.setattr(objective, "discrete_laplace", lambda rng, scale: 1 << 60)
@@ -188,6 +189,40 @@ def test_the_learner_is_bound_into_the_spec_dict_only_when_not_output():
     assert "learner" not in output.to_dict()
     assert output.to_dict() == dataclasses.replace(output, learner="output").to_dict()
     assert spec_of().to_dict()["learner"] == "objective"
+
+
+_CONSTANTS = {  # each learner constant and a changed value
+    "OUTPUT_SHARE": Fraction(1, 50), "JACOBIAN_CAP": Fraction(1, 3), "SOLVER_BITS": 21,
+    "WIDE_BITS": 22, "LATTICE_BITS": 19, "LINEAR_BITS": 28, "RAISE_STEP_BITS": 40,
+    "VERSION": spec_module.VERSION + 1}
+
+
+def _binding(erm: ErmSpec) -> str:
+    from dpstream.core.erm.schedules.schedule import ReleaseSchedule
+    from dpstream.core.erm.schedules.spec import ScheduleSpec
+
+    sched = ScheduleSpec(algorithm="continual", epsilon=1.0, block_size=16)
+    return ReleaseSchedule(sched, erm, KEY, ("bind",))._binding
+
+
+@pytest.mark.parametrize("name", sorted(_CONSTANTS))
+def test_every_learner_constant_is_bound_into_the_noise(monkeypatch, name):
+    # Pitfall 13: a release that redraws the same uniform integers must compute the same thing
+    # from them. The schedule keys its noise by a digest of the specs' to_dict(); changing any
+    # constant of the objective mechanism (or its version, for a changed rule) changes that
+    # digest, hence every noise stream, while the output learner's bytes stay as they were.
+    spec, output = spec_of(), ErmSpec(("no", "yes"), 4, 2.0, 0.05)
+    before, before_output = _binding(spec), _binding(output)
+    budget = objective_budget(spec, 64.0, Fraction(1, 1 << 30))
+    for module in (spec_module, objective):  # as an edit of its definition would
+        if hasattr(module, name):
+            monkeypatch.setattr(module, name, _CONSTANTS[name])
+    assert _binding(spec) != before
+    assert spec.to_dict()["objective"][name.lower()] == (
+        str(_CONSTANTS[name]) if isinstance(_CONSTANTS[name], Fraction) else _CONSTANTS[name])
+    assert _binding(output) == before_output
+    if name != "VERSION":  # a live constant: the release's computation changes with it
+        assert objective_budget(spec, 64.0, Fraction(1, 1 << 30)) != budget
 
 
 # -- the L1 feature map --
@@ -528,7 +563,7 @@ def test_a_tiny_per_row_budget_widens_the_precision_and_still_releases(dimension
     # and b grows as 1/cost. float64 cannot certify the minimiser to 2^-20/(n Lambda) then, so
     # the precision (and the lattice) widen with the public bound S' on b's scale, and the
     # |b| check that keeps the gradient's rounding in the solver's allowance holds with a
-    # 64-fold margin: no refusal in 20 releases.
+    # 64-fold margin: no refusal in 20 releases. n̄' = 1/fl(1/n̄) is the solver's normaliser.
     spec = spec_of(dimension=dimension, regularization=1e-2)
     x, y, block = data(spec, 400, seed=2)
     cost = Fraction(1, 1 << 30)
@@ -536,18 +571,96 @@ def test_a_tiny_per_row_budget_widens_the_precision_and_still_releases(dimension
     b = objective_budget(spec, normalizer, cost)
     p = spec.parameter_count
     assert b.widening > 1 and b.linear + b.jacobian + b.output == cost
-    assert b.precision == b.widening / (1 << 20) / (Fraction(normalizer) * Fraction(
+    assert b.precision == b.widening / (1 << 20) / (1 / Fraction(1.0 / normalizer) * Fraction(
         b.regularization))
-    # gamma sqrt(p)/2 <= 8 s 2^-q sqrt(p)/2 <= 4 s 2^-20/sqrt(p): tau_total <= tau (1 + 4/sqrt(p))
-    assert b.distance <= b.precision * (1 + Fraction(4) / math.isqrt(p))
-    assert b.noise_scale < 1 << 47  # k stays far below 2^52
-    assert b.widening * (1 << 22) >= 1 / b.beta * math.sqrt(p)
+    # gamma sqrt(p)/2 <= 8 s 2^-q sqrt(p)/2 <= 4 s 2^-20/sqrt(p), and the float rounding of b
+    # adds 2^-26 s = tau n̄ Lambda / 64: tau_total <= tau (1 + 4/sqrt(p) + 1/64)
+    assert b.distance <= b.precision * (1 + Fraction(4) / math.isqrt(p) + Fraction(1, 64))
+    assert b.noise_scale < 1 << 47  # k's scale
+    assert b.widening * (1 << 21) >= 1 / b.beta * math.sqrt(p)
     normal = objective_budget(spec, 400.0, Fraction(1))
     assert normal.widening == 1
     for i in range(20):
         model = objective_perturbation(spec, block, normalizer=normalizer, center=None,
                                        cost=cost, rng=KEY.stream("tiny", i))
         assert model.cost == cost and np.isfinite(model.params).all()
+
+
+# -- availability: no refusal for the noise alone (pitfall 16) --
+
+_SWEEP_MODELS = [  # (classes, dimension): p = 2, 65, 1001, 4004, 5010
+    (2, 1), (2, 64), (2, 1000), (4, 1000), (10, 500)]
+_SWEEP_COSTS = [Fraction(1, 1 << j) for j in range(0, 41)] + [
+    Fraction(1 << j) for j in (5, 19, 20, 21, 25, 40)]  # the finer lattice above e = 2^20
+
+
+def _refusal_bound(budget, p: int) -> float:
+    """log2 of the exact probability that ``_linear_noise`` refuses a release (union over p).
+
+    A coordinate is refused iff ``|2k + 1| > lim``, ``lim = 2^27 s 2 / (gamma sqrt(p)↑)``: iff
+    ``k >= m+ = floor((lim - 1)/2) + 1`` or ``k <= -m-``, ``m- = floor((lim + 1)/2) + 1``, and
+    ``P(k >= m) = a^m / (1 + a)`` for the discrete Laplace law ``P(k) ~ a^|k|``, ``a =
+    exp(-1/sigma)`` (computed in logs: ``a`` rounds to 1 in floats at large ``sigma``).
+    """
+    sigma = budget.noise_scale
+    limit = (Fraction(1 << objective.LINEAR_BITS) * budget.widening * 2 / budget.gamma
+             / objective._sqrt_up(p))
+    upper = math.floor((limit - 1) / 2) + 1
+    lower = math.floor((limit + 1) / 2) + 1
+    log_one_plus_a = math.log1p(math.exp(-1 / float(sigma)))
+    tail = math.exp(-float(upper / sigma) - log_one_plus_a) + math.exp(
+        -float(lower / sigma) - log_one_plus_a)
+    return math.log2(p) + math.log2(tail) if tail > 0 else -math.inf
+
+
+@pytest.mark.parametrize(("k", "dimension"), _SWEEP_MODELS)
+def test_no_noise_only_refusal_at_any_cost(monkeypatch, k, dimension):
+    # Pitfall 16: a refusal that depends only on the noise replays on every restart and stops
+    # the flow for good, so it must be negligible for every cost and every p. The review
+    # reproduced 9 refusals in 1500 releases at p = 5010 with the earlier lattice (|2k + 1| <
+    # 2^53 failed when k's scale reached 2^48). For every (p, cost) of the sweep: the exact
+    # refusal probability is below 2^-60 a release, k's scale is >= 1 and gamma p <= 1 (the
+    # docstring's bound rests on both), and a draw of k at the 2^-60/p tail quantile (|k| =
+    # sigma ln(2^61 p), both signs, in every coordinate) is accepted and rounded to the
+    # nearest float.
+    spec = ErmSpec(tuple(range(k)), dimension, 1.0, 0.01, learner="objective")
+    p = spec.parameter_count
+    for cost in _SWEEP_COSTS:
+        budget = objective_budget(spec, 1024.0, cost)
+        assert budget.noise_scale >= 1 and budget.gamma * p <= 1
+        assert _refusal_bound(budget, p) < -60, (p, cost)
+        quantile = math.ceil(float(budget.noise_scale) * math.log(2.0**61 * p))
+        draws = iter([quantile, -quantile] * p)
+        monkeypatch.setattr(objective, "discrete_laplace",
+                            lambda rng, scale, draws=draws: next(draws))
+        noise = _linear_noise(KEY.stream("quantile"), budget, p)  # no CertificationError
+        assert noise[0] == float((2 * quantile + 1) * budget.gamma / 2)
+        assert noise[1] == float((1 - 2 * quantile) * budget.gamma / 2)  # correctly rounded
+        monkeypatch.undo()
+
+
+def test_the_spec_refuses_more_parameters_than_the_bound_covers():
+    # p <= 2^30 is where p 2 e^-63.5 < 2^-60 (module docstring); refused at start-up, with a
+    # precise message, rather than at a release
+    with pytest.raises(InvalidParameterError, match="at most 1073741824 parameters"):
+        ErmSpec((0, 1), 1 << 30, 1.0, 0.01, learner="objective")
+    assert ErmSpec((0, 1), (1 << 30) - 1, 1.0, 0.01, learner="objective").parameter_count == 1 << 30
+    assert ErmSpec((0, 1), 1 << 30, 1.0, 0.01).parameter_count == (1 << 30) + 1  # output: as before
+
+
+def test_the_refusal_bound_has_power():
+    # The bound above is not vacuous: the same computation with the check's limit at the
+    # tail quantile's scale (2^27 s replaced by 2^21 s, a 64-fold smaller allowance) exceeds
+    # 2^-60 at every p, and the review's p = 5010 case at the old exactness limit (|2k + 1| <
+    # 2^53, k's scale 2^48.3) comes out near 1 %.
+    for k, dimension in _SWEEP_MODELS:
+        spec = ErmSpec(tuple(range(k)), dimension, 1.0, 0.01, learner="objective")
+        p = spec.parameter_count
+        budget = objective_budget(spec, 1024.0, Fraction(1, 1 << 30))
+        narrow = dataclasses.replace(budget, widening=budget.widening / 64)
+        assert _refusal_bound(narrow, p) > -60
+    old_scale = 2.0**48.3  # the review's p = 5010 at cost 1.033e-4 (s = 1, v = 0)
+    assert 5010 * 2 * math.exp(-(2.0**52) / old_scale) > 0.005
 
 
 def _jacobian_bound(monkeypatch, *, broken: bool, draws: int = 4000) -> float:
@@ -586,3 +699,34 @@ def test_the_jacobian_term_is_needed_and_charged(monkeypatch):
     # these keys: 0.0 (correct) and 2.17 (broken).
     assert _jacobian_bound(monkeypatch, broken=False) < 1.0
     assert _jacobian_bound(monkeypatch, broken=True) > 1.0
+
+
+def test_a_store_of_the_other_learner_is_refused_with_the_setting_that_resumes_it(tmp_path):
+    # Review F10: the new default (objective under pure accounting) refuses a store written
+    # by output perturbation, and an operator might "fix" that with a new instance, whose
+    # spend adds. The refusal names [model] learner = "output" when that is the difference
+    # (and the other way round), and only then.
+    from dpstream.errors import RecoveryMismatchError
+    from dpstream.instance import bind_instance
+
+    def bind(cfg, directory):
+        return bind_instance(cfg, cfg, KEY, directory)
+
+    bind(_config({"learner": "output"}), tmp_path / "out")
+    with pytest.raises(RecoveryMismatchError, match='learner = "output": set it'):
+        bind(_config(), tmp_path / "out")  # the default: objective
+    assert bind(_config({"learner": "output"}), tmp_path / "out").resumed
+    bind(_config(), tmp_path / "obj")
+    with pytest.raises(RecoveryMismatchError, match='learner = "objective": set it'):
+        bind(_config({"learner": "output"}), tmp_path / "obj")
+    with pytest.raises(RecoveryMismatchError, match="mechanisms") as other:  # not the learner
+        bind(_config({"regularization": 0.5}), tmp_path / "obj")
+    assert "learner" not in str(other.value)
+    # the same hint where a shard's snapshot binding is checked
+    from dpstream.stream.barrier import check_binding
+
+    objective_config = _config()
+    state = {"instance": "i", "mechanisms": _config({"learner": "output"}).mechanisms_digest}
+    with pytest.raises(InvalidParameterError, match='learner = "output": set it'):
+        check_binding(state, "i", objective_config.mechanisms_digest, KEY,
+                      objective_config.mechanisms_hint)

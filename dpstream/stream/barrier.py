@@ -34,7 +34,7 @@ snapshot.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from dpstream.core.noise.keys import NOISE_SCHEME, NoiseKey
@@ -61,19 +61,21 @@ def binding(instance: str, mechanisms: str, noise: NoiseKey) -> dict[str, str]:
 
 
 def check_binding(state: dict[str, Any], instance: str, mechanisms: str,
-                  noise: NoiseKey) -> None:
+                  noise: NoiseKey, hint: Callable[[object], str] | None = None) -> None:
     """Refuse a snapshot of another flow instance, other mechanisms or another noise key.
 
     A resume under another noise key would publish replayed outputs with fresh noise
-    (pitfall 13); under other mechanisms, outputs whose cost was never charged.
+    (pitfall 13); under other mechanisms, outputs whose cost was never charged. ``hint`` (a
+    binding's optional ``mechanisms_hint``) explains the recorded mechanisms when it can.
     """
     if state.get("instance") != instance:
         raise RecoveryMismatchError(
             "the recovery store belongs to another flow instance; refusing to resume")
     if state.get("mechanisms") != mechanisms:
         raise InvalidParameterError(
-            "the recovery store was made with other mechanism parameters; a flow "
-            "instance's mechanisms cannot change (start a new flow instance)")
+            "the recovery store was made with other mechanism parameters"
+            + (hint(state.get("mechanisms")) if hint else "")
+            + "; a flow instance's mechanisms cannot change (start a new flow instance)")
     if state.get("noise_scheme") != NOISE_SCHEME:
         raise RecoveryMismatchError(
             f"the recovery store was made with noise derivation {state.get('noise_scheme')!r} "
@@ -270,7 +272,8 @@ class MechanismShard(StepBarrier):
         self.members: dict[str, Any] = {}
         self._states: dict[str, Any] = {}
         if state is not None:
-            check_binding(state, instance, config.mechanisms_digest, noise)
+            check_binding(state, instance, config.mechanisms_digest, noise,
+                          getattr(config, "mechanisms_hint", None))
             self._states = state[self.members_key]
             self.restore_barrier(state)
             self.pending = state["pending"]

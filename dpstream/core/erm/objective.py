@@ -34,16 +34,21 @@ C``, linear under pure DP)::
 
 with ``rank = 1, c_l = 1/4`` (binary logistic) resp. ``rank = K - 1, c_l = 1/2`` (softmax,
 Böhning 1992). ``Lambda = lambda`` if then ``eps_jac <= e/2``; otherwise ``Lambda`` is raised to
-the smallest float making ``eps_jac <= e/2`` (Chaudhuri et al. Algorithm 2's ``Delta``: it
-depends on ``n̄`` and ``C`` only, both public). So ``eps_b >= e (1 - 1/100 - 1/2) > 0``. ``ln``
-is a rational upper bound (:func:`_log1p_up`): the float ``log1p`` of the float nearest ``x``
-times ``1 + 2^-40`` (``ln(1 + x)`` moves by a relative ``x/((1 + x) ln(1 + x)) <= 1`` times the
-relative error of ``x``, ``2^-53``, and ``log1p`` is within a few ulps, far below ``2^-40``),
-and never above ``x`` itself (``ln(1 + x) <= x``, exact).
+a float making ``eps_jac <= e/2``, within a relative ``2^-30`` above the smallest such value (it
+starts at ``1 + 2^-30`` times the analytic threshold ``c_l / (n̄ expm1(e / (2 rank)))`` and
+steps by that factor until the rounded-up ``eps_jac`` fits: Chaudhuri et al. Algorithm 2's
+``Delta``; it depends on ``n̄`` and ``C`` only, both public). So ``eps_b >= e (1 - 1/100 - 1/2)
+> 0``. ``ln`` is a rational upper bound (:func:`_log1p_up`): the float ``log1p`` of the float
+nearest ``x`` times ``1 + 2^-40`` (``ln(1 + x)`` moves by a relative ``x/((1 + x) ln(1 + x)) <=
+1`` times the relative error of ``x``, ``2^-53``, and ``log1p`` is within a few ulps, far below
+``2^-40``), and never above ``x`` itself (``ln(1 + x) <= x``, exact). Here ``n̄`` is
+``1/fl(1/n̄)``, the normaliser of the objective the solver minimises (it multiplies by the float
+inverse), so every term below is exact for that objective.
 
 **The noise ``b``.** Let ``gamma = 2^(v - q)`` with ``q = ceil(log2 p) + 20`` and ``v =
-min(20, floor(log2 s) + 3)`` if ``s > 1``, else 0 (``s`` below: 1 unless the per-row budget is
-tiny; public),
+min(20, floor(log2 s) + 3)`` if ``s > 1`` (``s`` below: 1 unless the per-row budget is tiny),
+else ``v = -max(0, ceil(log2 e) - 20)`` (0 unless ``e > 2^20``), all public; ``v <= 20`` keeps
+``gamma p <= 1``,
 ``L1 = 1`` (binary: ``||(sigmoid(s) - y) z||_1 <= ||z||_1 <= 1``) resp. ``2`` (softmax:
 ``||(p - e_y) z^T||_1 = ||p - e_y||_1 ||z||_1 <= 2``) the per-row L1 bound of the loss gradient,
 and ``beta = eps_b / (L1 + gamma p)``. Each coordinate ``b_j = gamma (k_j + 1/2)`` with
@@ -53,8 +58,10 @@ In the analysis ``b`` is the cell centre of a *virtual* continuous "staircase" s
 gamma (k_j + U_j)``, ``U_j`` iid uniform on ``[0, 1)``: ``B`` has the density
 ``f(x) ~ prod_j exp(-beta gamma |floor(x_j / gamma)|)``, and for any shift ``v``,
 ``| |floor((x + v)/gamma)| - |floor(x/gamma)| | <= |v|/gamma + 1`` per coordinate, so
-``f(x) / f(x + v) <= exp(beta ||v||_1 + beta gamma p)``. ``b`` itself is exactly representable
-(``(2k + 1) gamma / 2``, checked: ``|2k + 1| < 2^53``) and ``||b - B||_inf <= gamma / 2``.
+``f(x) / f(x + v) <= exp(beta ||v||_1 + beta gamma p)``. ``||b - B||_inf <= gamma / 2``; the
+solver gets ``b_fp``, each ``(2k + 1) gamma / 2`` rounded to the nearest float (exact while
+``|2k + 1| < 2^53``), a deterministic function of ``k`` within ``2^-26 s`` of ``b`` in L2
+(*Floating point*), so ``||b_fp - B||_2 <= gamma sqrt(p) / 2 + 2^-26 s``.
 
 **Privacy (pure, add/remove one row).** Let ``w*(B)`` be the exact minimiser of ``J_B`` on
 ``D`` (strongly convex: unique). The first-order condition ``sum_i grad l(w; z_i) +
@@ -72,44 +79,57 @@ minimiser ``w*`` is ``(eps_b + eps_jac)``-DP (the argument of CMS 2011, Theorem 
 norm as KST 2012 do).
 
 **The computed minimiser and the output noise** (Iyengar et al. 2019). The solver
-(:func:`~dpstream.core.erm.solver.solve` with ``linear = b``) certifies
-``||w_hat - argmin J_b|| <= tau = 2^-20 s / (n̄ Lambda)``, with ``s = max(1, S' sqrt(p)
-2^-22)`` and ``S' = (L1 + 1)/eps_b >= 1/beta`` a public bound on the scale of ``b`` (``s = 1``
-unless the per-row budget is below about ``2 sqrt(p) 2^-22``, see *Floating point*);
-``argmin J_b`` and ``argmin J_B`` differ by at most ``||b - B||_2 / (n̄ Lambda) <=
-gamma sqrt(p) / (2 n̄ Lambda)`` (strong convexity: the linear term moves the minimiser by its
-change over ``n̄ Lambda``). So
-``||w_hat - w*|| <= tau_total = tau + gamma sqrt(p) / (2 n̄ Lambda)``, with ``w_hat`` a
-deterministic function of ``k`` and ``w*`` of ``(k, U)``. The release rounds ``w_hat`` onto the
-public grid ``g = tau / ceil(sqrt(p))`` (exactly, :func:`~dpstream.core.erm.grid.round_to_grid`)
-and adds iid ``DLap(t)``: for any ``u, u'`` with ``||u - u'|| <= 2 tau_total`` the rounded
-integers differ by at most ``D1 = 2 sqrt(p) tau_total / g + p`` in L1 (``sqrt(p)`` rounded up to
-a rational), and ``t = D1 / eps_out`` makes their output laws within ``exp(eps_out)``. For an
+(:func:`~dpstream.core.erm.solver.solve` with ``linear = b``) certifies ``||w_hat - argmin
+J_b_fp|| <= tau = 2^-20 s / (n̄ Lambda)``, with ``s = max(1, S' sqrt(p) 2^-21)`` and ``S' = (L1
++ 1)/eps_b >= 1/beta`` (as ``gamma p <= 1``) a public bound on the scale of ``b`` (``s = 1``
+unless the per-row budget ``e`` is below ``(L1 + 1) sqrt(p) 2^-21 / 0.49``, as ``eps_b >= 0.49
+e``; see *Floating point*); ``argmin J_b_fp`` and ``argmin J_B`` differ by at most ``||b_fp -
+B||_2 / (n̄ Lambda) <= (gamma sqrt(p) / 2 + 2^-26 s) / (n̄ Lambda)`` (strong convexity: the
+linear term moves the minimiser by its change over ``n̄ Lambda``). So ``||w_hat - w*|| <=
+tau_total = tau + (gamma sqrt(p) / 2 + 2^-26 s) / (n̄ Lambda)``, with ``w_hat`` a deterministic
+function of ``k`` and ``w*`` of ``(k, U)``. The release rounds ``w_hat`` onto the public grid
+``g = tau / ceil(sqrt(p))`` (exactly, :func:`~dpstream.core.erm.grid.round_to_grid`) and adds
+iid ``DLap(t)``: for any ``u, u'`` with ``||u - u'|| <= 2 tau_total`` the rounded integers
+differ by at most ``D1 = 2 sqrt(p) tau_total / g + p`` in L1 (``sqrt(p)`` rounded up to a
+rational), and ``t = D1 / eps_out`` makes their output laws within ``exp(eps_out)``. For an
 output event ``E`` let ``h(u) = P[round(u/g) + Y in E]``, ``h+(w) = sup h`` and ``h-(w) = inf
 h`` over the ball of radius ``tau_total`` around ``w`` (so ``h+ <= e^eps_out h-``). Then
-``P_D(E) = E[h(w_hat_D)] <= E[h+(w*_D)] <= e^(eps_b + eps_jac) E[h+(w*_D')] <=
-e^(eps_b + eps_jac + eps_out) E[h-(w*_D')] <= e^(e) P_D'(E)``, and symmetrically. One row costs
-``e = C/r``, a unit of ``r`` rows ``C``: the model's ``cost``, exactly.
+``P_D(E) = E[h(w_hat_D)] <= E[h+(w*_D)] <= e^(eps_b + eps_jac) E[h+(w*_D')] <= e^(eps_b +
+eps_jac + eps_out) E[h-(w*_D')] <= e^(e) P_D'(E)``, and symmetrically. One row costs ``e =
+C/r``, a unit of ``r`` rows ``C``: the model's ``cost``, exactly.
 
-**Floating point.** ``b`` is exact; ``g``, ``t``, ``tau``, ``D1`` and every epsilon are
-Fractions (``Lambda`` and ``n̄`` are the exact values of the floats the solver uses); the output
-noise is exact integers on the exact grid (pitfall 2: the fractional part of ``w_hat / g`` is
-never visible). The solver's certificate rests on its documented floating-point error model
+**Floating point.** ``g``, ``t``, ``tau``, ``D1`` and every epsilon are Fractions (``Lambda``
+and ``n̄ = 1/fl(1/n̄)`` are the exact values of the floats the solver uses); the output noise is
+exact integers on the exact grid (pitfall 2: the fractional part of ``w_hat / g`` is never
+visible). The solver's certificate rests on its documented floating-point error model
 (:mod:`~dpstream.core.erm.solver`). The linear term ``b/n̄`` and the penalty ``Lambda (w - c)``
 nearly cancel, each of size about ``||b|| / n̄``, so their rounding adds at most about
-``3 2^-52 ||b||_2 / n̄`` to the computed gradient; the check ``||b||_inf sqrt(p) <= 2^28 s``
-before solving keeps that below a fifth of the solver's allowance ``Lambda tau / 2 = 2^-21 s /
-n̄``. That is why ``tau`` widens with ``s``: at a tiny per-row budget ``b`` is large (``S ~
-1/e``) and float64 cannot certify the minimiser to ``2^-20 / (n̄ Lambda)``; the check fails only
-if a coordinate exceeds ``2^28 s / sqrt(p) >= 64 S``, probability below ``p e^-64``. The price:
-the output noise's std is about ``500 sqrt(p) n̄ Lambda tau`` times ``b``'s effect on ``w``
-(``S / (n̄ Lambda)``), i.e. ``0.4 %`` at ``p = 65`` while ``s = 1``, growing as ``1/e`` below.
-``|2k + 1| < 2^53`` is checked too: when ``s > 1`` the lattice widens, ``v = min(20,
-floor(log2 s) + 3)``, so that ``k``'s scale ``1/(beta gamma) <= S' 2^(q - v)`` stays below
-``2^(q + 20)/sqrt(p) <= 2^46`` for ``p <= 2^12`` (``gamma sqrt(p)/2`` stays below ``tau n̄
-Lambda`` for ``p >= 16``, so ``tau_total <= 2 tau``). A draw outside either check (a function
-of the noise alone, never of the data) raises :class:`~dpstream.core.erm.solver.CertificationError`:
-nothing is released.
+``3 2^-52 ||b||_2 / n̄`` to the computed gradient; the check ``||b||_inf sqrt(p) <= 2^27 s``
+(exact, on the integers ``2k + 1``, before solving) keeps that at most ``3 2^-25 s / n̄``,
+``3/16`` of the solver's allowance ``Lambda tau / 2 = 2^-21 s / n̄``. That is why ``tau``
+widens with ``s``: at a tiny per-row budget ``b`` is large (``S ~ 1/e``) and float64 cannot
+certify the minimiser to ``2^-20 / (n̄ Lambda)``. The same check bounds the rounding of ``b``
+to floats: ``|b_fp,j - b_j| <= 2^-53 |b_j| <= 2^-26 s / sqrt(p)``, at most ``2^-26 s`` in L2
+(in ``tau_total`` above).
+
+*The check fails with probability below* ``2^-60`` *a release, for every cost and every*
+``p <= 2^30`` (``ErmSpec`` refuses larger ``p`` for this learner; pitfall 16: a refusal that
+depends on the noise alone replays on every restart, so it must be negligible). Its per-
+coordinate limit ``2^27 s / sqrt(p)`` is at least ``64 S' >= 64 / beta`` (``s >= S' sqrt(p)
+2^-21``), so a coordinate fails only if ``|k + 1/2| > 64 sigma``, with ``sigma = 1/(beta gamma)``
+(``k``'s scale); ``P(k >= m) = a^ceil(m) / (1 + a) <= a^m`` with ``a = exp(-1/sigma)`` gives a
+probability at most ``2 e^-64 a^-1/2 <= 2 e^-63.5`` a coordinate when ``sigma >= 1``, and ``p 2
+e^-63.5 < 2^-60`` for ``p <= 2^30``. ``sigma >= 1`` always: ``sigma >= 1/(e gamma) = 2^(q -
+v)/e``, at least ``2^(ceil(log2 e))/e >= 1`` when ``s = 1`` (``v <= 0``) and at least ``2^21
+sqrt(p)/7 > 1`` when ``s > 1`` (``v <= 20`` and then ``e < 3 sqrt(p) 2^-21 / 0.49``). The lattice
+``v`` and the rounding make every draw usable: no bound on ``|k|`` beyond this check, so no
+per-row cost is too small for the noise (only below about ``2^-1000``, where ``2^27 s``
+would leave float64, is the cost refused, on public values). ``tests/test_erm_objective.py``
+sweeps ``e`` and ``p`` and computes this probability exactly. The price of ``s``: the output
+noise's std is about ``500 sqrt(p) n̄ Lambda tau`` times ``b``'s effect on ``w`` (``S / (n̄
+Lambda)``), i.e. ``0.4 %`` at ``p = 65`` while ``s = 1``, growing as ``1/e`` below. A draw
+outside the check (a function of the noise alone, never of the data) raises
+:class:`~dpstream.core.erm.solver.CertificationError`: nothing is released.
 
 **What the model reports.** ``cost = C``; ``noise_std``: the per-coordinate standard deviation
 of ``b / n̄``, the linear term's noise, public and analytic (``gamma sqrt(Var k) / n̄``);
@@ -118,7 +138,11 @@ that the output noise covers (the analogue of output perturbation's ``Delta + 2 
 
 **Exactness and replay-safety.** All randomness comes from ``rng`` (the caller derives it from
 ``NoiseKey.stream(*coordinates)``): first ``k_1..k_p``, then the output noise, row-major. The
-solver is deterministic, so a replayed release is byte-identical.
+solver is deterministic, so a replayed release is byte-identical. The mechanism's version and
+every constant that shapes what it computes from those integers
+(:func:`~dpstream.core.erm.spec.learner_binding`, defined next to ``ErmSpec``) are bound into
+``ErmSpec.to_dict()``, hence into the noise coordinates: a changed mechanism never redraws a
+stored stream's integers (pitfall 13; bump ``VERSION`` on every change of a rule).
 
 **State.** None: the release is a :class:`~dpstream.core.erm.model.PrivateModel`. zCDP is not
 supported here (``ErmSpec`` refuses the combination); ERMG stays on output perturbation.
@@ -137,30 +161,33 @@ import numpy as np
 from dpstream.core.erm.grid import _params_from_integers, round_to_grid
 from dpstream.core.erm.model import PrivateModel
 from dpstream.core.erm.solver import CertificationError, _precision_float, solve
-from dpstream.core.erm.spec import Block, ErmSpec, FloatArray, _as_fraction
+from dpstream.core.erm.spec import (  # the learner's constants live with its binding
+    JACOBIAN_CAP,
+    LATTICE_BITS,
+    LINEAR_BITS,
+    OUTPUT_SHARE,
+    RAISE_STEP_BITS,
+    SOLVER_BITS,
+    WIDE_BITS,
+    Block,
+    ErmSpec,
+    FloatArray,
+    _as_fraction,
+    learner_binding,
+)
 from dpstream.core.noise.samplers import RandomIntegers, discrete_laplace
 from dpstream.errors import InvalidParameterError
 
 __all__ = [
     "ObjectiveBudget",
+    "learner_binding",
     "linear_noise_std",
     "objective_budget",
     "objective_perturbation",
 ]
 
-OUTPUT_SHARE: Final = Fraction(1, 100)
-"""The share of the per-row budget spent on the output noise that covers the solver."""
-JACOBIAN_CAP: Final = Fraction(1, 2)
-"""The most of the per-row budget the Jacobian term may take (``Lambda`` is raised otherwise)."""
-SOLVER_BITS: Final = 20
-"""``tau = 2^-SOLVER_BITS s / (n̄ Lambda)``, ``s = max(1, S sqrt(p) 2^-WIDE_BITS)``."""
-WIDE_BITS: Final = 22
-"""Above ``S sqrt(p) = 2^WIDE_BITS`` the certified precision widens with the noise (docstring)."""
-LATTICE_BITS: Final = 20
-"""``gamma = 2^-(ceil(log2 p) + LATTICE_BITS)``."""
 _LOG_MARGIN: Final = 1 + Fraction(1, 1 << 40)
-_LINEAR_LIMIT: Final = 1 << 28  # ||b||_inf sqrt(p) <= 2^28 s for the solver's allowance
-_EXACT_LIMIT: Final = 1 << 53
+_FLOAT_LIMIT: Final = Fraction(2) ** 1000  # |b| must stay far inside float64's range
 
 
 def _log1p_up(x: Fraction) -> Fraction:
@@ -214,7 +241,7 @@ class ObjectiveBudget:
 
 
 def _widening(scale: Fraction, root: Fraction) -> Fraction:
-    """``s = max(1, S sqrt(p) 2^-22)``: how much the certified precision widens (docstring)."""
+    """``s = max(1, S sqrt(p) 2^-WIDE_BITS)``: how much the certified precision widens."""
     return max(Fraction(1), scale * root / (1 << WIDE_BITS))
 
 
@@ -239,7 +266,9 @@ def objective_budget(spec: ErmSpec, normalizer: float, cost: Fraction) -> Object
             f"{spec.learner!r}"
         )
     c = _as_fraction("cost", cost)
-    n = Fraction(spec._check_normalizer(normalizer))
+    # n̄' = 1/fl(1/n̄): the normaliser of the objective the solver minimises (it multiplies
+    # by the float inverse), within 2^-53 relative of n̄
+    n = 1 / Fraction(1.0 / spec._check_normalizer(normalizer))
     e = c / int(spec.unit_rows)
     cap = e * JACOBIAN_CAP
     lam = float(spec.regularization)
@@ -249,9 +278,10 @@ def objective_budget(spec: ErmSpec, normalizer: float, cost: Fraction) -> Object
         room = math.expm1(float(cap) / rank)
         if not room > 0.0:
             raise InvalidParameterError(f"cost {float(c):.3g} is too small for this model")
-        lam = max(lam, c_l / (float(n) * room) * (1.0 + 2.0**-30))
+        step = 1.0 + 2.0**-RAISE_STEP_BITS
+        lam = max(lam, c_l / (float(n) * room) * step)
         while math.isfinite(lam) and _jacobian(spec, n, lam) > cap:
-            lam = math.nextafter(lam * (1.0 + 2.0**-30), math.inf)
+            lam = math.nextafter(lam * step, math.inf)
         if not math.isfinite(lam):
             raise InvalidParameterError(f"cost {float(c):.3g} is too small for this model")
     jac = _jacobian(spec, n, lam)
@@ -261,13 +291,20 @@ def objective_budget(spec: ErmSpec, normalizer: float, cost: Fraction) -> Object
     l1 = 1 if spec.binary else 2
     root = _sqrt_up(p)
     widening = _widening((l1 + 1) / lin, root)  # (L1 + 1)/eps_b >= S = 1/beta: public
-    wide = (0 if widening == 1 else  # a coarser lattice keeps k below 2^52 (docstring)
-            min(LATTICE_BITS, (widening.numerator // widening.denominator).bit_length() + 2))
-    gamma = Fraction(1 << wide, 1 << ((p - 1).bit_length() + LATTICE_BITS))
+    if widening > 1:  # a coarser lattice keeps k smaller (docstring)
+        wide = min(LATTICE_BITS, (widening.numerator // widening.denominator).bit_length() + 2)
+    else:  # a finer one above e = 2^20 keeps k's scale >= 1 (docstring)
+        wide = -max(0, (math.ceil(e) - 1).bit_length() - 20)
+    q = (p - 1).bit_length() + LATTICE_BITS - wide  # gamma = 2^-q, q >= 1
+    gamma = Fraction(1, 1 << q)
     beta = lin / (l1 + gamma * p)
+    if Fraction(1 << LINEAR_BITS) * widening / root > _FLOAT_LIMIT:  # public: e near 2^-1000
+        raise InvalidParameterError(f"cost {float(c):.3g} is too small for this model")
     n_lam = n * Fraction(lam)
     tau = Fraction(1, 1 << SOLVER_BITS) * widening / n_lam
-    distance = tau + gamma * root / (2 * n_lam)
+    # ||b_fp - B||_2 <= gamma sqrt(p)/2 (lattice) + 2^(LINEAR_BITS - 53) s (float rounding)
+    rounding = Fraction(1, 1 << (53 - LINEAR_BITS)) * widening
+    distance = tau + (gamma * root / 2 + rounding) / n_lam
     grid = tau / (math.isqrt(p - 1) + 1)
     d1 = 2 * root * distance / grid + p
     return ObjectiveBudget(
@@ -291,18 +328,25 @@ def linear_noise_std(spec: ErmSpec, normalizer: float, cost: Fraction) -> float:
 
 
 def _linear_noise(rng: RandomIntegers, budget: ObjectiveBudget, p: int) -> list[float]:
-    """Draw ``b_j = gamma (k_j + 1/2)`` for ``j < p``, exactly representable floats."""
-    shift = budget.gamma.denominator.bit_length()  # gamma = 2^-(shift - 1)
+    """Draw ``b_j = gamma (k_j + 1/2)`` for ``j < p``, rounded to the nearest float.
+
+    Raises:
+        CertificationError: ``||b||_inf sqrt(p) > 2^LINEAR_BITS s`` (the solver's
+            floating-point allowance), probability below ``2^-60`` a release (docstring).
+
+    """
+    denominator = 2 * budget.gamma.denominator  # (2k + 1) gamma / 2 = odd / denominator
+    # the check |odd| / denominator <= 2^LINEAR_BITS s / sqrt(p), sqrt(p) rounded up, exactly
+    limit = Fraction(1 << LINEAR_BITS) * budget.widening * denominator / _sqrt_up(p)
     out = []
     for _ in range(p):
-        k = discrete_laplace(rng, budget.noise_scale)
-        odd = 2 * k + 1
-        if abs(odd) >= _EXACT_LIMIT:
+        odd = 2 * discrete_laplace(rng, budget.noise_scale) + 1
+        if abs(odd) > limit:
             raise CertificationError(
-                "an objective-perturbation noise draw is too large to be represented exactly "
-                "in float64; nothing was released"
+                "an objective-perturbation noise draw exceeds the solver's floating-point "
+                "allowance; nothing was released"
             )
-        out.append(math.ldexp(float(odd), -shift))  # (2k + 1) gamma / 2, exact
+        out.append(odd / denominator)  # int / int: correctly rounded (exact below 2^53)
     return out
 
 
@@ -349,12 +393,6 @@ def objective_perturbation(
     p = spec.parameter_count
     shape = (spec.rows, spec.columns)
     b = np.array(_linear_noise(rng, budget, p), dtype=np.float64)
-    largest = max(abs(Fraction(v)) for v in b.tolist())
-    if largest * _sqrt_up(p) > _LINEAR_LIMIT * budget.widening:
-        raise CertificationError(
-            "an objective-perturbation noise draw exceeds the solver's floating-point "
-            "allowance; nothing was released"
-        )
     solver_spec = (spec if budget.regularization == float(spec.regularization)
                    else dataclasses.replace(spec, regularization=budget.regularization))
     solution = solve(

@@ -15,7 +15,11 @@ stream's ``window`` model, an ``independent`` model per block). A consumer needs
    ``update`` skips the blocks between its saved centre and its own block, and does not
    count them).
 3. Ties: the **smaller noise standard deviation** (``noise.std``, an analytic figure of the
-   mechanism, never of the data); then the **later release step**; then the fixed role order
+   mechanism, never of the data; it is comparable between the models of one stream, which
+   is all this rule compares: a stream's models all come from one learner, a fixed setting
+   of the flow instance. The figure means the std of each weight's noise under output
+   perturbation and the std of ``b / n̄`` under objective perturbation, so it is *not*
+   comparable across learners); then the **later release step**; then the fixed role order
    :data:`ROLE_ORDER` (unknown roles after it, alphabetically); then the smaller level
    (``None`` first); then the later first block, then the stream's name (which only make
    the order total).

@@ -70,7 +70,10 @@ constant above (Lipschitz, smoothness, the solver's certificate) still holds, an
 error below ``d 2^-53``) and scales by ``(1 - 2^-32)/max(||x||_1, R)`` (two more roundings), so
 the stored floats' exact L1 norm is at most ``(1 - 2^-32)(1 + (2d + 4) 2^-53) <= 1`` for
 ``d <= 2^19`` (tested with exact fractions). The output learner keeps the L2 map above, byte
-for byte; ``learner`` is bound into :meth:`ErmSpec.to_dict` only when it is not ``"output"``.
+for byte; ``learner`` is bound into :meth:`ErmSpec.to_dict` only when it is not ``"output"``,
+and then with the objective mechanism's version and constants
+(:func:`learner_binding`, next to ``ErmSpec``), so a changed mechanism never redraws
+the same noise (pitfall 13).
 The objective learner is pure epsilon only: under zCDP the spec is refused.
 
 **State.** A spec is frozen public configuration (:meth:`ErmSpec.to_dict`); a :class:`Block`
@@ -105,6 +108,51 @@ BoolArray = npt.NDArray[np.bool_]
 _ACCOUNTINGS: Final = ("pure", "zcdp")
 Learner = Literal["output", "objective"]
 LEARNERS: Final = ("output", "objective")
+OBJECTIVE_MAX_PARAMETERS: Final = 1 << 30
+"""The most parameters ``p`` the objective learner takes: its noise-only refusal stays below
+``2^-60`` a release up to there (:mod:`~dpstream.core.erm.objective`, *Floating point*)."""
+
+# -- the objective learner's constants (dpstream.core.erm.objective; they live here, with
+# their binding into to_dict, so that a change of one changes the noise: pitfall 13) --
+OUTPUT_SHARE: Final = Fraction(1, 100)
+"""The share of the per-row budget spent on the output noise that covers the solver."""
+JACOBIAN_CAP: Final = Fraction(1, 2)
+"""The most of the per-row budget the Jacobian term may take (``Lambda`` is raised otherwise)."""
+SOLVER_BITS: Final = 20
+"""``tau = 2^-SOLVER_BITS s / (n̄ Lambda)``, ``s = max(1, S sqrt(p) 2^-WIDE_BITS)``."""
+WIDE_BITS: Final = 21
+"""Above ``S sqrt(p) = 2^WIDE_BITS`` the certified precision widens with the noise."""
+LATTICE_BITS: Final = 20
+"""``gamma = 2^(v - ceil(log2 p) - LATTICE_BITS)`` (``v``: :mod:`~dpstream.core.erm.objective`)."""
+LINEAR_BITS: Final = 27
+"""The check ``||b||_inf sqrt(p) <= 2^LINEAR_BITS s`` before solving (the objective learner)."""
+RAISE_STEP_BITS: Final = 30
+"""``Lambda`` is raised from ``(1 + 2^-RAISE_STEP_BITS)`` times the analytic threshold in steps
+of that factor."""
+VERSION: Final = 3
+"""The mechanism's version, bound into the noise with its constants (:func:`learner_binding`).
+Bump it on every change of what a release draws or computes from its noise (pitfall 13)."""
+
+
+def learner_binding() -> dict[str, object]:
+    """The objective mechanism's version and constants: bound into ``ErmSpec.to_dict()``.
+
+    Two releases that draw the same uniform integers must compute the same thing from them
+    (pitfall 13): any change of a constant below, or of a rule they name, changes the binding
+    and so the noise stream (bump :data:`VERSION` for a change of a rule).
+    """
+    return {
+        "version": VERSION,
+        "output_share": str(OUTPUT_SHARE),
+        "jacobian_cap": str(JACOBIAN_CAP),
+        "solver_bits": SOLVER_BITS,
+        "wide_bits": WIDE_BITS,
+        "lattice_bits": LATTICE_BITS,
+        "linear_bits": LINEAR_BITS,
+        "raise_step_bits": RAISE_STEP_BITS,
+    }
+
+
 _SQRT2_UP: Final = Fraction(math.isqrt(2 << 80) + 1, 1 << 40)  # > sqrt(2)
 _FEATURE_SHRINK: Final = 1.0 - 2.0**-32  # ||z|| <= 1 survives the rounding of the map
 _INV_SQRT2: Final = 1.0 / math.sqrt(2.0)
@@ -181,6 +229,11 @@ class ErmSpec:
             raise InvalidParameterError(
                 "learner 'objective' (objective perturbation) is pure epsilon-DP only: with "
                 f"accounting {self.accounting!r} use learner 'output'"
+            )
+        if self.learner == "objective" and self.parameter_count > OBJECTIVE_MAX_PARAMETERS:
+            raise InvalidParameterError(
+                f"learner 'objective' supports at most {OBJECTIVE_MAX_PARAMETERS} parameters "
+                f"(classes x columns), got {self.parameter_count}: use learner 'output'"
             )
         object.__setattr__(self, "_index", {c: i for i, c in enumerate(classes)})
 
@@ -383,7 +436,11 @@ class ErmSpec:
             "intercept": self.intercept,
             "accounting": self.accounting,
         } | ({} if self.unit_rows == 1 else {"unit_rows": int(self.unit_rows)}) | (
-            {} if self.learner == "output" else {"learner": self.learner})
+            {} if self.learner == "output" else self._learner_binding())
+
+    def _learner_binding(self) -> dict[str, Any]:
+        """``learner`` and, for ``"objective"``, its version and constants (pitfall 13)."""
+        return {"learner": self.learner, "objective": learner_binding()}
 
 
 @dataclass(frozen=True, eq=False)

@@ -95,6 +95,26 @@ class ErmConfig(FlowConfig):
                                 repr(sorted(self.schedule.to_dict().items())),
                                 self.algorithm, *self.streams, *extra)
 
+    def mechanisms_hint(self, recorded: object) -> str:
+        """A hint for a store whose mechanisms digest ``recorded`` is not ours ("" if none).
+
+        When ``recorded`` is the digest this configuration would have with the other learner
+        (e.g. a store written by output perturbation, resumed under the objective default), the
+        hint names the ``[model] learner`` setting that resumes it: an operator should set it
+        rather than start a new instance, whose spend adds.
+        """
+        for other in LEARNERS:
+            if other == self.model.learner:
+                continue
+            try:
+                digest = replace(self, model=replace(self.model, learner=other)).mechanisms_digest
+            except (ValueError, ConfigError):  # not a valid spec with that learner
+                continue
+            if digest == recorded:
+                return (f'; it was made with [model] learner = "{other}": set it in the '
+                        "configuration to resume this instance")
+        return ""
+
     def person_cost(self) -> PersonCost | None:
         """What one person may cost in all, per period (None at the event level).
 
