@@ -15,10 +15,12 @@ rows:
    than 2 points below dpstream's median) as met or missed.
 2. **Continual release** (Algorithm 4 with Algorithm 2's bases; b0 = 1024, B = 8 blocks,
    ε = 1 per component; the 30,162-row stream in 30 blocks, as ``bench/erm_adult.py``
-   section 2) and independent blocks, both with the objective learner: the released model's
-   final-test accuracy, mean over the releases of the last half (steps >= 15, the figure of
-   issue 8's 81.2 %), median over the seeds. The model evaluated at a step is Algorithm 4's
-   release of that step (its base or update).
+   section 2) and independent blocks, with the objective learner and, beside it in the same
+   run, today's output learner: the released model's final-test accuracy, mean over the
+   releases of the last half (steps >= 15, the figure of issue 8's 81.2 %), median over the
+   seeds. The model evaluated at a step is Algorithm 4's release of that step (its base or
+   update), each schedule's λ (and the updates' λ) tuned on the public surrogate as
+   ``bench/erm_adult.py`` tunes them.
 3. **History bound**: the continual run with ``max_history`` ∈ {unbounded, 16, 8, 4} blocks,
    the same λ, the same releases evaluated.
 
@@ -276,47 +278,73 @@ def dpl_cell(args: tuple[str, int | None, float, int, int]) -> dict[str, Any]:
 # --- schedules (continual, independent, history bound) ----------------------------------
 
 
+def serving_rule() -> Any:
+    """The core's public serving rule (``serving_choice``), or None in a build without it."""
+    try:
+        from dpstream.core.erm import serving
+    except ImportError:
+        return None
+    return serving
+
+
 def schedule_run(algorithm: str, eps: float, lam: float, update_lam: float | None,
                  split: D.Split, evaluator: D.Evaluator, seed: int, tag: str,
-                 max_history: int | None = None) -> list[dict[str, Any]]:
-    """One run of a real ``ReleaseSchedule`` with the objective learner: the current model's
-    accuracy per step (Algorithm 2 alone: its latest top-level release, held)."""
-    spec = spec_at(lam, "objective")
-    roles = ROLES[algorithm]
+                 max_history: int | None = None, learner: str = "objective"
+                 ) -> list[dict[str, Any]]:
+    """One run of a real ``ReleaseSchedule`` with ``learner``: the accuracy of the model a
+    consumer uses at each step. Continual and independent: the serving model
+    (``serving_choice`` over the released models covering the latest released block, as the
+    flow's serving record names it) where the core has the rule, else the step's release of
+    the schedule's own role; Algorithm 2 alone: its latest top-level release, held."""
+    spec = spec_at(lam, learner)
     extra: dict[str, Any] = {} if max_history is None else {"max_history": max_history}
     sspec = ScheduleSpec(algorithm=algorithm, epsilon=eps, block_size=B0,  # type: ignore[arg-type]
                          base_blocks=1 if algorithm == "independent" else BASE_BLOCKS,
                          update_regularization=update_lam, **extra)
 
-    def evaluate(step: int, r: Any) -> dict[str, Any] | None:
-        if r.role not in roles:
-            return None
+    def keep(step: int, r: Any) -> dict[str, Any]:
         return {"step": step, "role": r.role, "level": r.level, "first": r.first_step,
-                "last": r.last_step, "cost": float(r.model.cost),
-                "accuracy": evaluator(spec, r.model.params)}
+                "last": r.last_step, "depends_on": [tuple(d) for d in r.depends_on],
+                "noise_std": float(r.model.noise_std), "params": r.model.params}
 
-    out = D.run_schedule(sspec, spec, split, seed, evaluate, tag=tag)
-    releases: list[dict[str, Any]] = out["releases"]
-    if algorithm == "multi-resolution":  # hold the latest top-level release
-        top: dict[int, dict[str, Any]] = {}
-        for rec in releases:
-            if rec["step"] not in top or rec["level"] > top[rec["step"]]["level"]:
-                top[rec["step"]] = rec
-        held: list[dict[str, Any]] = []
-        current = None
-        for step in range(min(top), -(-split.size // B0)):
-            current = top.get(step, current)
-            assert current is not None
-            held.append({**current, "step": step})
-        releases = held
-    return releases
+    every: list[dict[str, Any]] = D.run_schedule(sspec, spec, split, seed, keep, tag=tag)[
+        "releases"]
+    serving = serving_rule()
+    chosen: list[dict[str, Any]] = []
+    if serving is not None and algorithm != "multi-resolution":
+        pool: list[tuple[Any, dict[str, Any]]] = []
+        for step in sorted({r["step"] for r in every}):
+            fresh = [(serving.ServingCandidate.of("s", r["step"], r["role"], r["level"],
+                                                  r["depends_on"], r["noise_std"]), r)
+                     for r in every if r["step"] == step]
+            pool += fresh
+            latest = max(c.last_step for c, _ in pool)
+            pool = [(c, r) for c, r in pool if c.last_step == latest]
+            pick = serving.serving_choice(c for c, _ in pool)
+            chosen.append({**next(r for c, r in pool if c == pick), "step": step,
+                           "released_at": pick.step})
+    else:
+        roles = ROLES[algorithm]
+        chosen = [r for r in every if r["role"] in roles]
+        if algorithm == "multi-resolution":  # hold the latest top-level release
+            top: dict[int, dict[str, Any]] = {}
+            for rec in chosen:
+                if rec["step"] not in top or rec["level"] > top[rec["step"]]["level"]:
+                    top[rec["step"]] = rec
+            chosen, current = [], None
+            for step in range(min(top), -(-split.size // B0)):
+                current = top.get(step, current)
+                assert current is not None
+                chosen.append({**current, "step": step})
+    return [{**{k: v for k, v in r.items() if k != "params"},
+             "accuracy": evaluator(spec, r["params"])} for r in chosen]
 
 
 def late_mean(releases: list[dict[str, Any]], first: int = LATE_STEP) -> float:
     return float(np.mean([r["accuracy"] for r in releases if r["step"] >= first]))
 
 
-def tune_schedule(algorithm: str, eps: float, reps: int) -> dict[str, Any]:
+def tune_schedule(algorithm: str, learner: str, eps: float, reps: int) -> dict[str, Any]:
     """λ on the public surrogate (mean over the last half's releases), as erm_adult.py: the
     continual bases are Algorithm 2's releases, so their λ is Algorithm 2's own; the updates'
     λ is then tuned with it fixed."""
@@ -328,7 +356,8 @@ def tune_schedule(algorithm: str, eps: float, reps: int) -> dict[str, Any]:
         for r in range(reps):
             for f, (sur, ev) in enumerate(D.surrogates(ds.holdout, length, TUNE_SEED + r)):
                 vals.append(late_mean(schedule_run(alg, eps, lam, update_lam, sur,
-                                                   D.Evaluator(ev), 1000 + r, f"tune-{f}")))
+                                                   D.Evaluator(ev), 1000 + r, f"tune-{f}",
+                                                   learner=learner)))
         return D.median(vals)
 
     base = "multi-resolution" if algorithm == "continual" else algorithm
@@ -343,21 +372,24 @@ def tune_schedule(algorithm: str, eps: float, reps: int) -> dict[str, Any]:
             "update_scores": update_scores}
 
 
-def schedule_cell(args: tuple[str, float, int, int, dict[str, Any] | None, int | None]
-                  ) -> dict[str, Any]:
-    algorithm, eps, seeds, reps, tuned, max_history = args
+ScheduleJob = tuple[str, str, float, int, int, dict[str, Any] | None, int | None]
+
+
+def schedule_cell(args: ScheduleJob) -> dict[str, Any]:
+    algorithm, learner, eps, seeds, reps, tuned, max_history = args
     t0 = time.perf_counter()
     if tuned is None:
-        tuned = tune_schedule(algorithm, eps, reps)
+        tuned = tune_schedule(algorithm, learner, eps, reps)
     runs = [schedule_run(algorithm, eps, tuned["lambda"], tuned["update_lambda"],
-                         data()["stream"], data()["test"], s, "eval", max_history)
+                         data()["stream"], data()["test"], s, "eval", max_history, learner)
             for s in range(seeds)]
     per_seed = [late_mean(run) for run in runs]
     steps = sorted({r["step"] for r in runs[0]})
     per_step = [{"step": st, "role": next(r["role"] for r in runs[0] if r["step"] == st),
                  "median": D.median(next(r["accuracy"] for r in run if r["step"] == st)
                                     for run in runs)} for st in steps]
-    return {"algorithm": algorithm, "epsilon": eps, "max_history": max_history,
+    return {"algorithm": algorithm, "learner": learner, "epsilon": eps,
+            "max_history": max_history,
             "tuned": tuned, "per_seed": per_seed, "median": D.median(per_seed),
             "median_se": D.median_se(per_seed),
             "all_releases": D.median(late_mean(run, 0) for run in runs),
@@ -456,22 +488,25 @@ def report(res: dict[str, Any]) -> str:
     lines += [f"The issue's prototype table (n = 16384, ε = 1): non-private "
               f"{P(ISSUE['nonprivate'])}, output perturbation {P(ISSUE['output'])}, diffprivlib "
               f"{P(ISSUE['diffprivlib'])}.", ""]
-    sched = {(c["algorithm"], c["max_history"]): c for c in res["schedules"]}
-    cont, ind = sched.get(("continual", None)), sched.get(("independent", None))
-    lines += ["## 2. Continual release, objective learner (b0 = 1024, B = 8 blocks, ε = 1 per "
-              "component)", "",
+    sched = {(c["algorithm"], c["learner"], c["max_history"]): c for c in res["schedules"]}
+    cont = sched.get(("continual", "objective", None))
+    ind = sched.get(("independent", "objective", None))
+    lines += ["## 2. Continual release (b0 = 1024, B = 8 blocks, ε = 1 per component)", "",
               "Mean final-test accuracy % of the model released at each step (Algorithm 4's "
               "base or update at that step; independent: that step's block alone), over the "
               f"releases at steps ≥ {LATE_STEP} (the last half; issue 8's 81.2 % is this "
-              "figure), median over seeds.", "",
-              "| schedule | λ | last half | all releases |", "|---|---|---|---|"]
-    for c in (cont, ind):
+              "figure), median over seeds (± its bootstrap s.e.). The output learner's rows "
+              "are today's black box, measured in this run.", "",
+              "| schedule | learner | λ | last half | all releases |", "|---|---|---|---|---|"]
+    for key in (("continual", "objective"), ("independent", "objective"),
+                ("continual", "output"), ("independent", "output")):
+        c = sched.get((*key, None))
         if c is None:
             continue
         lam = f"{c['tuned']['lambda']:g}"
         if c["tuned"]["update_lambda"] is not None:
             lam += f", updates {c['tuned']['update_lambda']:g}"
-        lines.append(f"| {c['algorithm']} | {lam} | {P(c['median'])} ± "
+        lines.append(f"| {c['algorithm']} | {c['learner']} | {lam} | {P(c['median'])} ± "
                      f"{100 * c['median_se']:.1f} | {P(c['all_releases'])} |")
     if cont and ind:
         lines += ["", f"* ≥ {P(TODAY_CONTINUAL)} % (issue 8, output learner): "
@@ -479,8 +514,12 @@ def report(res: dict[str, Any]) -> str:
                   f"* ≥ 2 points above independent blocks: "
                   f"{100 * (cont['median'] - ind['median']):+.1f} points: "
                   f"{verdict(cont['median'] - ind['median'] >= MARGIN)}."]
-    hist = [sched[k] for k in sorted((k for k in sched if k[0] == "continual"),
-                                     key=lambda k: -(k[1] or 10**9))]
+        old = sched.get(("continual", "output", None))
+        if old:
+            lines.append(f"* against the output learner measured in this run: "
+                         f"{100 * (cont['median'] - old['median']):+.1f} points.")
+    hist = [sched[k] for k in sorted((k for k in sched if k[:2] == ("continual", "objective")),
+                                     key=lambda k: -(k[2] or 10**9))]
     if len(hist) > 1:
         lines += ["", "## 3. History bound (continual, same λ, same releases evaluated)", "",
                   "| max_history (blocks) | last half | all releases |", "|---|---|---|"]
@@ -512,7 +551,7 @@ def main() -> None:
     t0 = time.perf_counter()
     quick = args.quick
     seeds = args.seeds or (3 if quick else 30)
-    sched_seeds = args.schedule_seeds or (2 if quick else 7)
+    sched_seeds = args.schedule_seeds or (2 if quick else 15)
     reps = 1 if quick else 5
     sched_reps = 1 if quick else 2
     n_list = [length_of(n) for n in ((4096,) if quick else N_LIST)]
@@ -526,7 +565,7 @@ def main() -> None:
         f"d={ds.dimension}")
 
     one: list[tuple[Any, tuple[Any, ...]]] = []
-    sched: list[tuple[str, float, int, int, dict[str, Any] | None, int | None]] = []
+    sched: list[ScheduleJob] = []
     if args.only in ("all", "one-shot"):
         for n in n_list:
             for eps in eps_list:
@@ -534,8 +573,8 @@ def main() -> None:
                 one.append((dpl_cell, (str(python), n, eps, seeds, reps)))
         one.append((dp_cell, ("output", n_list[0], 1.0, seeds, reps)))
     if args.only in ("all", "schedules"):
-        sched = [(a, 1.0, sched_seeds, sched_reps, None, None)
-                 for a in ("continual", "independent")]
+        sched = [(a, learner, 1.0, sched_seeds, sched_reps, None, None)
+                 for learner in ("objective", "output") for a in ("continual", "independent")]
     results: dict[str, list[dict[str, Any]]] = {"one_shot": [], "schedules": []}
     with cf.ProcessPoolExecutor(max_workers=args.workers) as pool:
         futures: dict[cf.Future[dict[str, Any]], str] = {}
@@ -556,11 +595,13 @@ def main() -> None:
                         f" IQR {100 * r['iqr']:.2f} worst {100 * r['worst']:.2f} "
                         f"(lambda {r['lambda']:g}, {r['seconds']:.0f}s)")
                     continue
-                log(f"{r['algorithm']} max_history={r['max_history']}: last half "
-                    f"{100 * r['median']:.2f}% ({r['seconds']:.0f}s)")
-                if r["algorithm"] == "continual" and r["max_history"] is None:
+                log(f"{r['algorithm']} {r['learner']} max_history={r['max_history']}: last "
+                    f"half {100 * r['median']:.2f}% ({r['seconds']:.0f}s)")
+                if (r["algorithm"], r["learner"], r["max_history"]) == (
+                        "continual", "objective", None):
                     for h in history[1:]:
-                        job = ("continual", 1.0, sched_seeds, sched_reps, r["tuned"], h)
+                        job = ("continual", "objective", 1.0, sched_seeds, sched_reps,
+                               r["tuned"], h)
                         nf = pool.submit(schedule_cell, job)
                         futures[nf] = "schedules"
                         pending.add(nf)
