@@ -183,7 +183,8 @@ def check_model(record: Record, *, flow: str) -> dict[str, Any]:
     assert body["classes"] == CLASSES
     assert np.asarray(body["coef"]).shape == (1, D) and len(body["intercept"]) == 1
     assert np.isfinite(body["coef"]).all() and np.isfinite(body["intercept"]).all()
-    assert body["features"] == {"dimension": D, "clip_norm": CLIP_NORM}
+    # the default learner under pure accounting is "objective": rows are clipped in L1
+    assert body["features"] == {"dimension": D, "clip_norm": CLIP_NORM, "norm": "l1"}
     assert body["noise"]["std"] > 0
     assert re.fullmatch(r"[1-9][0-9]*/[1-9][0-9]*", body["noise"]["grid"]), body["noise"]
     assert body["holdout"] is None  # no [holdout]: nothing is ever scored on the stream

@@ -287,9 +287,17 @@ def test_config_reports_the_person_and_binds_the_contribution() -> None:
     assert f"= {float(cost.total):.6g}" in text
     assert "one event" not in event.describe().splitlines()[0]
     assert "privacy unit: one event" in event.describe()
-    # the noise std per output: r = 3 times the event level's
+    # the noise std per output: r = 3 times the event level's (output perturbation); the
+    # objective learner (the default under pure epsilon) spends C/r a row, so at least 3 times:
+    # its b noise is ~1/eps_b, eps_b = 0.99 e - min(jac, e/2) with jac at most 3 times smaller
+    # at e = C/3 (Lambda is raised only when jac would exceed e/2)
+    assert event.model.learner == "objective"
     for role, std in event.noise_std().items():
-        assert user.noise_std()[role] == pytest.approx(3 * std, rel=1e-9)
+        assert user.noise_std()[role] >= 3 * std * (1 - 1e-9)
+    output = [parse_config(_tables(**extra, model={"learner": "output"}))
+              for extra in ({}, {"contribution": USER})]
+    for role, std in output[0].noise_std().items():
+        assert output[1].noise_std()[role] == pytest.approx(3 * std, rel=1e-9)
     assert set(event.noise_std()) == {"multi-resolution", "base", "update"}
 
 

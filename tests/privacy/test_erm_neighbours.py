@@ -84,7 +84,8 @@ def config(algorithm: str = "continual", *, accounting: str = "pure", epsilon: f
            window_blocks: int = 3, regularization: float = 0.5, holdout: str | None = None,
            clip_norm: float = 2.0, name: str = "nb"):
     model: dict[str, Any] = {"classes": list(classes), "dimension": D, "clip_norm": clip_norm,
-                             "regularization": regularization, "streams": list(streams)}
+                             "regularization": regularization, "streams": list(streams),
+                             "learner": "output"}  # the grid coupling below is its property
     if len(streams) > 1:
         model["stream_field"] = "s"
     raw: dict[str, Any] = {

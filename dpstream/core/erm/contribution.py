@@ -83,6 +83,21 @@ paper's ``cost/2^j`` (:class:`~dpstream.core.erm.schedules.base.SchedulePlan`; `
 and nothing changes at the event level): the per-block charges, hence the sums, are the
 configured ones. Several streams cost nothing more here: ``sum_s j_s f(ε_1) <= r f(ε_1)``.
 
+**The objective learner** (``ErmSpec.learner = "objective"``,
+:mod:`dpstream.core.erm.objective`). Everything above still holds, and ``kappa`` is exactly 1.
+A release at cost ``C`` is ``C/r``-DP for *each* row added or removed (its privacy argument is
+per row; the grid there only carries the output noise that covers the solver), so by group
+privacy ``j`` rows cost ``j C/r`` (pure DP composes linearly over a group). Hence: ``r`` rows
+of one block cost ``C`` (the per-block charge, as configured); a computation holding ``k_c`` of
+a person's blocks costs at most ``k_c r C/r = k_c cost_c`` (so ``sum_c k_c cost_c`` as above);
+several streams, ``j_s`` rows to stream ``s`` with ``sum j_s <= r``, cost ``sum_s j_s
+cost/r <= cost``: the stream factor is 1, not output perturbation's grid factor
+(:func:`stream_factor` returns 1); and under sampling one row's loss is ``eps_1 = C/r``, so
+``r eps_1 = C <= kappa_r C``: the plan's charge ``amplified_epsilon(kappa_r cost, q)`` (kept
+as for output perturbation, so the ledger charges the same) still covers a person's rows, with
+room to spare. The objective learner is pure epsilon only, and ERMG keeps output perturbation.
+:func:`noise_std` reports the objective learner's ``b/n̄`` std (the models' ``noise.std``).
+
 **Periods.** The guarantee is per period (``contribution.period``). A person active in ``k``
 periods is a group of ``k`` units: ``k epsilon_person`` (pure); under zCDP and ERMG, where one
 computation may span periods, ``k^2 rho_person``.
@@ -106,6 +121,7 @@ from dpstream.core._checks import integer_at_least
 from dpstream.core.accounting.ledger import exact, zcdp_to_approx_dp
 from dpstream.core.contribution.people import PEOPLE_BOUND, collision_delta
 from dpstream.core.erm.grid import GRID_BITS, PRECISION_BITS, _grid_constants, rows_l1_factor
+from dpstream.core.erm.objective import linear_noise_std
 from dpstream.core.erm.output_noise import NoiseLevel
 from dpstream.core.erm.schedules.spec import ScheduleSpec
 from dpstream.core.erm.spec import ErmSpec
@@ -128,11 +144,12 @@ def stream_factor(erm: ErmSpec, streams: int, accounting: str) -> Fraction:
     """Return ``kappa``: one person's block over ``streams`` model streams, per charged block.
 
     ``accounting`` is ``"pure"`` (L1, discrete Laplace; also ERMG's box) or ``"zcdp"`` (L2
-    squared). Exactly 1 when ``min(streams, unit_rows) == 1`` (module docstring).
+    squared). Exactly 1 when ``min(streams, unit_rows) == 1``, and for the objective learner
+    (module docstring).
     """
     integer_at_least("streams", streams, 1)
     spread = min(int(streams), int(erm.unit_rows))
-    if spread == 1:
+    if spread == 1 or erm.learner == "objective":
         return Fraction(1)
     p = erm.parameter_count
     if accounting == "pure":
@@ -213,7 +230,12 @@ def person_cost(spec: ScheduleSpec | ErmgSpec, erm: ErmSpec, max_blocks: int,
 
 
 def _std(erm: ErmSpec, normalizer: float, cost: Fraction) -> float:
-    """The std of one released coordinate of the computation at ``normalizer`` costing ``cost``."""
+    """The std of one released coordinate of the computation at ``normalizer`` costing ``cost``.
+
+    For the objective learner: the std of ``b/n̄`` (:func:`objective.linear_noise_std`).
+    """
+    if erm.learner == "objective":
+        return linear_noise_std(erm, normalizer, cost)
     delta = erm.sensitivity(normalizer)
     level = NoiseLevel(reference_sensitivity=delta, reference_cost=cost)
     g = float(erm.grid(delta))

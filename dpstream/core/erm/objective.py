@@ -19,7 +19,8 @@
 
 Chaudhuri, Monteleoni, Sarwate 2011 (JMLR, "Differentially Private Empirical Risk Minimization",
 Algorithm 2 and Theorem 9: objective perturbation), Kifer, Smith, Thakurta 2012 ("Private Convex
-ERM and High-Dimensional Regression", Theorem 2: any norm, here L1 with Laplace-type noise), made
+ERM and High-Dimensional Regression", objective perturbation in any norm: here L1, with noise
+of density ``~ exp(-beta ||b||_1)``), made
 exact with the coupling of Iyengar, Near, Song, Thakkar, Thakurta, Wang 2019 ("Towards Practical
 Differentially Private Convex Optimization", Algorithm 1, *approximate minima perturbation*: output
 noise covers the distance between the computed and the exact minimiser).
@@ -40,7 +41,9 @@ times ``1 + 2^-40`` (``ln(1 + x)`` moves by a relative ``x/((1 + x) ln(1 + x)) <
 relative error of ``x``, ``2^-53``, and ``log1p`` is within a few ulps, far below ``2^-40``),
 and never above ``x`` itself (``ln(1 + x) <= x``, exact).
 
-**The noise ``b``.** Let ``gamma = 2^-q`` with ``q = ceil(log2 p) + 20`` (public),
+**The noise ``b``.** Let ``gamma = 2^(v - q)`` with ``q = ceil(log2 p) + 20`` and ``v =
+min(20, floor(log2 s) + 3)`` if ``s > 1``, else 0 (``s`` below: 1 unless the per-row budget is
+tiny; public),
 ``L1 = 1`` (binary: ``||(sigmoid(s) - y) z||_1 <= ||z||_1 <= 1``) resp. ``2`` (softmax:
 ``||(p - e_y) z^T||_1 = ||p - e_y||_1 ||z||_1 <= 2``) the per-row L1 bound of the loss gradient,
 and ``beta = eps_b / (L1 + gamma p)``. Each coordinate ``b_j = gamma (k_j + 1/2)`` with
@@ -51,7 +54,7 @@ gamma (k_j + U_j)``, ``U_j`` iid uniform on ``[0, 1)``: ``B`` has the density
 ``f(x) ~ prod_j exp(-beta gamma |floor(x_j / gamma)|)``, and for any shift ``v``,
 ``| |floor((x + v)/gamma)| - |floor(x/gamma)| | <= |v|/gamma + 1`` per coordinate, so
 ``f(x) / f(x + v) <= exp(beta ||v||_1 + beta gamma p)``. ``b`` itself is exactly representable
-(``(2k + 1) 2^-(q+1)``, checked: ``|2k + 1| < 2^53``) and ``||b - B||_inf <= gamma / 2``.
+(``(2k + 1) gamma / 2``, checked: ``|2k + 1| < 2^53``) and ``||b - B||_inf <= gamma / 2``.
 
 **Privacy (pure, add/remove one row).** Let ``w*(B)`` be the exact minimiser of ``J_B`` on
 ``D`` (strongly convex: unique). The first-order condition ``sum_i grad l(w; z_i) +
@@ -65,13 +68,17 @@ H_D + n̄ Lambda I >= n̄ Lambda I``. ``H_z`` is ``sigmoid' z z^T`` (rank 1, ``<
 resp. ``(diag(p) - p p^T) (x) z z^T`` (rank ``<= K - 1``, ``<= ||z||_2^2 / 2``), so the
 determinant is at most ``(1 + c_l / (n̄ Lambda))^rank = exp(eps_jac)`` (``||z||_2 <= 1``), and
 in the other direction it is at most 1. With ``beta (L1 + gamma p) = eps_b``: the exact
-minimiser ``w*`` is ``(eps_b + eps_jac)``-DP (CMS 2011 Theorem 9, KST 2012 Theorem 2).
+minimiser ``w*`` is ``(eps_b + eps_jac)``-DP (the argument of CMS 2011, Theorem 9, in the L1
+norm as KST 2012 do).
 
 **The computed minimiser and the output noise** (Iyengar et al. 2019). The solver
 (:func:`~dpstream.core.erm.solver.solve` with ``linear = b``) certifies
-``||w_hat - argmin J_b|| <= tau = 2^-20 / (n̄ Lambda)``; ``argmin J_b`` and ``argmin J_B``
-differ by at most ``||b - B||_2 / (n̄ Lambda) <= gamma sqrt(p) / (2 n̄ Lambda)`` (strong
-convexity: the linear term moves the minimiser by its change over ``n̄ Lambda``). So
+``||w_hat - argmin J_b|| <= tau = 2^-20 s / (n̄ Lambda)``, with ``s = max(1, S' sqrt(p)
+2^-22)`` and ``S' = (L1 + 1)/eps_b >= 1/beta`` a public bound on the scale of ``b`` (``s = 1``
+unless the per-row budget is below about ``2 sqrt(p) 2^-22``, see *Floating point*);
+``argmin J_b`` and ``argmin J_B`` differ by at most ``||b - B||_2 / (n̄ Lambda) <=
+gamma sqrt(p) / (2 n̄ Lambda)`` (strong convexity: the linear term moves the minimiser by its
+change over ``n̄ Lambda``). So
 ``||w_hat - w*|| <= tau_total = tau + gamma sqrt(p) / (2 n̄ Lambda)``, with ``w_hat`` a
 deterministic function of ``k`` and ``w*`` of ``(k, U)``. The release rounds ``w_hat`` onto the
 public grid ``g = tau / ceil(sqrt(p))`` (exactly, :func:`~dpstream.core.erm.grid.round_to_grid`)
@@ -88,10 +95,21 @@ e^(eps_b + eps_jac + eps_out) E[h-(w*_D')] <= e^(e) P_D'(E)``, and symmetrically
 Fractions (``Lambda`` and ``n̄`` are the exact values of the floats the solver uses); the output
 noise is exact integers on the exact grid (pitfall 2: the fractional part of ``w_hat / g`` is
 never visible). The solver's certificate rests on its documented floating-point error model
-(:mod:`~dpstream.core.erm.solver`); the linear term's rounding is inside that allowance because
-``||b||_inf sqrt(p) <= 2^28`` is checked before solving. A draw outside either check (far below
-any probability that matters at sane costs, and a function of the noise alone, never of the
-data) raises :class:`~dpstream.core.erm.solver.CertificationError`: nothing is released.
+(:mod:`~dpstream.core.erm.solver`). The linear term ``b/n̄`` and the penalty ``Lambda (w - c)``
+nearly cancel, each of size about ``||b|| / n̄``, so their rounding adds at most about
+``3 2^-52 ||b||_2 / n̄`` to the computed gradient; the check ``||b||_inf sqrt(p) <= 2^28 s``
+before solving keeps that below a fifth of the solver's allowance ``Lambda tau / 2 = 2^-21 s /
+n̄``. That is why ``tau`` widens with ``s``: at a tiny per-row budget ``b`` is large (``S ~
+1/e``) and float64 cannot certify the minimiser to ``2^-20 / (n̄ Lambda)``; the check fails only
+if a coordinate exceeds ``2^28 s / sqrt(p) >= 64 S``, probability below ``p e^-64``. The price:
+the output noise's std is about ``500 sqrt(p) n̄ Lambda tau`` times ``b``'s effect on ``w``
+(``S / (n̄ Lambda)``), i.e. ``0.4 %`` at ``p = 65`` while ``s = 1``, growing as ``1/e`` below.
+``|2k + 1| < 2^53`` is checked too: when ``s > 1`` the lattice widens, ``v = min(20,
+floor(log2 s) + 3)``, so that ``k``'s scale ``1/(beta gamma) <= S' 2^(q - v)`` stays below
+``2^(q + 20)/sqrt(p) <= 2^46`` for ``p <= 2^12`` (``gamma sqrt(p)/2`` stays below ``tau n̄
+Lambda`` for ``p >= 16``, so ``tau_total <= 2 tau``). A draw outside either check (a function
+of the noise alone, never of the data) raises :class:`~dpstream.core.erm.solver.CertificationError`:
+nothing is released.
 
 **What the model reports.** ``cost = C``; ``noise_std``: the per-coordinate standard deviation
 of ``b / n̄``, the linear term's noise, public and analytic (``gamma sqrt(Var k) / n̄``);
@@ -125,6 +143,7 @@ from dpstream.errors import InvalidParameterError
 
 __all__ = [
     "ObjectiveBudget",
+    "linear_noise_std",
     "objective_budget",
     "objective_perturbation",
 ]
@@ -134,11 +153,13 @@ OUTPUT_SHARE: Final = Fraction(1, 100)
 JACOBIAN_CAP: Final = Fraction(1, 2)
 """The most of the per-row budget the Jacobian term may take (``Lambda`` is raised otherwise)."""
 SOLVER_BITS: Final = 20
-"""``tau = 2^-SOLVER_BITS / (n̄ Lambda)``."""
+"""``tau = 2^-SOLVER_BITS s / (n̄ Lambda)``, ``s = max(1, S sqrt(p) 2^-WIDE_BITS)``."""
+WIDE_BITS: Final = 22
+"""Above ``S sqrt(p) = 2^WIDE_BITS`` the certified precision widens with the noise (docstring)."""
 LATTICE_BITS: Final = 20
 """``gamma = 2^-(ceil(log2 p) + LATTICE_BITS)``."""
 _LOG_MARGIN: Final = 1 + Fraction(1, 1 << 40)
-_LINEAR_LIMIT: Final = float(1 << 28)  # ||b||_inf sqrt(p) bound for the solver's allowance
+_LINEAR_LIMIT: Final = 1 << 28  # ||b||_inf sqrt(p) <= 2^28 s for the solver's allowance
 _EXACT_LIMIT: Final = 1 << 53
 
 
@@ -170,7 +191,8 @@ class ObjectiveBudget:
         gamma: the lattice step of ``b``, ``2^-q``.
         beta: ``eps_b / (L1 + gamma p)``.
         noise_scale: the discrete Laplace scale ``1/(beta gamma)`` of ``k``.
-        precision: the solver's ``tau``; distance: ``tau_total``.
+        widening: ``s`` (1 unless the per-row budget is tiny).
+        precision: the solver's ``tau`` (widened by ``s``); distance: ``tau_total``.
         grid: ``g``; l1_sensitivity: ``D1``; output_scale: ``t = D1 / eps_out``.
 
     """
@@ -183,11 +205,17 @@ class ObjectiveBudget:
     gamma: Fraction
     beta: Fraction
     noise_scale: Fraction
+    widening: Fraction
     precision: Fraction
     distance: Fraction
     grid: Fraction
     l1_sensitivity: Fraction
     output_scale: Fraction
+
+
+def _widening(scale: Fraction, root: Fraction) -> Fraction:
+    """``s = max(1, S sqrt(p) 2^-22)``: how much the certified precision widens (docstring)."""
+    return max(Fraction(1), scale * root / (1 << WIDE_BITS))
 
 
 def _jacobian(spec: ErmSpec, n: Fraction, lam: float) -> Fraction:
@@ -218,10 +246,12 @@ def objective_budget(spec: ErmSpec, normalizer: float, cost: Fraction) -> Object
     if _jacobian(spec, n, lam) > cap:  # raise Lambda (Chaudhuri et al. 2011, Algorithm 2)
         rank = 1 if spec.binary else len(spec.classes) - 1
         c_l = 0.25 if spec.binary else 0.5
-        x = float(cap) / rank
-        lam = max(lam, c_l / (float(n) * math.expm1(x)) * (1.0 + 2.0**-30))
-        while _jacobian(spec, n, lam) > cap:
-            lam = math.nextafter(lam * (1.0 + 2.0**-40), math.inf)
+        room = math.expm1(float(cap) / rank)
+        if not room > 0.0:
+            raise InvalidParameterError(f"cost {float(c):.3g} is too small for this model")
+        lam = max(lam, c_l / (float(n) * room) * (1.0 + 2.0**-30))
+        while math.isfinite(lam) and _jacobian(spec, n, lam) > cap:
+            lam = math.nextafter(lam * (1.0 + 2.0**-30), math.inf)
         if not math.isfinite(lam):
             raise InvalidParameterError(f"cost {float(c):.3g} is too small for this model")
     jac = _jacobian(spec, n, lam)
@@ -229,17 +259,21 @@ def objective_budget(spec: ErmSpec, normalizer: float, cost: Fraction) -> Object
     lin = e - out - jac
     p = spec.parameter_count
     l1 = 1 if spec.binary else 2
-    gamma = Fraction(1, 1 << ((p - 1).bit_length() + LATTICE_BITS))
+    root = _sqrt_up(p)
+    widening = _widening((l1 + 1) / lin, root)  # (L1 + 1)/eps_b >= S = 1/beta: public
+    wide = (0 if widening == 1 else  # a coarser lattice keeps k below 2^52 (docstring)
+            min(LATTICE_BITS, (widening.numerator // widening.denominator).bit_length() + 2))
+    gamma = Fraction(1 << wide, 1 << ((p - 1).bit_length() + LATTICE_BITS))
     beta = lin / (l1 + gamma * p)
     n_lam = n * Fraction(lam)
-    tau = Fraction(1, 1 << SOLVER_BITS) / n_lam
-    root = _sqrt_up(p)
+    tau = Fraction(1, 1 << SOLVER_BITS) * widening / n_lam
     distance = tau + gamma * root / (2 * n_lam)
     grid = tau / (math.isqrt(p - 1) + 1)
     d1 = 2 * root * distance / grid + p
     return ObjectiveBudget(
         per_row=e, output=out, jacobian=jac, linear=lin, regularization=lam, gamma=gamma,
-        beta=beta, noise_scale=1 / (beta * gamma), precision=tau, distance=distance,
+        beta=beta, noise_scale=1 / (beta * gamma), widening=widening, precision=tau,
+        distance=distance,
         grid=grid, l1_sensitivity=d1, output_scale=d1 / out,
     )
 
@@ -248,6 +282,12 @@ def _dlap_variance(scale: Fraction) -> float:
     """``2 p / (1 - p)^2`` with ``p = exp(-1/scale)``, accurate for large scales (``expm1``)."""
     x = 1.0 / float(scale)
     return 2.0 * math.exp(-x) / math.expm1(-x) ** 2
+
+
+def linear_noise_std(spec: ErmSpec, normalizer: float, cost: Fraction) -> float:
+    """The per-coordinate std of ``b / n̄`` of a release at ``cost``: a model's ``noise_std``."""
+    budget = objective_budget(spec, normalizer, cost)
+    return float(budget.gamma) * math.sqrt(_dlap_variance(budget.noise_scale)) / float(normalizer)
 
 
 def _linear_noise(rng: RandomIntegers, budget: ObjectiveBudget, p: int) -> list[float]:
@@ -262,7 +302,7 @@ def _linear_noise(rng: RandomIntegers, budget: ObjectiveBudget, p: int) -> list[
                 "an objective-perturbation noise draw is too large to be represented exactly "
                 "in float64; nothing was released"
             )
-        out.append(math.ldexp(float(odd), -shift))  # (2k + 1) 2^-(q+1), exact
+        out.append(math.ldexp(float(odd), -shift))  # (2k + 1) gamma / 2, exact
     return out
 
 
@@ -309,7 +349,8 @@ def objective_perturbation(
     p = spec.parameter_count
     shape = (spec.rows, spec.columns)
     b = np.array(_linear_noise(rng, budget, p), dtype=np.float64)
-    if float(np.max(np.abs(b))) * math.sqrt(p) > _LINEAR_LIMIT:
+    largest = max(abs(Fraction(v)) for v in b.tolist())
+    if largest * _sqrt_up(p) > _LINEAR_LIMIT * budget.widening:
         raise CertificationError(
             "an objective-perturbation noise draw exceeds the solver's floating-point "
             "allowance; nothing was released"
@@ -336,7 +377,7 @@ def objective_perturbation(
     return PrivateModel(
         params=_params_from_integers(released, g, shape),
         grid=g,
-        noise_std=std / float(normalizer),
+        noise_std=std / float(normalizer),  # = linear_noise_std(spec, normalizer, cost)
         cost=total,
         sensitivity=2 * budget.distance,
         normalizer=float(normalizer),

@@ -36,9 +36,9 @@ also minimises ``J_b(w) = J(w) + <b, w>/n̄`` for a given vector ``b`` (``linear
 adds ``b/n̄`` to the gradient and ``<b, w>/n̄`` to the value; the Hessian (and so the
 Hessian-vector products, the smoothness ``beta`` and the strong convexity) is unchanged, so the
 certificate above holds as it is. The term is evaluated as ``b * (1/n̄)`` in float64: its
-rounding error, at most ``2^-52 ||b|| / n̄``, belongs to the same allowance (the objective
-learner checks ``||b||_inf sqrt(p) <= 2^28`` before it solves, so it is below ``2^-24 / n̄``,
-a sixth of the allowance). Without ``linear`` every byte is as before.
+rounding error, with that of the penalty term it nearly cancels, belongs to the same allowance
+(the objective learner bounds ``||b||`` before it solves and widens its precision with the
+noise: :mod:`~dpstream.core.erm.objective`). Without ``linear`` every byte is as before.
 
 **Noise and state.** Nothing here is random: :func:`solve` is a fixed computation of its inputs,
 so a replayed release solves to the same floats. A :class:`Solution` holds the non-private

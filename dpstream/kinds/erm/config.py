@@ -151,8 +151,11 @@ class ErmConfig(FlowConfig):
         r, blocks = c.cap("max_rows_per_block"), c.cap("max_blocks")
         lines = [c.describe(),
                  f"a person's rows of one block (at most {r}) cost at most {self.budget:.6g} "
-                 f"{self.unit} over all the models they train (each block's sensitivity is "
-                 f"{r} x L/(lambda n)); a person has rows in at most {blocks} blocks a period"]
+                 f"{self.unit} over all the models they train ("
+                 + (f"each row costs 1/{r} of a block's charge"
+                    if self.model.learner == "objective"
+                    else f"each block's sensitivity is {r} x L/(lambda n)")
+                 + f"); a person has rows in at most {blocks} blocks a period"]
         if cost.accounting == "pure":
             lines.append(f"per person and period: epsilon <= {float(cost.stream_factor):.6g} x "
                          f"{blocks} x {float(cost.per_block):.6g} = {float(cost.total):.6g} "
