@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from support.fakes import FakeTrain
 
 from dpstream.core.erm.history import (
@@ -224,6 +226,51 @@ def test_a_new_history_deletes_what_the_directory_held(tmp_path):
     assert segment_names(directory) == [] and again.end == 0
     again.append(0, a_block(2, 50))
     assert same(again.read(0, 0), a_block(2, 50))
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["append", "append", "append", "snapshot", "drop",
+                                           "crash", "tear"]),
+                          st.integers(0, 6)), max_size=40))
+def test_any_run_of_appends_drops_snapshots_and_crashes_reads_as_in_memory(tmp_path_factory,
+                                                                          operations):
+    """A file store driven like a schedule under crashes reads exactly what memory keeps.
+
+    ``crash``: the process dies; a new store object resumes from the last snapshot (the
+    reference rolls back to it too). ``tear``: the same after half a record was written.
+    """
+    directory = tmp_path_factory.mktemp("h")
+    columns = erm_spec().columns
+    files = FileBlockStore(directory, columns, blocks_per_segment=3, keep_snapshots=1)
+    files.restore(None, first=0)
+    memory = MemoryBlockStore(columns)
+    snapshot = (None, [], 0)  # the files' state, the reference's blocks, first
+    for op, n in operations:
+        if op == "append":
+            step = files.end
+            block = a_block(n, step)
+            files.append(step, block)
+            memory.append(step, block)
+        elif op == "drop":
+            files.drop_before(files.first + n // 3)
+            memory.drop_before(memory.first + n // 3)
+        elif op == "snapshot":
+            snapshot = (files.state(), memory.state(), files.first)
+        else:
+            if op == "tear":
+                files.flush()
+                tail = directory / f"segment-{files.end // 3:010d}.blocks"
+                with open(tail, "ab") as f:
+                    f.write(b"DPHB" + bytes(n))
+            files = FileBlockStore(directory, columns, blocks_per_segment=3, keep_snapshots=1)
+            state, blocks, first = snapshot
+            files.restore(state, first=first)
+            memory = MemoryBlockStore(columns)
+            memory.restore(blocks or None, first=first)
+        assert (files.first, files.end) == (memory.first, memory.end)
+        if files.first < files.end:
+            assert same(files.read(files.first, files.end - 1),
+                        memory.read(memory.first, memory.end - 1))
 
 
 # --- the schedules ---------------------------------------------------------------------------
@@ -507,3 +554,31 @@ def test_release_max_history_is_a_setting_that_check_config_shows():
     for bad in (0, -3, 2.5, "64"):
         with pytest.raises(ConfigError, match=r"release\.max_history|\[release\].*max_history"):
             flow_config(max_history=bad)
+
+
+@pytest.mark.flow
+def test_without_a_recovery_directory_the_history_is_private_and_removed_at_exit(tmp_path):
+    """A run without recovery keeps its histories in a private temporary directory (0700) of
+    the process, removed when the process exits."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import json, sys
+        sys.path.insert(0, "tests")
+        from test_erm_history import flow_config, flow_events, run_flow
+        import dpstream.kinds.erm.shard as shard
+        run_flow(flow_config(max_history=4), flow_events(steps=6), [])
+        root = shard._temporary_root[0]
+        segments = sorted(str(p.relative_to(root)) for p in root.rglob("segment-*"))
+        print(json.dumps([str(root), oct(root.stat().st_mode & 0o777), segments]))
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]))
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         check=True, env=env, cwd=Path(__file__).resolve().parent.parent)
+    root, mode, segments = json.loads(out.stdout.strip().splitlines()[-1])
+    assert mode == oct(0o700)
+    assert segments and all(s.startswith("m-1/m/") for s in segments)
+    assert not Path(root).exists()  # removed at exit

@@ -82,7 +82,7 @@ def config(algorithm: str = "continual", *, accounting: str = "pure", epsilon: f
            classes: tuple = ("no", "yes"), streams: tuple[str, ...] = ("a", "b"),
            sampling: bool = False, block_size: int = 16, base_blocks: int = 2,
            window_blocks: int = 3, regularization: float = 0.5, holdout: str | None = None,
-           clip_norm: float = 2.0, name: str = "nb"):
+           clip_norm: float = 2.0, name: str = "nb", max_history: int | None = None):
     model: dict[str, Any] = {"classes": list(classes), "dimension": D, "clip_norm": clip_norm,
                              "regularization": regularization, "streams": list(streams),
                              "learner": "output"}  # the grid coupling below is its property
@@ -99,6 +99,8 @@ def config(algorithm: str = "continual", *, accounting: str = "pure", epsilon: f
                     "base_blocks": base_blocks, "window_blocks": window_blocks,
                     "sampling": sampling},
     }
+    if max_history is not None:
+        raw["release"]["max_history"] = max_history
     if holdout is not None:
         raw["holdout"] = {"path": holdout}
     return parse_config(raw)
@@ -425,6 +427,33 @@ def test_coupled_neighbours_differ_only_in_the_weights_and_within_the_charge(alg
         elif algorithm in ("continual", "multi-resolution") and step == 0:
             assert touched >= 3, name  # the first block feeds every cumulative model
     assert moved_any, "the extreme events moved no model: the check would be vacuous"
+
+
+def test_a_bounded_history_forgets_the_blocks_before_its_last_h(recorder):
+    """``release.max_history = 3``: an event of block 0 stays within every charge, and moves
+    no model whose chain read only later blocks; without the bound the same models move.
+
+    The base of ``t = 8`` blocks (step 7, nominal range 0..7) reads blocks 5..7 under the
+    bound, and the updates of steps 8 and 9 are centred on it: none of them can see block 0.
+    """
+    bounded, unbounded = config("continual", max_history=3), config("continual")
+    classes = tuple(bounded.model.classes)
+    base = base_events()
+    noise = NoiseKey.for_tests(21)
+    forgotten = {("a", 7, "base", 2), ("a", 8, "update", 0), ("a", 9, "update", 1)}
+    for name, step, neighbour in SCENARIOS[:2]:  # the extreme events of the first block
+        moved = {}
+        for cfg in (bounded, unbounded):
+            a = drive(cfg, base, noise, recorder=recorder)
+            b = drive(cfg, neighbour(base, classes), noise, recorder=recorder)
+            assert not a.dead and not b.dead, name
+            assert_same_structure(a, b)
+            assert_weights_within_charged_sensitivity(cfg, a, b, step)
+            moved[cfg is bounded] = {(x["stream"], x["step"], x["role"], x["level"])
+                                     for (x, va), (_y, vb) in _pairs(a, b) if va != vb}
+        assert forgotten <= moved[False], (name, sorted(moved[False]))  # the power check
+        assert not forgotten & moved[True], (name, sorted(forgotten & moved[True]))
+        assert moved[True] <= moved[False], name
 
 
 def test_the_grid_check_catches_a_solver_normalised_by_the_private_count(monkeypatch,

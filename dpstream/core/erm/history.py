@@ -256,6 +256,14 @@ def _raw(array: np.ndarray) -> memoryview:
     return array.data.cast("B")
 
 
+def _fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _private_directory(directory: Path) -> None:
     """Create ``directory`` (and missing parents) mode 0700; narrow it to 0700 if it exists."""
     missing = []
@@ -269,6 +277,7 @@ def _private_directory(directory: Path) -> None:
         except FileExistsError:
             pass
         os.chmod(path, _DIR_MODE)
+        _fsync_directory(path.parent)  # the new entry survives a power loss
     if not directory.is_dir():
         raise HistoryError(f"the block history directory {directory} is not a directory")
     if stat.S_IMODE(directory.stat().st_mode) != _DIR_MODE:
@@ -538,11 +547,7 @@ class FileBlockStore:
                 os.fsync(self._file.fileno())
         self._dirty = False
         if self._durable and self._dir_dirty:
-            fd = os.open(self.directory, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            _fsync_directory(self.directory)
         self._dir_dirty = False
 
     def state(self) -> dict[str, Any]:
