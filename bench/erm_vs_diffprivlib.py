@@ -609,7 +609,7 @@ def main() -> None:
     t0 = time.perf_counter()
     quick = args.quick
     seeds = args.seeds or (3 if quick else 30)
-    sched_seeds = args.schedule_seeds or (2 if quick else 15)
+    sched_seeds = args.schedule_seeds or (2 if quick else 30)
     reps = 1 if quick else 5
     sched_reps = 1 if quick else 3
     n_list = [length_of(n) for n in ((4096,) if quick else N_LIST)]
