@@ -468,7 +468,7 @@ class Evaluator:
         _core()
         from dpstream.core.erm.model import predict
 
-        key = (spec.clip_norm, spec.intercept, spec.dimension)
+        key = (spec.clip_norm, spec.intercept, spec.dimension, getattr(spec, "learner", ""))
         z = self._z.get(key)
         if z is None:
             z = self._z[key] = spec.features(self.split.x)
