@@ -582,3 +582,26 @@ def test_without_a_recovery_directory_the_history_is_private_and_removed_at_exit
     assert mode == oct(0o700)
     assert segments and all(s.startswith("m-1/m/") for s in segments)
     assert not Path(root).exists()  # removed at exit
+
+
+@pytest.mark.flow
+def test_a_bounded_history_keeps_its_disk_bounded_too(tmp_path):
+    """With ``max_history = H`` the shard's segments hold at most H blocks each, so deleting
+    whole segments keeps the files near H blocks a stream; with 64-block segments a 30-step
+    run would keep every block it ever saw on disk."""
+    from bytewax.recovery import init_db_dir
+
+    items = flow_events(steps=30)
+    sizes = {}
+    for bound in (2, None):
+        store = tmp_path / f"store-{bound}"
+        store.mkdir(mode=0o700)
+        init_db_dir(store, 1)
+        release = {} if bound is None else {"max_history": bound}
+        run_flow(flow_config(**release), items, [], recovery=store, history=store)
+        files = [p for p in (store / "history").rglob("*") if p.is_file()]
+        assert files
+        sizes[bound] = sum(p.stat().st_size for p in files)
+    # unbounded keeps all 30 blocks of each stream; H = 2 keeps about 2 + 2 + the 3 snapshots'
+    # blocks, well under half of them
+    assert sizes[2] < sizes[None] / 2, sizes

@@ -229,8 +229,11 @@ class ErmShard(MechanismShard):
         if self.config.algorithm != "ermg" and self.shard is not None:
             directory = history_directory(self.recovery_dir, self.instance, self.config.name,
                                           name, self.shard)
-            store = FileBlockStore(directory, self.config.model.columns,
-                                   durable=self.recovery_dir is not None)
+            bound = getattr(self.config.schedule, "max_history", None)
+            store = FileBlockStore(  # segments no longer than the bound: disk O(window) too
+                directory, self.config.model.columns,
+                blocks_per_segment=64 if bound is None else max(1, min(64, int(bound))),
+                durable=self.recovery_dir is not None)
         return _Stream(self.config, name, self.noise, coordinates, state, self.train, store)
 
     def merge(self, step: int, bucket: dict[str, Any]) -> None:
