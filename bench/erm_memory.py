@@ -420,8 +420,215 @@ def main() -> None:
         report()
 
 
+def _load(tag: str) -> dict[str, Any] | None:
+    path = _samples_path(tag)
+    if not path.exists():
+        return None
+    meta: dict[str, Any] = {}
+    steps, snaps, done = [], [], None
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:  # a line cut by a kill
+            continue
+        if "meta" in row:
+            meta = row["meta"]
+        elif "done" in row:
+            done = row["done"]
+        elif row.get("monitor"):
+            snaps.append(row)
+        else:
+            steps.append(row)
+    return {"meta": meta, "steps": steps, "snapshots": snaps, "done": done}
+
+
+def _at(rows: list[dict[str, Any]], events: float, key: str) -> Any:
+    """The value of ``key`` in the last row at or before ``events`` events."""
+    best = None
+    for row in rows:
+        if row.get("events") is not None and row["events"] <= events and row.get(key) is not None:
+            best = row[key]
+    return best
+
+
+def _slope(rows: list[dict[str, Any]], key: str, after: float) -> float | None:
+    """Least-squares slope of ``key`` against events over the rows past ``after`` events
+    (bytes per million events)."""
+    pts = [(r["events"], r[key]) for r in rows
+           if r.get("events") is not None and r["events"] > after and r.get(key) is not None]
+    if len(pts) < 3:
+        return None
+    mx = sum(x for x, _ in pts) / len(pts)
+    my = sum(y for _, y in pts) / len(pts)
+    sxx = sum((x - mx) ** 2 for x, _ in pts)
+    return 1e6 * sum((x - mx) * (y - my) for x, y in pts) / sxx if sxx else None
+
+
+def _mib(v: float | None) -> str:
+    return "–" if v is None else f"{v / 2**20:,.1f}"
+
+
+def _size(v: float | None) -> str:
+    if v is None:
+        return "–"
+    return f"{v / 2**20:,.1f} MiB" if v >= 2**20 else f"{v / 2**10:,.1f} KiB"
+
+
+def svg(runs: dict[str, dict[str, Any]]) -> str:
+    """Two panels (RSS; snapshot bytes, log scale) against events, one line per run."""
+    width, height, left, right, top, gap, panel = 900, 640, 90, 160, 40, 90, 220
+    colours = {"bounded": "#1f77b4", "unbounded": "#d62728"}
+    xmax = max((r["events"] for run in runs.values()
+                for r in run["steps"] + run["snapshots"] if r.get("events")), default=1)
+    xscale = (width - left - right) / xmax
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'font-family="sans-serif" font-size="12">',
+           '<rect width="100%" height="100%" fill="white"/>']
+
+    def axes(y0: float, label: str, ticks: list[tuple[float, str]]) -> None:
+        out.append(f'<line x1="{left}" y1="{y0 + panel}" x2="{width - right}" '
+                   f'y2="{y0 + panel}" stroke="black"/>')
+        out.append(f'<line x1="{left}" y1="{y0}" x2="{left}" y2="{y0 + panel}" stroke="black"/>')
+        out.append(f'<text x="{left - 70}" y="{y0 - 12}">{label}</text>')
+        for y, text in ticks:
+            out.append(f'<line x1="{left - 4}" y1="{y:.1f}" x2="{width - right}" y2="{y:.1f}" '
+                       f'stroke="#ddd"/><text x="{left - 8}" y="{y + 4:.1f}" '
+                       f'text-anchor="end">{text}</text>')
+        step = 10 ** math.floor(math.log10(max(xmax, 1) / 2))
+        step *= 5 if xmax / step > 25 else 2 if xmax / step > 10 else 1
+        x = 0.0
+        while x <= xmax:
+            px = left + x * xscale
+            out.append(f'<line x1="{px:.1f}" y1="{y0 + panel}" x2="{px:.1f}" '
+                       f'y2="{y0 + panel + 4}" stroke="black"/><text x="{px:.1f}" '
+                       f'y="{y0 + panel + 18}" text-anchor="middle">{x / 1e6:g}</text>')
+            x += step
+        out.append(f'<text x="{(left + width - right) / 2}" y="{y0 + panel + 36}" '
+                   f'text-anchor="middle">events processed (millions)</text>')
+
+    # panel 1: RSS, linear from 0
+    rss_max = max((r["rss"] for run in runs.values() for r in run["steps"] if r.get("rss")),
+                  default=1) / 2**20
+    top_rss = 10 ** math.floor(math.log10(rss_max)) * math.ceil(
+        rss_max / 10 ** math.floor(math.log10(rss_max)))
+    y0 = top
+    axes(y0, "RSS of the worker (MiB)",
+         [(y0 + panel - panel * k / 4, f"{top_rss * k / 4:g}") for k in range(5)])
+    for name, run in runs.items():
+        pts = " ".join(f"{left + r['events'] * xscale:.1f},"
+                       f"{y0 + panel - panel * r['rss'] / 2**20 / top_rss:.1f}"
+                       for r in run["steps"] if r.get("rss"))
+        out.append(f'<polyline points="{pts}" fill="none" stroke="{colours.get(name, "#555")}" '
+                   f'stroke-width="1.5"/>')
+    # panel 2: snapshot bytes, log scale
+    y0 = top + panel + gap
+    sizes = [r["snapshot"] for run in runs.values() for r in run["snapshots"] if r["snapshot"]]
+    lo = math.floor(math.log10(min(sizes, default=1)))
+    hi = max(lo + 1, math.ceil(math.log10(max(sizes, default=10))))
+    axes(y0, "snapshot of the shard's state (bytes, log scale)",
+         [(y0 + panel - panel * (e - lo) / (hi - lo), f"1e{e}") for e in range(lo, hi + 1)])
+    for name, run in runs.items():
+        pts = " ".join(f"{left + r['events'] * xscale:.1f},"
+                       f"{y0 + panel - panel * (math.log10(r['snapshot']) - lo) / (hi - lo):.1f}"
+                       for r in run["snapshots"] if r["snapshot"] and r.get("events"))
+        out.append(f'<polyline points="{pts}" fill="none" stroke="{colours.get(name, "#555")}" '
+                   f'stroke-width="1.5"/>')
+    for k, name in enumerate(runs):
+        y = top + 20 * k
+        meta = runs[name]["meta"]
+        text = f"{name} (max_history = {meta.get('window') or 'none'})"
+        out.append(f'<line x1="{width - right + 10}" y1="{y}" x2="{width - right + 30}" y2="{y}" '
+                   f'stroke="{colours.get(name, "#555")}" stroke-width="2"/>'
+                   f'<text x="{width - right + 34}" y="{y + 4}" font-size="10">{text}</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
 def report() -> None:
-    raise NotImplementedError
+    """results/issue25-memory.{md,json,svg} from the runs' samples."""
+    runs = {tag: run for tag in ("bounded", "unbounded") if (run := _load(tag)) is not None}
+    if not runs:
+        raise SystemExit("no samples: run `erm_memory.py run` first")
+    resume_path = RESULTS / f".{OUT}-resume.json"
+    resumed = json.loads(resume_path.read_text()) if resume_path.exists() else None
+    lines = ["# ERM run in bounded memory (issue 25)", "",
+             "`bench/erm_memory.py`: the real dataflow, one worker, in-memory input (synthetic "
+             f"events, d = {D}, three partitions, made batch by batch as the source asks), "
+             "continual release (Algorithm 4 + 2, B = 4), pure ε = 1, with a recovery "
+             "directory (Bytewax snapshots every epoch). RSS is the worker process's VmRSS "
+             "per closed step; the snapshot is the size of the newest serialised state of "
+             "the model shard (Bytewax's recovery partition), read at every epoch from another "
+             "process; history is the disk use of the history store's files.", ""]
+    summary: dict[str, Any] = {}
+    for tag, run in runs.items():
+        meta, steps, snaps = run["meta"], run["steps"], run["snapshots"]
+        window = meta.get("window")
+        first = (window or 0) * meta["block"]
+        end = max((r["events"] for r in steps), default=0)
+        last = steps[-1] if steps else {}
+        rate = end / last["seconds"] if last.get("seconds") else None
+        lines += [f"## {tag}: {end:,} events, b0 = {meta['block']:,}, "
+                  f"max_history = {window or 'none'}, learner = "
+                  f"{meta.get('learner') or 'the default'}", "",
+                  f"Started {meta.get('started')}; "
+                  + (f"finished {run['done']}" if run["done"] else
+                     "**did not finish** (cut short; the samples up to the cut are shown)")
+                  + f"; {rate:,.0f} events/s over the whole run (snapshots included)."
+                  if rate else "", "",
+                  "| events | step | RSS MiB | snapshot | recovery files MiB | history MiB | "
+                  "elapsed s |", "|---|---|---|---|---|---|---|"]
+        every = 5_000_000 if end >= 20_000_000 else max(end // 10, 1)
+        marks = list(range(every, end + 1, every))
+        if not marks or marks[-1] != end:
+            marks.append(end)
+        for m in marks:
+            lines.append(f"| {m:,} | {_at(steps, m, 'step')} | {_mib(_at(steps, m, 'rss'))} | "
+                         f"{_size(_at(snaps, m, 'snapshot'))} | "
+                         f"{_mib(_at(snaps, m, 'recovery_files'))} | "
+                         f"{_mib(_at(snaps, m, 'history'))} | "
+                         f"{_at(steps, m, 'seconds') or 0:,.0f} |")
+        rss_slope = _slope(steps, "rss", max(first, 2 * meta["block"]))
+        snap_slope = _slope(snaps, "snapshot", max(first, 2 * meta["block"]))
+        peak = max((r["rss"] for r in steps), default=None)
+        summary[tag] = {"meta": meta, "events": end, "events_per_second": rate,
+                        "rss_slope_bytes_per_million_events": rss_slope,
+                        "snapshot_slope_bytes_per_million_events": snap_slope,
+                        "peak_rss": peak, "finished": run["done"] is not None,
+                        "samples": {"steps": steps, "snapshots": snaps}}
+        lines += ["", f"After the first window ({first:,} events): RSS slope "
+                  f"{'–' if rss_slope is None else f'{rss_slope / 2**20:+,.2f} MiB'} per million "
+                  f"events, snapshot slope "
+                  f"{'–' if snap_slope is None else f'{snap_slope:+,.0f} bytes'} per million "
+                  f"events (least squares over every sample past it); peak RSS "
+                  f"{_mib(peak)} MiB.", ""]
+        if tag == "bounded" and end >= 10_000_000:
+            pairs = [(10_000_000, end)]
+            for a, b in pairs:
+                lines.append(f"RSS at {a / 1e6:g} M events {_mib(_at(steps, a, 'rss'))} MiB, at "
+                             f"{b / 1e6:g} M {_mib(_at(steps, b, 'rss'))} MiB; snapshot "
+                             f"{_size(_at(snaps, a, 'snapshot'))} and "
+                             f"{_size(_at(snaps, b, 'snapshot'))}.")
+            lines.append("")
+    if resumed is not None:
+        lines += ["## kill -9 and resume", "",
+                  f"{resumed['events']:,} events (b0 = {resumed['block']:,}, max_history = "
+                  f"{resumed['window'] or 'none'}): one uninterrupted run "
+                  f"({resumed['models_uninterrupted']} model records), then a run killed with "
+                  f"SIGKILL after {resumed['records_before_kill']} records "
+                  f"(killed by SIGKILL: {resumed['killed_with_sigkill']}) and resumed on the same "
+                  f"recovery directory ({resumed['records_after_resume']} records after the "
+                  f"restart, {resumed['replayed_duplicates']} of them replays of records "
+                  f"published before the kill).", "",
+                  f"**Byte-identical: {resumed['byte_identical']}** — mismatched records "
+                  f"{resumed['mismatched']}, missing {resumed['missing']}, replayed copies "
+                  f"identical: {resumed['duplicates_identical']}.", ""]
+        summary["resume"] = resumed
+    lines += ["![RSS and snapshot size against events processed](issue25-memory.svg)", ""]
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{OUT}.md").write_text("\n".join(lines))
+    (RESULTS / f"{OUT}.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (RESULTS / f"{OUT}.svg").write_text(svg(runs))
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":
