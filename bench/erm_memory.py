@@ -33,7 +33,7 @@ Modes::
     python bench/erm_memory.py report                  # results/issue25-memory.{md,json,svg}
 
 ``run`` and ``resume`` start every flow in a child process (``--one``), as the other benches
-do; a run's samples go to ``results/.issue25-memory-<tag>.jsonl`` line by line, so a long run
+do; a run's samples go to ``results/issue25-memory-<tag>.jsonl.tmp`` line by line, so a long run
 can be watched and a cut-short run still reports what it measured. ``resume`` runs the flow
 once uninterrupted, then once more in a child it kills with SIGKILL after ``--kill-at`` of the
 input (the child's sink appends every record to a file and fsyncs it), restarts it on the
@@ -69,7 +69,7 @@ OUT = "issue25-memory"
 
 
 def _samples_path(tag: str) -> Path:
-    return RESULTS / f".{OUT}-{tag}.jsonl"
+    return RESULTS / f"{OUT}-{tag}.jsonl.tmp"
 
 
 class Batches(Sequence[Any]):
@@ -301,7 +301,7 @@ def scratch(name: str) -> Path:
 
 
 def run(args: argparse.Namespace) -> None:
-    """A sampled run (its samples: ``results/.issue25-memory-<tag>.jsonl``)."""
+    """A sampled run (its samples: ``results/issue25-memory-<tag>.jsonl.tmp``)."""
     work = scratch(args.tag)
     samples = _samples_path(args.tag)
     samples.unlink(missing_ok=True)
@@ -388,7 +388,7 @@ def resume(args: argparse.Namespace) -> None:
               "digest": hashlib.sha256("".join(sorted(v[0] for v in whole.values()))
                                        .encode()).hexdigest()[:16],
               "seconds_uninterrupted": round(whole_seconds, 1)}
-    (RESULTS / f".{OUT}-resume.json").write_text(json.dumps(result, indent=1) + "\n")
+    (RESULTS / f"{OUT}-resume.json.tmp").write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))
     if not result["byte_identical"] or not result["killed_with_sigkill"]:
         raise SystemExit("kill -9 and resume: NOT byte-identical (see above)")
@@ -549,7 +549,7 @@ def report() -> None:
     runs = {tag: run for tag in ("bounded", "unbounded") if (run := _load(tag)) is not None}
     if not runs:
         raise SystemExit("no samples: run `erm_memory.py run` first")
-    resume_path = RESULTS / f".{OUT}-resume.json"
+    resume_path = RESULTS / f"{OUT}-resume.json.tmp"
     resumed = json.loads(resume_path.read_text()) if resume_path.exists() else None
     lines = ["# ERM run in bounded memory (issue 25)", "",
              "`bench/erm_memory.py`: the real dataflow, one worker, in-memory input (synthetic "
