@@ -48,15 +48,20 @@ class ReleasedClassifier(*_BASES):  # type: ignore[misc]
         classes: the labels, in the model's order.
         coef: weights for raw features, shape ``(1, d)`` (binary) or ``(K, d)``.
         intercept: shape ``(1,)`` or ``(K,)``.
-        clip_norm: rows are clipped to this L2 norm before scoring.
+        clip_norm: rows are clipped to this norm before scoring.
         record: the release record it came from (window, privacy cost, ...), if any.
+        norm: the clipping's norm, ``"l2"`` (output perturbation) or ``"l1"`` (the objective
+            learner); a record's ``features.norm``.
     """
 
     _estimator_type = "classifier"
 
     def __init__(self, classes: list[Any], coef: Any, intercept: Any, clip_norm: float,
-                 record: dict[str, Any] | None = None) -> None:
+                 record: dict[str, Any] | None = None, norm: str = "l2") -> None:
         self.classes_ = np.asarray(classes)
+        if norm not in ("l1", "l2"):
+            raise SchemaError(f"a model's clipping norm must be 'l1' or 'l2', got {norm!r}")
+        self.norm = norm
         self.coef_ = np.atleast_2d(np.asarray(coef, dtype=np.float64))
         self.intercept_ = np.atleast_1d(np.asarray(intercept, dtype=np.float64))
         self.clip_norm = float(clip_norm)
@@ -95,7 +100,8 @@ class ReleasedClassifier(*_BASES):  # type: ignore[misc]
                               f"{record.get('reason')}")
         try:
             return cls(record["classes"], record["coef"], record["intercept"],
-                       record["features"]["clip_norm"], record)
+                       record["features"]["clip_norm"], record,
+                       record["features"].get("norm", "l2"))
         except (KeyError, TypeError, ValueError) as exc:
             raise SchemaError(f"malformed {MODEL_SCHEMA} record: {exc!r}") from None
 
@@ -103,7 +109,7 @@ class ReleasedClassifier(*_BASES):  # type: ignore[misc]
     def get_params(self, deep: bool = True) -> dict[str, Any]:
         """The constructor's parameters (scikit-learn convention)."""
         return {"classes": list(self.classes_), "coef": self.coef_,
-                "intercept": self.intercept_, "clip_norm": self.clip_norm}
+                "intercept": self.intercept_, "clip_norm": self.clip_norm, "norm": self.norm}
 
     def set_params(self, **params: Any) -> ReleasedClassifier:
         """Refused: a released model is fixed."""
@@ -121,7 +127,7 @@ class ReleasedClassifier(*_BASES):  # type: ignore[misc]
         x = np.asarray(X, dtype=np.float64)
         if x.ndim != 2 or x.shape[1] != self.n_features_in_:
             raise ValueError(f"X must have shape (n, {self.n_features_in_}), got {x.shape}")
-        norms = np.linalg.norm(x, axis=1)
+        norms = np.linalg.norm(x, ord=1 if self.norm == "l1" else 2, axis=1)
         scale = np.minimum(1.0, self.clip_norm / np.maximum(norms, np.finfo(float).tiny))
         rows: np.ndarray = x * scale[:, None]
         return rows

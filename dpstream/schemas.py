@@ -278,10 +278,15 @@ class Answer(_Record, frozen=True, kw_only=True, tag=ANSWER_SCHEMA):
 
 
 class ModelFeatures(_Data, frozen=True, kw_only=True):
-    """The raw features a model expects: ``dimension`` numbers, rows clipped to ``clip_norm``."""
+    """The raw features a model expects: ``dimension`` numbers, rows clipped to ``clip_norm``.
+
+    ``norm`` is the norm of that clipping: ``"l2"`` (output perturbation; omitted, the default)
+    or ``"l1"`` (the objective learner).
+    """
 
     dimension: int
     clip_norm: float
+    norm: str = "l2"
 
 
 class ModelNoise(_Data, frozen=True, kw_only=True):

@@ -288,6 +288,8 @@ def _erm(algorithm: str, accounting: str = "pure", classes: tuple[str, ...] = ("
                                else {"accounting": "zcdp", "rho": 0.5})
     model: dict[str, Any] = {"classes": list(classes), "dimension": ERM_DIMENSION,
                              "clip_norm": 3.0, "regularization": 0.05}
+    if accounting == "pure" and algorithm != "ermg":  # recorded with output perturbation
+        model["learner"] = "output"
     if algorithm == "ermg":
         privacy = {"epsilon": 1.0, "delta": 1e-6}
         rel: dict[str, Any] = {"algorithm": "ermg", "block_size": 60, "first_blocks": 2}

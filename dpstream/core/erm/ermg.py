@@ -36,7 +36,11 @@ Theorem 29's series (a sub-sum of positive terms).
 with the noise level whose cost at ``Δ(t) = L/(λt)`` is exactly ``ε_t``: an ``ε_t``-DP run
 under add/remove neighbours, exact discrete Laplace noise on a grid. Its synopsis is the
 released model (:class:`ErmSynopsis`); it answers no linear query (the paper's only ERM query
-is the empirical risk on the private database, which no synopsis can evaluate).
+is the empirical risk on the private database, which no synopsis can evaluate). ERMG stays on
+output perturbation: its ``g`` (the accuracy constant BBImprover plans with) is output
+perturbation's, so a model spec with ``learner = "objective"``
+(:mod:`dpstream.core.erm.objective`) is refused here, and the ERM kind's configuration keeps
+``learner = "output"`` for this algorithm.
 
 *Its* ``(p, p', p'', g)`` *(appendix D.2's form), stated honestly.* Let ``P`` be the
 parameter count, ``w*`` the minimiser of the regularised objective ``J_t`` and ``ν`` the
@@ -170,6 +174,11 @@ class OutputPerturbation:
     __slots__ = ("name", "p", "p_prime", "p_double_prime", "g", "erm", "_train")
 
     def __init__(self, erm: ErmSpec, train: TrainFn | None = None) -> None:
+        if erm.learner != "output":  # ERMG's analysis (its g above) is output perturbation's
+            raise InvalidParameterError(
+                f"ERMG's black box is output perturbation: the model's learner must be "
+                f"'output', got {erm.learner!r}"
+            )
         self.name = "erm-output-perturbation"
         size = float(erm.parameter_count)
         self.p = 1.0

@@ -31,6 +31,15 @@ certificate (gradient steps stop shrinking the gradient: far beyond the sizes ab
 :func:`~dpstream.core.erm.output_noise.private_erm` raises :class:`CertificationError` rather than
 release an uncertified model; :func:`solve` itself never raises on data.
 
+**A linear term** (objective perturbation, :mod:`dpstream.core.erm.objective`). :func:`solve`
+also minimises ``J_b(w) = J(w) + <b, w>/n̄`` for a given vector ``b`` (``linear``). The term
+adds ``b/n̄`` to the gradient and ``<b, w>/n̄`` to the value; the Hessian (and so the
+Hessian-vector products, the smoothness ``beta`` and the strong convexity) is unchanged, so the
+certificate above holds as it is. The term is evaluated as ``b * (1/n̄)`` in float64: its
+rounding error, at most ``2^-52 ||b|| / n̄``, belongs to the same allowance (the objective
+learner checks ``||b||_inf sqrt(p) <= 2^28`` before it solves, so it is below ``2^-24 / n̄``,
+a sixth of the allowance). Without ``linear`` every byte is as before.
+
 **Noise and state.** Nothing here is random: :func:`solve` is a fixed computation of its inputs,
 so a replayed release solves to the same floats. A :class:`Solution` holds the non-private
 minimiser: never persist or publish it.
@@ -88,9 +97,11 @@ class _Objective:
     over the short leading axis (contiguous, fast).
     """
 
-    __slots__ = ("z", "zt", "target", "inv_n", "lam", "center", "binary", "shape", "m")
+    __slots__ = ("z", "zt", "target", "inv_n", "lam", "center", "binary", "shape", "m",
+                 "linear")
 
-    def __init__(self, spec: ErmSpec, block: Block, normalizer: float, center: FloatArray) -> None:
+    def __init__(self, spec: ErmSpec, block: Block, normalizer: float, center: FloatArray,
+                 linear: FloatArray | None = None) -> None:
         self.z = block.z
         self.zt = block.z.T
         self.m = block.size
@@ -105,6 +116,8 @@ class _Objective:
         self.inv_n = 1.0 / normalizer
         self.lam = float(spec.regularization)
         self.center = center.reshape(-1)
+        # b / n̄ of the objective learner's J_b (None: the plain J, byte for byte)
+        self.linear = None if linear is None else linear.reshape(-1) * self.inv_n
 
     def _evaluate(self, w: FloatArray, value: bool) -> tuple[float, FloatArray, FloatArray]:
         diff = w - self.center
@@ -126,6 +139,10 @@ class _Objective:
                 loss = float(np.sum(top) + np.sum(np.log(total)) - np.sum(scores * self.target))
             grad = ((prob - self.target) @ self.z).reshape(-1) * self.inv_n + self.lam * diff
         value_j = loss * self.inv_n + 0.5 * self.lam * float(diff @ diff)
+        if self.linear is not None:
+            grad = grad + self.linear
+            if value:
+                value_j += float(self.linear @ w)
         return value_j, grad, prob
 
     def value_and_gradient(self, w: FloatArray) -> tuple[float, FloatArray, FloatArray]:
@@ -204,8 +221,9 @@ def solve(
     *,
     precision: float,
     initial: FloatArray | None = None,
+    linear: FloatArray | None = None,
 ) -> Solution:
-    """Minimise ``J`` and certify that the result is within ``precision`` of the minimiser.
+    """Minimise ``J`` (or ``J_b``: ``linear = b``) and certify the result within ``precision``.
 
     L-BFGS-B (scipy) from ``initial`` (default: the centre, or 0), then Newton-CG steps
     guarded by the guaranteed contraction of gradient steps ``1/beta``, until the computed
@@ -220,6 +238,8 @@ def solve(
         precision: the required ``||params - argmin J||`` bound, > 0.
         initial: a starting point (performance only). It must be public (a released model) or
             a function of this block's data alone, like the centre.
+        linear: the vector ``b`` of ``J_b(w) = J(w) + <b, w>/n̄``, shape ``(rows, columns)``
+            (objective perturbation); ``None``: the plain ``J``.
 
     Raises:
         InvalidParameterError: bad parameters or a block that does not fit the spec.
@@ -233,10 +253,11 @@ def solve(
         if center is None
         else _check_params(spec, "center", center)
     )
-    if block.size == 0:  # J = (lambda/2)||w - c||^2: the centre, exactly
+    b = None if linear is None else _check_params(spec, "linear", linear)
+    if block.size == 0 and b is None:  # J = (lambda/2)||w - c||^2: the centre, exactly
         return Solution(c.copy(), 0.0, 0.0, 0, True)
     start = c if initial is None else _check_params(spec, "initial", initial)
-    objective = _Objective(spec, block, n, c)
+    objective = _Objective(spec, block, n, c, b)
     lam = objective.lam
     target = 0.5 * lam * tol
     beta = spec.smoothness * block.size / n + lam  # smoothness of J on ||z|| <= 1

@@ -59,6 +59,20 @@ on the private feature matrix ``X`` and bounds the gradient of the *average* los
 event's loss; calibrating noise with it leaks ``||X||_F`` and under-noises by about ``sqrt(m)``.
 We use the per-event constants above, which hold for every possible event.
 
+**The objective learner's feature map** (``learner = "objective"``; see
+:mod:`dpstream.core.erm.objective`). Objective perturbation with L1-calibrated noise needs the
+per-row gradient bounded in L1 (Kifer, Smith, Thakurta 2012, general norms): rows are clipped
+to the **L1** ball of radius ``R`` instead, ``z = x min(1, R/||x||_1) / R``, then
+``z = [z, 1] / 2`` with an intercept, so ``||z||_1 <= 1`` and hence ``||z||_2 <= 1``: every
+constant above (Lipschitz, smoothness, the solver's certificate) still holds, and the gradient
+``(sigmoid(s) - y) z`` resp. ``(p - e_y) z^T`` has L1 norm at most ``1`` resp.
+``||p - e_y||_1 <= 2``. The map computes the L1 norm with ``d`` rounded additions (relative
+error below ``d 2^-53``) and scales by ``(1 - 2^-32)/max(||x||_1, R)`` (two more roundings), so
+the stored floats' exact L1 norm is at most ``(1 - 2^-32)(1 + (2d + 4) 2^-53) <= 1`` for
+``d <= 2^19`` (tested with exact fractions). The output learner keeps the L2 map above, byte
+for byte; ``learner`` is bound into :meth:`ErmSpec.to_dict` only when it is not ``"output"``.
+The objective learner is pure epsilon only: under zCDP the spec is refused.
+
 **State.** A spec is frozen public configuration (:meth:`ErmSpec.to_dict`); a :class:`Block`
 holds raw events, which are private: its :meth:`Block.to_state` belongs in the secret recovery
 store only. Nothing here draws noise.
@@ -70,7 +84,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -89,6 +103,8 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 _ACCOUNTINGS: Final = ("pure", "zcdp")
+Learner = Literal["output", "objective"]
+LEARNERS: Final = ("output", "objective")
 _SQRT2_UP: Final = Fraction(math.isqrt(2 << 80) + 1, 1 << 40)  # > sqrt(2)
 _FEATURE_SHRINK: Final = 1.0 - 2.0**-32  # ||z|| <= 1 survives the rounding of the map
 _INV_SQRT2: Final = 1.0 / math.sqrt(2.0)
@@ -122,6 +138,9 @@ class ErmSpec:
             Gaussian).
         unit_rows: ``r >= 1``, the most rows the privacy unit may have in one block (1: one
             event; ``max_rows_per_block`` at ``unit = "user"``); the sensitivity scales with it.
+        learner: ``"output"`` (output perturbation, :mod:`~dpstream.core.erm.output_noise`;
+            L2 feature clipping) or ``"objective"`` (certified objective perturbation,
+            :mod:`~dpstream.core.erm.objective`; L1 feature clipping, pure accounting only).
 
     """
 
@@ -132,6 +151,7 @@ class ErmSpec:
     intercept: bool = True
     accounting: Accounting = "pure"
     unit_rows: int = 1
+    learner: Learner = "output"
 
     def __post_init__(self) -> None:
         classes = self.classes
@@ -153,6 +173,15 @@ class ErmSpec:
                 f"accounting must be one of {_ACCOUNTINGS}, got {self.accounting!r}"
             )
         integer_at_least("unit_rows", self.unit_rows, 1)
+        if self.learner not in LEARNERS:
+            raise InvalidParameterError(
+                f"learner must be one of {LEARNERS}, got {self.learner!r}"
+            )
+        if self.learner == "objective" and self.accounting != "pure":
+            raise InvalidParameterError(
+                "learner 'objective' (objective perturbation) is pure epsilon-DP only: with "
+                f"accounting {self.accounting!r} use learner 'output'"
+            )
         object.__setattr__(self, "_index", {c: i for i, c in enumerate(classes)})
 
     # -- shape and constants --
@@ -254,7 +283,9 @@ class ErmSpec:
 
         Rows are clipped to L2 norm ``R`` and divided by ``R``; with an intercept a constant
         column is appended and the row divided by ``sqrt(2)``. Every row has ``||z|| <= 1``
-        (computed with a scaling that cannot overflow, and shrunk by ``1 - 2^-32``).
+        (computed with a scaling that cannot overflow, and shrunk by ``1 - 2^-32``). With
+        ``learner = "objective"``: clipped to L1 norm ``R``, the intercept row divided by 2,
+        ``||z||_1 <= 1`` (module docstring).
 
         Raises:
             InvalidParameterError: :meth:`check_features` gives a reason (callers should check
@@ -275,13 +306,18 @@ class ErmSpec:
         top = np.max(np.abs(arr), axis=1)
         safe = np.where(top > 0.0, top, 1.0)
         unit = arr / safe[:, None]  # entries in [-1, 1], norm in [1, sqrt(d)] (or 0)
-        unit_norm = np.sqrt(np.einsum("ij,ij->i", unit, unit))
+        l1 = self.learner == "objective"
+        if l1:  # L1 norm in [1, d] (or 0)
+            unit_norm = np.sum(np.abs(unit), axis=1)
+        else:
+            unit_norm = np.sqrt(np.einsum("ij,ij->i", unit, unit))
         with np.errstate(over="ignore", divide="ignore"):
             limit = float(self.clip_norm) / safe  # R / max|x|; may overflow to inf (z -> 0)
         factor = _FEATURE_SHRINK / np.maximum(unit_norm, limit)
         if self.intercept:
-            factor *= _INV_SQRT2
-            out[:, d] = _FEATURE_SHRINK * _INV_SQRT2
+            half = 0.5 if l1 else _INV_SQRT2
+            factor *= half
+            out[:, d] = _FEATURE_SHRINK * half
         np.multiply(unit, factor[:, None], out=out[:, :d])
         return out
 
@@ -289,13 +325,15 @@ class ErmSpec:
         """Return ``(coef, intercept)`` for raw rows clipped to ``clip_norm``.
 
         The inverse of :meth:`features` on the parameters: for every row ``x`` with
-        ``x_c = x·min(1, R/||x||)``, ``params @ features(x) = coef @ x_c + intercept`` (up to
-        float rounding). Post-processing of a released model: what a consumer scores with.
+        ``x_c = x·min(1, R/||x||)`` (the L1 norm for the objective learner),
+        ``params @ features(x) = coef @ x_c + intercept`` (up to float rounding).
+        Post-processing of a released model: what a consumer scores with.
         """
         w = np.atleast_2d(np.asarray(params, dtype=np.float64))
         d, scale = self.dimension, _FEATURE_SHRINK / float(self.clip_norm)
         if self.intercept:
-            return w[:, :d] * (scale * _INV_SQRT2), w[:, d] * (_FEATURE_SHRINK * _INV_SQRT2)
+            half = 0.5 if self.learner == "objective" else _INV_SQRT2
+            return w[:, :d] * (scale * half), w[:, d] * (_FEATURE_SHRINK * half)
         return w * scale, np.zeros(w.shape[0])
 
     def block(self, x: object, labels: Sequence[object] | npt.NDArray[Any]) -> Block:
@@ -344,7 +382,8 @@ class ErmSpec:
             "regularization": float(self.regularization),
             "intercept": self.intercept,
             "accounting": self.accounting,
-        } | ({} if self.unit_rows == 1 else {"unit_rows": int(self.unit_rows)})
+        } | ({} if self.unit_rows == 1 else {"unit_rows": int(self.unit_rows)}) | (
+            {} if self.learner == "output" else {"learner": self.learner})
 
 
 @dataclass(frozen=True, eq=False)

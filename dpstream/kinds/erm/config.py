@@ -20,7 +20,7 @@ import orjson
 from dpstream.config import FlowConfig, Section, build_spec, parse_common, positive
 from dpstream.core.erm.contribution import PersonCost, noise_std, person_cost
 from dpstream.core.erm.schedules.spec import ScheduleSpec
-from dpstream.core.erm.spec import ErmSpec
+from dpstream.core.erm.spec import LEARNERS, ErmSpec
 from dpstream.core.noise.coordinates import parameter_digest
 from dpstream.errors import ConfigError
 
@@ -125,8 +125,11 @@ class ErmConfig(FlowConfig):
                  self.describe_clock(),
                  f"model: {'binary logistic' if len(m.classes) == 2 else 'multinomial'} "
                  f"regression, d = {m.dimension}, classes {list(m.classes)}, features clipped "
-                 f"to L2 norm {m.clip_norm:g}, lambda = {m.regularization:g}, "
-                 f"Lipschitz L = {m.lipschitz:.4g}",
+                 f"to {'L1' if m.learner == 'objective' else 'L2'} norm {m.clip_norm:g}, "
+                 f"lambda = {m.regularization:g}, Lipschitz L = {m.lipschitz:.4g}",
+                 f"learner: {m.learner} ("
+                 + ("certified objective perturbation, exact noise" if m.learner == "objective"
+                    else "output perturbation, exact noise on a grid") + ")",
                  f"release: {self.algorithm}{sampling}, {len(self.streams)} model stream(s)"]
         cost = self.person_cost()
         if cost is None:
@@ -169,6 +172,15 @@ class ErmConfig(FlowConfig):
 
 
 def _model_section(section: Section, accounting: str) -> tuple[ErmSpec, dict[str, Any]]:
+    learner = section.get("learner", None, str)
+    if learner is not None and learner not in LEARNERS:
+        raise ConfigError(f"{section.where('learner')} must be one of "
+                          f"{', '.join(repr(x) for x in LEARNERS)}, got {learner!r}")
+    if learner == "objective" and accounting != "pure":
+        raise ConfigError(f"{section.where('learner')} = 'objective' (objective perturbation) "
+                          f"is pure epsilon-DP only, and privacy.accounting is {accounting!r}: "
+                          "set learner = 'output' (the default under zCDP) or accounting = "
+                          "'pure'")
     classes = section.get("classes", None, list)
     if not classes or len(classes) < 2:
         raise ConfigError(f"{section.where('classes')} must list at least two labels, "
@@ -180,7 +192,8 @@ def _model_section(section: Section, accounting: str) -> tuple[ErmSpec, dict[str
         dimension=section.get("dimension", None, int),
         clip_norm=section.get("clip_norm", 1.0, float),
         regularization=section.get("regularization", 0.01, float),
-        intercept=section.get("intercept", True, bool), accounting=accounting)
+        intercept=section.get("intercept", True, bool), accounting=accounting,
+        learner=learner or ("objective" if accounting == "pure" else "output"))
     streams = section.get("streams", ["default"], list)
     if (not streams or len(streams) > MAX_STREAMS or len(set(streams)) != len(streams)
             or not all(isinstance(s, str) and 0 < len(s) <= 64 for s in streams)):
@@ -192,7 +205,8 @@ def _model_section(section: Section, accounting: str) -> tuple[ErmSpec, dict[str
                           f"picks one of the {len(streams)} model streams")
     fields = {"streams": tuple(streams), "stream_field": stream_field,
               "features_field": section.get("features_field", "features", str),
-              "label_field": section.get("label_field", "label", str)}
+              "label_field": section.get("label_field", "label", str),
+              "learner": learner}
     section.finish()
     return spec, fields
 
@@ -252,6 +266,12 @@ def parse_config(raw: dict[str, Any], source: str = "<dict>") -> ErmConfig:
         raise ConfigError("release.algorithm = 'ermg' takes privacy.epsilon and privacy.delta "
                           "(BBImprover's own zCDP accounting, Theorem 29); set "
                           "privacy.accounting = 'pure'")
+    if model_fields.pop("learner") is None and algorithm == "ermg":
+        model = replace(model, learner="output")  # ERMG's black box is output perturbation
+    elif algorithm == "ermg" and model.learner != "output":
+        raise ConfigError("model.learner = 'objective' is not available with release.algorithm "
+                          "= 'ermg' (its black box is output perturbation): set learner = "
+                          "'output' or remove it")
     contribution = fields["contribution"]
     if contribution.user_level:
         model = replace(model, unit_rows=contribution.cap("max_rows_per_block"))

@@ -62,7 +62,9 @@ class ModelEncoder:
             record = schemas.Model(
                 **shared, coef=coef.tolist(), intercept=intercept.tolist(),
                 features=schemas.ModelFeatures(dimension=config.model.dimension,
-                                               clip_norm=float(config.model.clip_norm)),
+                                               clip_norm=float(config.model.clip_norm),
+                                               norm=("l1" if config.model.learner == "objective"
+                                                     else "l2")),
                 noise=schemas.ModelNoise(std=float(m.model.noise_std),
                                          grid=fraction_text(m.model.grid)),
                 holdout=(None if m.accuracy is None else schemas.ModelHoldout(

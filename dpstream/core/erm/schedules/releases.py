@@ -7,8 +7,12 @@ rate) and releases some of their models (:class:`Release`). A model's identity i
 :data:`Chain`: its own block range, then its centre's, and so on (``depends_on``). The trainer
 (:class:`TrainFn`) is Algorithm 1, or 3/7 with a centre:
 :func:`~dpstream.core.erm.output_noise.private_erm` by default, whose noise is exact and drawn from
-the ``rng`` the schedule derives from the computation's coordinates (replay-safe). These are frozen
-records: they hold no state of their own.
+the ``rng`` the schedule derives from the computation's coordinates (replay-safe). With
+``ErmSpec.learner = "objective"`` the default trainer is
+:func:`~dpstream.core.erm.objective.objective_perturbation` at the very cost the level gives output
+perturbation, ``level.cost_at(spec, spec.sensitivity(n̄))``: the black box changes, the plan's
+costs (and so the per-block ledger, the sampling rates and their amplified charges) do not.
+These are frozen records: they hold no state of their own.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dpstream.core.erm.model import PrivateModel
+from dpstream.core.erm.objective import objective_perturbation
 from dpstream.core.erm.output_noise import NoiseLevel, private_erm
 from dpstream.core.erm.spec import Block, ErmSpec
 from dpstream.core.noise.samplers import RandomIntegers
@@ -62,6 +67,11 @@ def _default_train(
     level: NoiseLevel,
     rng: RandomIntegers,
 ) -> PrivateModel:
+    if spec.learner == "objective":
+        cost = level.cost_at(spec, spec.sensitivity(normalizer))
+        return objective_perturbation(
+            spec, block, normalizer=normalizer, center=center, cost=cost, rng=rng
+        )
     return private_erm(
         spec, block, normalizer=normalizer, center=center, level=level, rng=rng
     )

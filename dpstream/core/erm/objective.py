@@ -1,0 +1,345 @@
+"""Certified objective perturbation with exact noise: the ``"objective"`` ERM learner.
+
+**Stated as OpenDP states a measurement**
+
+(:func:`objective_perturbation` at a cost ``C``)
+
+* input domain: a block of labelled rows feature-mapped by an
+  :class:`~dpstream.core.erm.spec.ErmSpec` with ``learner = "objective"`` (rows clipped to the
+  L1 ball, ``||z||_1 <= 1``), a public normaliser ``n̄`` and a public centre ``c``; input
+  metric: add or remove ``r = unit_rows`` rows (``d_in = 1`` unit).
+* function: draw ``b`` (exact discrete Laplace on a dyadic lattice), minimise
+  ``J_b(w) = (1/n̄) sum_i l(w; z_i) + (Lambda/2) ||w - c||^2 + <b, w>/n̄`` to a certified
+  precision, round onto the public grid ``g`` and add exact discrete Laplace noise of scale
+  ``t``; the model is ``g (round(w/g) + Y)``.
+* output measure: pure epsilon-DP; privacy map: ``1 ↦ C`` exactly (``C = r (eps_b + eps_jac +
+  eps_out)``, Fractions, below). The schedules pass ``C = NoiseLevel.cost_at(spec, Delta)``,
+  the very cost output perturbation would have at that computation, so the per-block ledger
+  charges exactly what it charges for :func:`~dpstream.core.erm.output_noise.private_erm`.
+
+Chaudhuri, Monteleoni, Sarwate 2011 (JMLR, "Differentially Private Empirical Risk Minimization",
+Algorithm 2 and Theorem 9: objective perturbation), Kifer, Smith, Thakurta 2012 ("Private Convex
+ERM and High-Dimensional Regression", Theorem 2: any norm, here L1 with Laplace-type noise), made
+exact with the coupling of Iyengar, Near, Song, Thakkar, Thakurta, Wang 2019 ("Towards Practical
+Differentially Private Convex Optimization", Algorithm 1, *approximate minima perturbation*: output
+noise covers the distance between the computed and the exact minimiser).
+
+**The split of the budget** (per row: ``e = C / r``; by group privacy ``r`` rows cost ``r e =
+C``, linear under pure DP)::
+
+    eps_out = e / 100                                   (output noise, covers the solver)
+    eps_jac = rank * ln(1 + c_l / (n̄ Lambda))          (Jacobian of the coupling)
+    eps_b   = e - eps_out - eps_jac                     (the linear term's noise)
+
+with ``rank = 1, c_l = 1/4`` (binary logistic) resp. ``rank = K - 1, c_l = 1/2`` (softmax,
+Böhning 1992). ``Lambda = lambda`` if then ``eps_jac <= e/2``; otherwise ``Lambda`` is raised to
+the smallest float making ``eps_jac <= e/2`` (Chaudhuri et al. Algorithm 2's ``Delta``: it
+depends on ``n̄`` and ``C`` only, both public). So ``eps_b >= e (1 - 1/100 - 1/2) > 0``. ``ln``
+is a rational upper bound (:func:`_log1p_up`): the float ``log1p`` of the float nearest ``x``
+times ``1 + 2^-40`` (``ln(1 + x)`` moves by a relative ``x/((1 + x) ln(1 + x)) <= 1`` times the
+relative error of ``x``, ``2^-53``, and ``log1p`` is within a few ulps, far below ``2^-40``),
+and never above ``x`` itself (``ln(1 + x) <= x``, exact).
+
+**The noise ``b``.** Let ``gamma = 2^-q`` with ``q = ceil(log2 p) + 20`` (public),
+``L1 = 1`` (binary: ``||(sigmoid(s) - y) z||_1 <= ||z||_1 <= 1``) resp. ``2`` (softmax:
+``||(p - e_y) z^T||_1 = ||p - e_y||_1 ||z||_1 <= 2``) the per-row L1 bound of the loss gradient,
+and ``beta = eps_b / (L1 + gamma p)``. Each coordinate ``b_j = gamma (k_j + 1/2)`` with
+``k_j`` iid exact discrete Laplace of scale ``1/(beta gamma)`` (CKS 2020 Algorithm 2,
+:func:`~dpstream.core.noise.samplers.discrete_laplace`), so ``P(k) ~ exp(-beta gamma |k|)``.
+In the analysis ``b`` is the cell centre of a *virtual* continuous "staircase" sample ``B_j =
+gamma (k_j + U_j)``, ``U_j`` iid uniform on ``[0, 1)``: ``B`` has the density
+``f(x) ~ prod_j exp(-beta gamma |floor(x_j / gamma)|)``, and for any shift ``v``,
+``| |floor((x + v)/gamma)| - |floor(x/gamma)| | <= |v|/gamma + 1`` per coordinate, so
+``f(x) / f(x + v) <= exp(beta ||v||_1 + beta gamma p)``. ``b`` itself is exactly representable
+(``(2k + 1) 2^-(q+1)``, checked: ``|2k + 1| < 2^53``) and ``||b - B||_inf <= gamma / 2``.
+
+**Privacy (pure, add/remove one row).** Let ``w*(B)`` be the exact minimiser of ``J_B`` on
+``D`` (strongly convex: unique). The first-order condition ``sum_i grad l(w; z_i) +
+n̄ Lambda (w - c) + B = 0`` makes ``B -> w*`` a bijection with inverse
+``B(w) = -sum_i grad l(w; z_i) - n̄ Lambda (w - c)``, whose Jacobian is ``-(H_D(w) + n̄ Lambda
+I)``. Coupling: on ``D' = D + {z}`` the same ``w`` is the minimiser for ``B' = B(w) - grad l(w;
+z)``, a shift of ``||grad l(w; z)||_1 <= L1``. The densities of ``w*`` under ``D'`` and ``D``
+are ``f(B'(w)) |det(H_D + H_z + n̄ Lambda I)|`` and ``f(B(w)) |det(H_D + n̄ Lambda I)|``; their
+ratio is at most ``exp(beta (L1 + gamma p))`` times ``det(I + A^-1/2 H_z A^-1/2)`` with ``A =
+H_D + n̄ Lambda I >= n̄ Lambda I``. ``H_z`` is ``sigmoid' z z^T`` (rank 1, ``<= ||z||_2^2/4``)
+resp. ``(diag(p) - p p^T) (x) z z^T`` (rank ``<= K - 1``, ``<= ||z||_2^2 / 2``), so the
+determinant is at most ``(1 + c_l / (n̄ Lambda))^rank = exp(eps_jac)`` (``||z||_2 <= 1``), and
+in the other direction it is at most 1. With ``beta (L1 + gamma p) = eps_b``: the exact
+minimiser ``w*`` is ``(eps_b + eps_jac)``-DP (CMS 2011 Theorem 9, KST 2012 Theorem 2).
+
+**The computed minimiser and the output noise** (Iyengar et al. 2019). The solver
+(:func:`~dpstream.core.erm.solver.solve` with ``linear = b``) certifies
+``||w_hat - argmin J_b|| <= tau = 2^-20 / (n̄ Lambda)``; ``argmin J_b`` and ``argmin J_B``
+differ by at most ``||b - B||_2 / (n̄ Lambda) <= gamma sqrt(p) / (2 n̄ Lambda)`` (strong
+convexity: the linear term moves the minimiser by its change over ``n̄ Lambda``). So
+``||w_hat - w*|| <= tau_total = tau + gamma sqrt(p) / (2 n̄ Lambda)``, with ``w_hat`` a
+deterministic function of ``k`` and ``w*`` of ``(k, U)``. The release rounds ``w_hat`` onto the
+public grid ``g = tau / ceil(sqrt(p))`` (exactly, :func:`~dpstream.core.erm.grid.round_to_grid`)
+and adds iid ``DLap(t)``: for any ``u, u'`` with ``||u - u'|| <= 2 tau_total`` the rounded
+integers differ by at most ``D1 = 2 sqrt(p) tau_total / g + p`` in L1 (``sqrt(p)`` rounded up to
+a rational), and ``t = D1 / eps_out`` makes their output laws within ``exp(eps_out)``. For an
+output event ``E`` let ``h(u) = P[round(u/g) + Y in E]``, ``h+(w) = sup h`` and ``h-(w) = inf
+h`` over the ball of radius ``tau_total`` around ``w`` (so ``h+ <= e^eps_out h-``). Then
+``P_D(E) = E[h(w_hat_D)] <= E[h+(w*_D)] <= e^(eps_b + eps_jac) E[h+(w*_D')] <=
+e^(eps_b + eps_jac + eps_out) E[h-(w*_D')] <= e^(e) P_D'(E)``, and symmetrically. One row costs
+``e = C/r``, a unit of ``r`` rows ``C``: the model's ``cost``, exactly.
+
+**Floating point.** ``b`` is exact; ``g``, ``t``, ``tau``, ``D1`` and every epsilon are
+Fractions (``Lambda`` and ``n̄`` are the exact values of the floats the solver uses); the output
+noise is exact integers on the exact grid (pitfall 2: the fractional part of ``w_hat / g`` is
+never visible). The solver's certificate rests on its documented floating-point error model
+(:mod:`~dpstream.core.erm.solver`); the linear term's rounding is inside that allowance because
+``||b||_inf sqrt(p) <= 2^28`` is checked before solving. A draw outside either check (far below
+any probability that matters at sane costs, and a function of the noise alone, never of the
+data) raises :class:`~dpstream.core.erm.solver.CertificationError`: nothing is released.
+
+**What the model reports.** ``cost = C``; ``noise_std``: the per-coordinate standard deviation
+of ``b / n̄``, the linear term's noise, public and analytic (``gamma sqrt(Var k) / n̄``);
+``grid = g``; ``sensitivity``: ``2 tau_total``, the L2 distance between two computed minimisers
+that the output noise covers (the analogue of output perturbation's ``Delta + 2 tau``).
+
+**Exactness and replay-safety.** All randomness comes from ``rng`` (the caller derives it from
+``NoiseKey.stream(*coordinates)``): first ``k_1..k_p``, then the output noise, row-major. The
+solver is deterministic, so a replayed release is byte-identical.
+
+**State.** None: the release is a :class:`~dpstream.core.erm.model.PrivateModel`. zCDP is not
+supported here (``ErmSpec`` refuses the combination); ERMG stays on output perturbation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Final
+
+import numpy as np
+
+from dpstream.core.erm.grid import _params_from_integers, round_to_grid
+from dpstream.core.erm.model import PrivateModel
+from dpstream.core.erm.solver import CertificationError, _precision_float, solve
+from dpstream.core.erm.spec import Block, ErmSpec, FloatArray, _as_fraction
+from dpstream.core.noise.samplers import RandomIntegers, discrete_laplace
+from dpstream.errors import InvalidParameterError
+
+__all__ = [
+    "ObjectiveBudget",
+    "objective_budget",
+    "objective_perturbation",
+]
+
+OUTPUT_SHARE: Final = Fraction(1, 100)
+"""The share of the per-row budget spent on the output noise that covers the solver."""
+JACOBIAN_CAP: Final = Fraction(1, 2)
+"""The most of the per-row budget the Jacobian term may take (``Lambda`` is raised otherwise)."""
+SOLVER_BITS: Final = 20
+"""``tau = 2^-SOLVER_BITS / (n̄ Lambda)``."""
+LATTICE_BITS: Final = 20
+"""``gamma = 2^-(ceil(log2 p) + LATTICE_BITS)``."""
+_LOG_MARGIN: Final = 1 + Fraction(1, 1 << 40)
+_LINEAR_LIMIT: Final = float(1 << 28)  # ||b||_inf sqrt(p) bound for the solver's allowance
+_EXACT_LIMIT: Final = 1 << 53
+
+
+def _log1p_up(x: Fraction) -> Fraction:
+    """Return a rational upper bound on ``ln(1 + x)`` for a Fraction ``x > 0``.
+
+    ``min(x, Fraction(log1p(float(x))) (1 + 2^-40))`` (module docstring); ``x`` alone when
+    ``float(x)`` would be subnormal.
+    """
+    xf = float(x)
+    if xf < 2.0**-1000:
+        return x
+    return min(x, Fraction(math.log1p(xf)) * _LOG_MARGIN)
+
+
+def _sqrt_up(p: int) -> Fraction:
+    """Return a rational ``>= sqrt(p)`` within ``2^-40``."""
+    return Fraction(math.isqrt(p << 80) + 1, 1 << 40)
+
+
+@dataclass(frozen=True)
+class ObjectiveBudget:
+    """The public constants of one objective-perturbation release (exact but ``regularization``).
+
+    Attributes:
+        per_row: ``e = C / r``.
+        output: ``eps_out``; jacobian: ``eps_jac``; linear: ``eps_b`` (they sum to ``e``).
+        regularization: ``Lambda`` (a float: the one the solver uses).
+        gamma: the lattice step of ``b``, ``2^-q``.
+        beta: ``eps_b / (L1 + gamma p)``.
+        noise_scale: the discrete Laplace scale ``1/(beta gamma)`` of ``k``.
+        precision: the solver's ``tau``; distance: ``tau_total``.
+        grid: ``g``; l1_sensitivity: ``D1``; output_scale: ``t = D1 / eps_out``.
+
+    """
+
+    per_row: Fraction
+    output: Fraction
+    jacobian: Fraction
+    linear: Fraction
+    regularization: float
+    gamma: Fraction
+    beta: Fraction
+    noise_scale: Fraction
+    precision: Fraction
+    distance: Fraction
+    grid: Fraction
+    l1_sensitivity: Fraction
+    output_scale: Fraction
+
+
+def _jacobian(spec: ErmSpec, n: Fraction, lam: float) -> Fraction:
+    """``rank * ln(1 + c_l / (n̄ Lambda))`` rounded up (module docstring)."""
+    rank = 1 if spec.binary else len(spec.classes) - 1
+    c_l = Fraction(1, 4) if spec.binary else Fraction(1, 2)
+    return rank * _log1p_up(c_l / (n * Fraction(lam)))
+
+
+def objective_budget(spec: ErmSpec, normalizer: float, cost: Fraction) -> ObjectiveBudget:
+    """Return the split of ``cost`` and the public constants of one release (module docstring).
+
+    Raises:
+        InvalidParameterError: a spec that is not ``learner = "objective"``, a bad normaliser or
+            cost.
+
+    """
+    if spec.learner != "objective":
+        raise InvalidParameterError(
+            f"objective perturbation needs an ErmSpec with learner 'objective', got "
+            f"{spec.learner!r}"
+        )
+    c = _as_fraction("cost", cost)
+    n = Fraction(spec._check_normalizer(normalizer))
+    e = c / int(spec.unit_rows)
+    cap = e * JACOBIAN_CAP
+    lam = float(spec.regularization)
+    if _jacobian(spec, n, lam) > cap:  # raise Lambda (Chaudhuri et al. 2011, Algorithm 2)
+        rank = 1 if spec.binary else len(spec.classes) - 1
+        c_l = 0.25 if spec.binary else 0.5
+        x = float(cap) / rank
+        lam = max(lam, c_l / (float(n) * math.expm1(x)) * (1.0 + 2.0**-30))
+        while _jacobian(spec, n, lam) > cap:
+            lam = math.nextafter(lam * (1.0 + 2.0**-40), math.inf)
+        if not math.isfinite(lam):
+            raise InvalidParameterError(f"cost {float(c):.3g} is too small for this model")
+    jac = _jacobian(spec, n, lam)
+    out = e * OUTPUT_SHARE
+    lin = e - out - jac
+    p = spec.parameter_count
+    l1 = 1 if spec.binary else 2
+    gamma = Fraction(1, 1 << ((p - 1).bit_length() + LATTICE_BITS))
+    beta = lin / (l1 + gamma * p)
+    n_lam = n * Fraction(lam)
+    tau = Fraction(1, 1 << SOLVER_BITS) / n_lam
+    root = _sqrt_up(p)
+    distance = tau + gamma * root / (2 * n_lam)
+    grid = tau / (math.isqrt(p - 1) + 1)
+    d1 = 2 * root * distance / grid + p
+    return ObjectiveBudget(
+        per_row=e, output=out, jacobian=jac, linear=lin, regularization=lam, gamma=gamma,
+        beta=beta, noise_scale=1 / (beta * gamma), precision=tau, distance=distance,
+        grid=grid, l1_sensitivity=d1, output_scale=d1 / out,
+    )
+
+
+def _dlap_variance(scale: Fraction) -> float:
+    """``2 p / (1 - p)^2`` with ``p = exp(-1/scale)``, accurate for large scales (``expm1``)."""
+    x = 1.0 / float(scale)
+    return 2.0 * math.exp(-x) / math.expm1(-x) ** 2
+
+
+def _linear_noise(rng: RandomIntegers, budget: ObjectiveBudget, p: int) -> list[float]:
+    """Draw ``b_j = gamma (k_j + 1/2)`` for ``j < p``, exactly representable floats."""
+    shift = budget.gamma.denominator.bit_length()  # gamma = 2^-(shift - 1)
+    out = []
+    for _ in range(p):
+        k = discrete_laplace(rng, budget.noise_scale)
+        odd = 2 * k + 1
+        if abs(odd) >= _EXACT_LIMIT:
+            raise CertificationError(
+                "an objective-perturbation noise draw is too large to be represented exactly "
+                "in float64; nothing was released"
+            )
+        out.append(math.ldexp(float(odd), -shift))  # (2k + 1) 2^-(q+1), exact
+    return out
+
+
+def objective_perturbation(
+    spec: ErmSpec,
+    block: Block,
+    *,
+    normalizer: float,
+    center: FloatArray | None,
+    cost: Fraction,
+    rng: RandomIntegers,
+    initial: FloatArray | None = None,
+) -> PrivateModel:
+    """Release a private model by certified objective perturbation at exactly ``cost``.
+
+    Draw ``b`` (``p`` exact discrete Laplace draws from ``rng``), minimise ``J_b`` with
+    ``Lambda`` (:func:`objective_budget`) to the certified precision ``tau``, round onto the
+    grid ``g`` and add ``p`` exact discrete Laplace draws of scale ``t`` (module docstring).
+
+    Args:
+        spec: the problem, ``learner = "objective"`` (pure accounting).
+        block: the events (may be empty).
+        normalizer: the public normaliser ``n̄``.
+        center: the penalty's centre: ``None`` (0) or a *released* model's params.
+        cost: ``C``, the exact pure epsilon of one unit of ``unit_rows`` rows.
+        rng: the replay-safe uniform integers of this release.
+        initial: optional warm start (public, or a function of this block only).
+
+    Raises:
+        InvalidParameterError: bad parameters, a block that does not fit the spec (also a row
+            with ``||z||_1 > 1``).
+        CertificationError: the solver could not certify its minimiser, or a noise draw is
+            outside the exactly handled range; nothing is released.
+
+    """
+    budget = objective_budget(spec, normalizer, cost)
+    if block.size and block.z.shape[1] == spec.columns:
+        widest = float(np.max(np.sum(np.abs(block.z), axis=1)))
+        if not widest <= 1.0:  # also NaN
+            raise InvalidParameterError(
+                "block features must come from ErmSpec.features with learner 'objective': a "
+                "row has L1 norm > 1 or is not finite"
+            )
+    p = spec.parameter_count
+    shape = (spec.rows, spec.columns)
+    b = np.array(_linear_noise(rng, budget, p), dtype=np.float64)
+    if float(np.max(np.abs(b))) * math.sqrt(p) > _LINEAR_LIMIT:
+        raise CertificationError(
+            "an objective-perturbation noise draw exceeds the solver's floating-point "
+            "allowance; nothing was released"
+        )
+    solver_spec = (spec if budget.regularization == float(spec.regularization)
+                   else dataclasses.replace(spec, regularization=budget.regularization))
+    solution = solve(
+        solver_spec, block, normalizer, center, precision=_precision_float(budget.precision),
+        initial=initial, linear=b.reshape(shape),
+    )
+    if not solution.certified:
+        raise CertificationError(
+            f"the ERM solver could not certify the objective-perturbation minimiser to "
+            f"{float(budget.precision):.3g} in float64 (normalizer {normalizer!r}); nothing "
+            "was released"
+        )
+    g = budget.grid
+    rounded = round_to_grid(solution.params, g)
+    released = [r + discrete_laplace(rng, budget.output_scale) for r in rounded]
+    total = int(spec.unit_rows) * (budget.linear + budget.jacobian + budget.output)
+    if total != _as_fraction("cost", cost):  # by construction; a self-check of the exact arithmetic
+        raise InvalidParameterError(f"objective perturbation split {cost} into {total}")
+    std = float(budget.gamma) * math.sqrt(_dlap_variance(budget.noise_scale))
+    return PrivateModel(
+        params=_params_from_integers(released, g, shape),
+        grid=g,
+        noise_std=std / float(normalizer),
+        cost=total,
+        sensitivity=2 * budget.distance,
+        normalizer=float(normalizer),
+        size=block.size,
+        integers=tuple(released),
+    )
