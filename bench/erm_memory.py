@@ -269,7 +269,8 @@ def run_once(args: argparse.Namespace) -> None:
 
     gc.freeze()
     flow = build_flow(cfg, NoiseKey.for_tests(0), instance="bench", partitions=PARTITIONS,
-                      source=MemorySource(batches), sink=SampleSink())
+                      source=MemorySource(batches), sink=SampleSink(),
+                      recovery_dir=str(recovery))  # the shard's history files go under it
     run_main(flow, epoch_interval=timedelta(seconds=args.snapshot_interval),
              recovery_config=RecoveryConfig(recovery))  # type: ignore[no-untyped-call]
     out.close()
@@ -329,10 +330,14 @@ def run(args: argparse.Namespace) -> None:
                       "events": last_events(samples)}
             with samples.open("a") as f:
                 f.write(json.dumps(sample) + "\n")
-    if proc.returncode != 0:
+    end = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    if proc.returncode != 0:  # recorded (the report says how the run ended), then raised
+        lines = errors.read_text().strip().splitlines() or [f"exit status {proc.returncode}"]
+        with samples.open("a") as f:
+            f.write(json.dumps({"failed": lines[-1][-500:], "at": end}) + "\n")
         raise SystemExit(f"benchmark child failed:\n{errors.read_text()[-3000:]}")
     with samples.open("a") as f:
-        f.write(json.dumps({"done": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}) + "\n")
+        f.write(json.dumps({"done": end}) + "\n")
 
 
 def _keyed(path: Path) -> dict[tuple[Any, ...], list[str]]:
@@ -425,7 +430,7 @@ def _load(tag: str) -> dict[str, Any] | None:
     if not path.exists():
         return None
     meta: dict[str, Any] = {}
-    steps, snaps, done = [], [], None
+    steps, snaps, done, failed = [], [], None, None
     for line in path.read_text().splitlines():
         try:
             row = json.loads(line)
@@ -435,11 +440,13 @@ def _load(tag: str) -> dict[str, Any] | None:
             meta = row["meta"]
         elif "done" in row:
             done = row["done"]
+        elif "failed" in row:
+            failed = row
         elif row.get("monitor"):
             snaps.append(row)
         else:
             steps.append(row)
-    return {"meta": meta, "steps": steps, "snapshots": snaps, "done": done}
+    return {"meta": meta, "steps": steps, "snapshots": snaps, "done": done, "failed": failed}
 
 
 def _at(rows: list[dict[str, Any]], events: float, key: str) -> Any:
@@ -572,6 +579,8 @@ def report() -> None:
                   f"{meta.get('learner') or 'the default'}", "",
                   f"Started {meta.get('started')}; "
                   + (f"finished {run['done']}" if run["done"] else
+                     f"**the flow failed** at {run['failed']['at']}: `{run['failed']['failed']}`"
+                     " (the samples up to the failure are shown)" if run["failed"] else
                      "**did not finish** (cut short; the samples up to the cut are shown)")
                   + f"; {rate:,.0f} events/s over the whole run (snapshots included)."
                   if rate else "", "",

@@ -156,17 +156,18 @@ def run_once(kind: str, events: int, steps: int, window: int = 0, recovery: bool
 
     batches = workload(events, steps)
     gc.freeze()
-    options = {"train": plain_train()} if kind == "baseline" else {}
-    flow = build_flow(cfg, NoiseKey.for_tests(0), instance="bench", partitions=3,
-                      source=MemorySource(batches), sink=CountSink(), **options)
+    options: dict[str, Any] = {"train": plain_train()} if kind == "baseline" else {}
     kwargs: dict[str, Any] = {}
-    if recovery:
+    if recovery:  # snapshots as `dpstream run` takes them; the shard's history files under it
         from bytewax.recovery import RecoveryConfig, init_db_dir
 
         directory = Path(tempfile.mkdtemp(prefix="dpstream-bench-recovery-"))
         init_db_dir(directory, 1)  # type: ignore[no-untyped-call]
         kwargs = {"epoch_interval": timedelta(seconds=snapshot_interval),
                   "recovery_config": RecoveryConfig(directory)}  # type: ignore[no-untyped-call]
+        options["recovery_dir"] = str(directory)
+    flow = build_flow(cfg, NoiseKey.for_tests(0), instance="bench", partitions=3,
+                      source=MemorySource(batches), sink=CountSink(), **options)
     started, cpu0 = time.perf_counter(), time.process_time()
     run_main(flow, **kwargs)
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu0
