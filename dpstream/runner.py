@@ -446,7 +446,8 @@ def flow_from_environment(config_path: str | None = None, recovery_dir: str | No
     rewind = check_input_topology(config, clients, partitions,
                                   recovery_dir if instance.resumed else None, metrics)
     flow = build_flow(config, noise, instance=instance.id, partitions=partitions,
-                      metrics=metrics, skip_records=instance.skipped, rewind=rewind)
+                      metrics=metrics, skip_records=instance.skipped, rewind=rewind,
+                      recovery_dir=recovery_dir if instance.durable else None)
     if config.kafka.tail and config.heartbeat_seconds > 0:
         delay = config.tick_delay_seconds if config.clock == "producer" else 0.0
         for topic, count in partitions.items():

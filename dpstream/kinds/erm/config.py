@@ -231,7 +231,8 @@ def _schedule_section(section: Section, privacy: dict[str, Any]) -> tuple[str, A
         block_size=block_size, base_blocks=section.get("base_blocks", 8, int),
         window_blocks=section.get("window_blocks", 7, int),
         sampling=section.get("sampling", False, bool), accounting=privacy["accounting"],
-        update_regularization=section.get("update_regularization", None, float))
+        update_regularization=section.get("update_regularization", None, float),
+        max_history=section.get("max_history", None, int))
     section.finish()
     return algorithm, spec
 

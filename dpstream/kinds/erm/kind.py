@@ -73,7 +73,9 @@ class ErmKind:
         """Model-stream shards releasing models step by step, encoded as model records.
 
         ``parts.options["train"]`` replaces the private trainer: only ``bench/``'s
-        non-private baseline uses it.
+        non-private baseline uses it. ``parts.options["recovery_dir"]``: the run's recovery
+        directory, under which each model stream keeps its block history (a private
+        temporary directory without it: :mod:`dpstream.kinds.erm.shard`).
         """
         config = parts.config
         metrics = parts.metrics
@@ -86,7 +88,8 @@ class ErmKind:
         models = stepped_shards(
             "models", updates,
             lambda state: ErmShard(config, parts.noise, parts.instance, parts.partitions,
-                                   state, parts.options.get("train")),
+                                   state, parts.options.get("train"),
+                                   parts.options.get("recovery_dir")),
             metrics, register_metrics(metrics).observe_models if metrics is not None else None)
         return op.map("encode", models, ModelEncoder(config, parts.instance).encode)
 

@@ -5,15 +5,38 @@ events sorted by input partition and offset, so a replay trains on the very same
 very same order) goes to its release schedule, and every model the schedule releases comes out
 as a :class:`ModelRecord` (encoded by :mod:`dpstream.kinds.erm.records`). A stream whose
 budget is spent says so once and releases no further model.
+
+**History and memory.** Each stream's schedule keeps the blocks it may still train on in a
+:class:`~dpstream.core.erm.history.FileBlockStore` of its own: append-only, checksummed segment
+files under ``<recovery dir>/history/<instance>/<flow>/<stream>/<shard>`` when the run has a
+recovery directory, else under a private temporary directory of the process (``0700``),
+removed when the process exits normally. The shard's snapshot then holds each store's cursor,
+never the rows: RAM and snapshot stay O(window + one block) with ``release.max_history``
+(without it a cumulative schedule's files grow with the stream, about ``8·(d + 2)`` bytes per
+event, while RAM and snapshot stay flat). Every snapshot is taken after the store made its
+blocks durable (:meth:`~dpstream.core.erm.history.FileBlockStore.state` fsyncs first); a resume
+cuts off the blocks appended after the snapshot and the replay appends them again. Files
+rather than re-reading the input topic: :mod:`dpstream.core.erm.history` says why. A shard
+resumed where its history directory is missing (moved to another machine without it)
+stops at once with a :class:`~dpstream.core.erm.history.HistoryError` that says so. Path
+components that are not plain names (``[A-Za-z0-9_.-]``, no leading dot) are replaced by
+``x-`` and a digest of the name.
 """
 
 from __future__ import annotations
 
+import atexit
+import hashlib
+import re
+import shutil
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from dpstream.core.erm.history import FileBlockStore
 from dpstream.core.erm.model import PrivateModel, predict
 from dpstream.core.erm.schedules.schedule import ReleaseSchedule
 from dpstream.core.erm.spec import Block
@@ -45,8 +68,38 @@ class ModelRecord:
     reason: str | None = None
 
 
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}")
+_temporary_root: list[Path] = []  # this process's private history directory (no recovery)
+
+
+def _path_part(name: object) -> str:
+    """A name as one safe path component (itself if plain, else ``x-`` and a digest)."""
+    text = str(name)
+    if _PLAIN_NAME.fullmatch(text):
+        return text
+    return "x-" + hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
+
+
+def _temporary_history() -> Path:
+    """The process's private temporary history directory, removed when the process exits."""
+    if not _temporary_root:
+        root = Path(tempfile.mkdtemp(prefix="dpstream-erm-history-"))  # mode 0700
+        _temporary_root.append(root)
+        atexit.register(shutil.rmtree, root, ignore_errors=True)
+    return _temporary_root[0]
+
+
+def history_directory(recovery_dir: str | Path | None, instance: str, flow: str,
+                      stream: str, shard: int) -> Path:
+    """Where a model stream's block history lives (see the module docstring)."""
+    root = (_temporary_history() if recovery_dir is None
+            else Path(recovery_dir) / "history")
+    return root.joinpath(*map(_path_part, (instance, flow, stream, shard)))
+
+
 def _make_schedule(config: ErmConfig, noise: NoiseKey, coords: tuple[Any, ...],
-                   state: dict[str, Any] | None, train: Any = None) -> Any:
+                   state: dict[str, Any] | None, train: Any = None,
+                   store: FileBlockStore | None = None) -> Any:
     if config.algorithm == "ermg":
         from dpstream.core.erm.ermg import Ermg  # noqa: PLC0415
 
@@ -54,20 +107,23 @@ def _make_schedule(config: ErmConfig, noise: NoiseKey, coords: tuple[Any, ...],
             return Ermg(config.schedule, config.model, noise, coords)
         return Ermg.from_state(state, config.schedule, config.model, noise, coords)
     if state is None:
-        return ReleaseSchedule(config.schedule, config.model, noise, coords, train=train)
+        return ReleaseSchedule(config.schedule, config.model, noise, coords, train=train,
+                               store=store)
     return ReleaseSchedule.from_state(state, config.schedule, config.model, noise, coords,
-                                      train=train)
+                                      train=train, store=store)
 
 
 class _Stream:
     """One model stream: its schedule, fed one block per step."""
 
     def __init__(self, config: ErmConfig, name: str, noise: NoiseKey, coords: tuple[Any, ...],
-                 state: dict[str, Any] | None, train: Any = None) -> None:
+                 state: dict[str, Any] | None, train: Any = None,
+                 store: FileBlockStore | None = None) -> None:
         self.config, self.name = config, name
         self.exhausted: bool = bool(state and state.get("exhausted"))
         self.schedule = _make_schedule(config, noise, coords,
-                                       None if state is None else state["schedule"], train)
+                                       None if state is None else state["schedule"], train,
+                                       store)
 
     def to_state(self) -> dict[str, Any]:
         return {"schedule": self.schedule.to_state(), "exhausted": self.exhausted}
@@ -105,8 +161,10 @@ class ErmShard(MechanismShard):
     mechanism = "erm"
 
     def __init__(self, config: ErmConfig, noise: NoiseKey, instance: str, partitions: int,
-                 state: dict[str, Any] | None = None, train: Any = None) -> None:
+                 state: dict[str, Any] | None = None, train: Any = None,
+                 recovery_dir: str | Path | None = None) -> None:
         self.train = train  # None: private training (another trainer only for bench/)
+        self.recovery_dir = recovery_dir  # None: histories in a temporary directory
         super().__init__(config, noise, instance, partitions, state)
 
     def names(self) -> list[str]:
@@ -115,8 +173,14 @@ class ErmShard(MechanismShard):
 
     def build(self, name: str, coordinates: tuple[Any, ...],
               state: dict[str, Any] | None) -> _Stream:
-        """A model stream and its schedule (new, or from its snapshot)."""
-        return _Stream(self.config, name, self.noise, coordinates, state, self.train)
+        """A model stream and its schedule (new, or from its snapshot) and its history."""
+        store = None
+        if self.config.algorithm != "ermg" and self.shard is not None:
+            directory = history_directory(self.recovery_dir, self.instance, self.config.name,
+                                          name, self.shard)
+            store = FileBlockStore(directory, self.config.model.columns,
+                                   durable=self.recovery_dir is not None)
+        return _Stream(self.config, name, self.noise, coordinates, state, self.train, store)
 
     def merge(self, step: int, bucket: dict[str, Any]) -> None:
         """Add one partition's rows for ``step``."""

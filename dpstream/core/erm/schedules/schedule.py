@@ -47,12 +47,35 @@ model's parameters (privacy pitfall 13), ``level`` is ``-1`` for none and ``cent
 centre's ``depends_on`` flattened: unique per computation, identical on a replay. Sampling
 bits come from the same coordinates ending in ``"sample"`` instead of ``"noise"``.
 
+**Bounded history** (``ScheduleSpec.max_history = H``). At ``t`` blocks seen a computation
+planned over ``[first, last]`` trains on the blocks of ``[max(first, t − H), last]`` only —
+the last ``H`` blocks, the new one included — with the *nominal* normaliser
+``n̄ = (last − first + 1)·b0`` and the noise level the plan gave it; the blocks before
+``t + 1 − H`` are then dropped from the store (no later step reads them). *Privacy is
+unchanged.* The sensitivity bound ``Δ = L/(λ n̄)`` of :mod:`dpstream.core.erm.spec` holds for
+any data set whatever its number of rows, because ``n̄`` is public and the strong convexity
+comes from the regulariser alone: adding one row to a block read turns ``J`` into
+``J + l(·; e)/n̄`` exactly as before, and a row of a block not read changes nothing the
+computation outputs. So the computation's noise covers it at its nominal cost
+(``NoiseLevel.cost_at``, the cost the schedule's theorem sums), and Poisson sampling amplifies
+row by row as before. The ledger charges that cost to every block the computation *reads*
+(a block it does not read loses nothing to it): the live blocks' spend is what it is without
+the bound, each retired block keeps its final spend in ``max_block_spend``, and every block
+pays at most the theorem's budget. What changes is accuracy (a base over ``2^k B`` blocks
+sees at most ``H`` of them) and state: the store holds at most ``H`` blocks between steps,
+the ledger ``H`` spends.
+
 **State** (:meth:`ReleaseSchedule.to_state`): the blocks still needed (all of them for the
-cumulative algorithms, the window for the sliding window, none for the baseline) as arrays,
-the live blocks' spend, the largest spend of any block, and the released models still used as
-centres.
-It holds private data: the recovery store that keeps it is secret. It is bound to the
-schedule's spec and the model's spec (:meth:`ReleaseSchedule.from_state` checks both).
+cumulative algorithms, the window for the sliding window, none for the baseline; at most the
+last ``H`` with a bounded history) as the block store's state — their arrays with the default
+:class:`~dpstream.core.erm.history.MemoryBlockStore` (the bytes of snapshots made before
+stores existed), a cursor with a :class:`~dpstream.core.erm.history.FileBlockStore` —, the
+live blocks' spend, the largest spend of any block, and the released models still used as
+centres. Training reads a computation's range from the store (one array of at most ``H + 1``
+blocks with a bounded history), never the whole history at once.
+It holds private data: the recovery store that keeps it (and a file store's directory) is
+secret. It is bound to the schedule's spec and the model's spec
+(:meth:`ReleaseSchedule.from_state` checks both).
 """
 
 from __future__ import annotations
@@ -67,6 +90,7 @@ from typing import Any, Final
 import numpy as np
 
 from dpstream.core._checks import check_state, fraction_text, is_integer
+from dpstream.core.erm.history import BlockStore, MemoryBlockStore
 from dpstream.core.erm.model import PrivateModel
 from dpstream.core.erm.sampling import poisson_sample
 from dpstream.core.erm.schedules.base import SchedulePlan
@@ -113,6 +137,10 @@ class ReleaseSchedule:
         coordinates: the schedule's coordinates, e.g. ``(instance, flow, "erm", stream)``.
         train: the trainer (default :func:`dpstream.core.erm.output_noise.private_erm`);
             injectable for tests.
+        store: where the blocks are kept (default: a new
+            :class:`~dpstream.core.erm.history.MemoryBlockStore`). A given store starts a new,
+            empty history (``restore(None, first=0)``: a file store's old segments are
+            deleted); :meth:`from_state` restores a store to its snapshot instead.
 
     Raises:
         InvalidParameterError: bad coordinates, or accountings that differ.
@@ -127,6 +155,7 @@ class ReleaseSchedule:
         coordinates: tuple[str | int, ...],
         *,
         train: TrainFn | None = None,
+        store: BlockStore | None = None,
     ) -> None:
         if not isinstance(spec, ScheduleSpec):
             raise InvalidParameterError(f"spec must be a ScheduleSpec, got {type(spec).__name__}")
@@ -148,10 +177,17 @@ class ReleaseSchedule:
         ).hexdigest()
         self._budget = spec.budget()
         self._plan = _PLANS[spec.algorithm](spec, erm, self.update_erm)
+        self._history = None if spec.max_history is None else int(spec.max_history)
         # mutable state
         self._t = 0  # blocks seen
-        self._first_kept = 0  # the step of self._blocks[0]
-        self._blocks: list[Block] = []
+        if store is None:
+            store = MemoryBlockStore(erm.columns)
+        elif store.columns != erm.columns:
+            raise InvalidParameterError(
+                f"the block store has {store.columns} feature columns, the model {erm.columns}")
+        else:
+            store.restore(None, first=0)
+        self._store: BlockStore = store  # the blocks still needed, store.first .. t - 1
         self._first_live = 0  # the step of self._spend[0]
         self._spend: list[Fraction] = []
         self._max_spend = Fraction(0)  # over every block, retired ones included
@@ -187,15 +223,19 @@ class ReleaseSchedule:
             raise InvalidParameterError("a block's labels must be an (m,) array, one per row")
         return int(step), block
 
-    def _data(self, blocks: list[Block], first_kept: int, first: int, last: int) -> Block:
-        parts = blocks[first - first_kept: last - first_kept + 1]
-        if len(parts) != last - first + 1 or first < first_kept:
+    def _window_start(self, t: int) -> int:
+        """The first block a computation may train on at ``t`` blocks seen (``t − H``)."""
+        return 0 if self._history is None else max(0, t - self._history)
+
+    def _data(self, step: int, block: Block, first: int, last: int) -> Block:
+        """The rows of blocks ``first .. last``: the stored ones, then the staged ``block``."""
+        if first < self._store.first:
             raise InvalidParameterError(  # a bug, never data-dependent
-                f"blocks {first}..{last} are no longer kept (kept from {first_kept})"
+                f"blocks {first}..{last} are no longer kept (kept from {self._store.first})"
             )
-        if len(parts) == 1:
-            return parts[0]
-        return Block.concat(parts, self.erm.columns)
+        if last == step:
+            return self._store.read(first, step - 1, block)
+        return self._store.read(first, last)
 
     def _coordinates_of(self, c: Computation) -> tuple[str | int, ...]:
         centre = tuple(x for pair in c.centre for x in pair)
@@ -222,14 +262,15 @@ class ReleaseSchedule:
         jobs, chain_end, chain_keys = self._plan.jobs(step, t, self._models)
 
         # check: every block's spend plus this step's charges, against the budget
+        lo = self._window_start(t)  # bounded history: the blocks a computation may read
         charges: dict[int, Fraction] = {}
         for job in jobs:
             c = job.computation
-            if c.first_step < self._first_live:  # a bug, never data-dependent
+            if max(c.first_step, lo) < self._first_live:  # a bug, never data-dependent
                 raise InvalidParameterError(
                     f"{c.role} {c.first_step}..{c.last_step} would use retired blocks"
                 )
-            for s in range(c.first_step, c.last_step + 1):
+            for s in range(max(c.first_step, lo), c.last_step + 1):
                 charges[s] = charges.get(s, Fraction(0)) + c.cost
         spent = {s: (self._spend[s - self._first_live] if s < step else Fraction(0)) + charge
                  for s, charge in charges.items()}
@@ -242,12 +283,11 @@ class ReleaseSchedule:
                 )
 
         # train (on staged data; nothing is committed yet)
-        blocks = [*self._blocks, block]
         models = dict(self._models)
         releases: list[Release] = []
         for job in jobs:
             c = job.computation
-            data = self._data(blocks, self._first_kept, c.first_step, c.last_step)
+            data = self._data(step, block, max(c.first_step, lo), c.last_step)
             coordinates = self._coordinates_of(c)
             if c.rate is not None:
                 mask = poisson_sample(self._key.stream(*coordinates, "sample"),
@@ -277,7 +317,7 @@ class ReleaseSchedule:
                                     chain_end, models[chain_end], c_end.cost, c_end.rate))
 
         # commit
-        self._blocks.append(block)
+        self._store.append(step, block)
         self._spend.append(Fraction(0))
         for s, total in spent.items():
             self._spend[s - self._first_live] = total
@@ -291,15 +331,16 @@ class ReleaseSchedule:
     def _retire(self, t: int) -> None:
         """Drop the blocks outside the current window (their final spend is kept in the max).
 
-        No later computation can use them: a sliding window's buckets lie in its window, and
-        the independent baseline uses each block once.
+        No later computation can use them: a sliding window's buckets lie in its window, the
+        independent baseline uses each block once, and with a bounded history the next step
+        reads no block before ``t + 1 − H``.
         """
         keep_from = self._plan.keep_from(t)
+        if self._history is not None:
+            keep_from = max(keep_from or 0, self._window_start(t + 1))
         if keep_from is None:
             return
-        if keep_from > self._first_kept:
-            del self._blocks[: keep_from - self._first_kept]
-            self._first_kept = keep_from
+        self._store.drop_before(keep_from)
         if keep_from > self._first_live:
             del self._spend[: keep_from - self._first_live]
             self._first_live = keep_from
@@ -318,7 +359,12 @@ class ReleaseSchedule:
     @property
     def kept_steps(self) -> range:
         """The steps whose blocks are still kept."""
-        return range(self._first_kept, self._t)
+        return range(self._store.first, self._t)
+
+    @property
+    def store(self) -> BlockStore:
+        """Where the kept blocks are."""
+        return self._store
 
     @property
     def models(self) -> Mapping[Chain, PrivateModel]:
@@ -350,15 +396,24 @@ class ReleaseSchedule:
 
     # -- state --
     def to_state(self) -> dict[str, Any]:
-        """Return the state as plain data (blocks as arrays; it holds private data)."""
+        """Return the state as plain data (it holds private data).
+
+        The kept blocks are the store's :meth:`~dpstream.core.erm.history.BlockStore.state`:
+        with a :class:`~dpstream.core.erm.history.MemoryBlockStore` the blocks' arrays under
+        ``"blocks"`` (the bytes of snapshots made before block stores), with a file store its
+        cursor under ``"history"`` (taken after the store made its blocks durable).
+        """
+        store = self._store
+        kept = ({"blocks": store.state()} if isinstance(store, MemoryBlockStore)
+                else {"history": store.state()})
         return {
             "version": _STATE_VERSION,
             "kind": _STATE_KIND,
             "spec": self.spec.to_dict(),
             "erm": self.erm.to_dict(),
             "t": self._t,
-            "first_kept": self._first_kept,
-            "blocks": [b.to_state() for b in self._blocks],
+            "first_kept": store.first,
+            **kept,
             "first_live": self._first_live,
             "spend": [fraction_text(s) for s in self._spend],
             "max_spend": fraction_text(self._max_spend),
@@ -376,21 +431,33 @@ class ReleaseSchedule:
         coordinates: tuple[str | int, ...],
         *,
         train: TrainFn | None = None,
+        store: BlockStore | None = None,
     ) -> ReleaseSchedule:
         """Rebuild from :meth:`to_state` with the same specs and key.
+
+        ``store`` (default: a new :class:`~dpstream.core.erm.history.MemoryBlockStore`) is
+        restored to the state's blocks: a file store to its cursor (bytes appended after the
+        snapshot are cut off), or filled with the arrays of a snapshot that holds them.
 
         Raises:
             InvalidParameterError: the state is malformed or was made with another schedule
                 or model spec.
+            HistoryError: a file store cannot be restored to the snapshot (a segment is
+                missing, short or corrupt: :mod:`dpstream.core.erm.history`).
 
         """
         schedule = cls(spec, erm, noise, coordinates, train=train)
+        if store is None:
+            store = schedule._store
+        elif store.columns != erm.columns:
+            raise InvalidParameterError(
+                f"the block store has {store.columns} feature columns, the model {erm.columns}")
         try:
             check_state(state, _STATE_KIND, _STATE_VERSION, {
                 "spec": ("schedule", spec.to_dict()), "erm": ("model", erm.to_dict())})
             t = int(state["t"])
             first_kept = int(state["first_kept"])
-            blocks = [Block.from_state(b, erm.columns) for b in state["blocks"]]
+            kept = state["history"] if "history" in state else state["blocks"]
             first_live = int(state["first_live"])
             spend = [Fraction(s) for s in state["spend"]]
             max_spend = Fraction(state["max_spend"])
@@ -402,10 +469,13 @@ class ReleaseSchedule:
             if isinstance(exc, InvalidParameterError):
                 raise
             raise InvalidParameterError(f"malformed {_STATE_KIND} state: {exc!r}") from None
-        if (first_kept + len(blocks) != t or first_live + len(spend) != t
-                or not 0 <= first_kept <= t or not 0 <= first_live <= t):
+        if (first_live + len(spend) != t or not 0 <= first_kept <= t
+                or not 0 <= first_live <= t):
             raise InvalidParameterError(f"malformed {_STATE_KIND} state: inconsistent steps")
-        schedule._t, schedule._first_kept, schedule._blocks = t, first_kept, blocks
+        store.restore(kept, first=first_kept)
+        if store.first != first_kept or store.end != t:
+            raise InvalidParameterError(f"malformed {_STATE_KIND} state: inconsistent steps")
+        schedule._t, schedule._store = t, store
         schedule._first_live, schedule._spend = first_live, spend
         if spend and max(spend) > max_spend:
             raise InvalidParameterError(f"malformed {_STATE_KIND} state: inconsistent spend")

@@ -168,6 +168,13 @@ class ScheduleSpec:
             keeps the update near its (better-trained) centre with less noise. The base
             models (Algorithm 1) keep the model's λ. Each computation's sensitivity uses its
             own λ, so the accounting is unchanged.
+        max_history: ``H``, the most recent blocks a computation may train on (``None``:
+            all of them). At ``t`` blocks seen a computation over ``[first, last]`` trains
+            on the blocks of ``[max(first, t − H), last]`` only, keeping its nominal
+            normaliser and its noise (hence its cost); the older blocks are dropped from the
+            schedule's block store, which then holds at most ``H`` blocks (see
+            :mod:`~dpstream.core.erm.schedules.schedule`, *Bounded history*). Plans with a
+            window of their own (sliding window) keep it; the bound applies on top.
 
     Raises:
         InvalidParameterError: a parameter out of range, or sampling with zCDP or with the
@@ -183,6 +190,7 @@ class ScheduleSpec:
     sampling: bool = False
     accounting: Accounting = "pure"
     update_regularization: float | None = None
+    max_history: int | None = None
 
     mechanism: ClassVar[str] = "erm-release"
 
@@ -223,6 +231,8 @@ class ScheduleSpec:
             )
         if self.update_regularization is not None:
             positive_finite("update_regularization", self.update_regularization)
+        if self.max_history is not None:
+            integer_at_least("max_history", self.max_history, 1)
         if self.sampling and self.algorithm == "independent":
             raise InvalidParameterError(
                 "the independent baseline has no sampled variant (each block is used once, "
@@ -259,7 +269,12 @@ class ScheduleSpec:
         return {"independent": eps}
 
     def to_dict(self) -> dict[str, Any]:
-        """Return the parameters as JSON-safe data (for binding a state to its spec)."""
+        """Return the parameters as JSON-safe data (for binding a state to its spec).
+
+        ``max_history`` is bound only when set, so the snapshots and noise of schedules
+        without it keep their bytes.
+        """
+        bounded = {} if self.max_history is None else {"max_history": int(self.max_history)}
         return {
             "algorithm": str(self.algorithm),
             "epsilon": float(self.epsilon),
@@ -270,6 +285,7 @@ class ScheduleSpec:
             "accounting": str(self.accounting),
             "update_regularization": (None if self.update_regularization is None
                                       else float(self.update_regularization)),
+            **bounded,
         }
 
     def describe(self) -> str:
@@ -294,5 +310,9 @@ class ScheduleSpec:
                     f"{costs['update']:.6g}/{'4' if unit == 'rho' else '2'}^i")
         else:
             text = f"independent baseline: every block alone at {costs['independent']:.6g}"
+        if self.max_history is not None:
+            text += (f"\nhistory bounded to the last {int(self.max_history)} blocks: every "
+                     "computation trains on the blocks of its range among them (nominal "
+                     "normaliser and cost kept)")
         return (f"{text}\nblock = one step of nominal b0 = {b0} events; every event costs at "
                 f"most {float(self.budget()):.6g} {unit}")
