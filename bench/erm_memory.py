@@ -333,6 +333,8 @@ def run(args: argparse.Namespace) -> None:
     end = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     if proc.returncode != 0:  # recorded (the report says how the run ended), then raised
         lines = errors.read_text().strip().splitlines() or [f"exit status {proc.returncode}"]
+        if proc.returncode == -signal.SIGTERM:
+            lines = ["stopped with SIGTERM before its end (cut short)"]
         with samples.open("a") as f:
             f.write(json.dumps({"failed": lines[-1][-500:], "at": end}) + "\n")
         raise SystemExit(f"benchmark child failed:\n{errors.read_text()[-3000:]}")
