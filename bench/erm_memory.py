@@ -483,72 +483,86 @@ def _size(v: float | None) -> str:
     return f"{v / 2**20:,.1f} MiB" if v >= 2**20 else f"{v / 2**10:,.1f} KiB"
 
 
+COLOURS = {"bounded": "#1f77b4", "unbounded": "#d62728"}
+
+
+def _ticks(top: float) -> float:
+    """A round tick step for an axis from 0 to ``top``."""
+    step = 10 ** math.floor(math.log10(max(top, 1e-9) / 2))
+    return step * (5 if top / step > 25 else 2 if top / step > 10 else 1)
+
+
+def _panel(out: list[str], box: tuple[float, float, float, float], xmax: float,
+           series: list[tuple[str, list[tuple[float, float]]]], title: str, log: bool) -> None:
+    """One plot: ``series`` of (events, value) points in ``box`` = (x, y, width, height)."""
+    x0, y0, w, h = box
+    values = [v for _, pts in series for _, v in pts if v > 0]
+    if log:
+        lo = math.floor(math.log10(min(values, default=1)))
+        hi = max(lo + 1, math.ceil(math.log10(max(values, default=10))))
+
+        def fy(v: float) -> float:
+            return y0 + h - h * (math.log10(max(v, 10.0 ** lo)) - lo) / (hi - lo)
+        yticks = [(fy(10.0 ** e), f"1e{e}") for e in range(lo, hi + 1)]
+    else:
+        top = max(values, default=1) * 1.1
+        step = _ticks(top)
+        top = step * math.ceil(top / step)
+
+        def fy(v: float) -> float:
+            return y0 + h - h * v / top
+        yticks = [(fy(k * step), f"{k * step:g}") for k in range(round(top / step) + 1)]
+
+    def fx(e: float) -> float:
+        return x0 + w * e / xmax
+
+    out.append(f'<text x="{x0}" y="{y0 - 10}" font-weight="bold">{title}</text>')
+    for y, text in yticks:
+        out.append(f'<line x1="{x0}" y1="{y:.1f}" x2="{x0 + w}" y2="{y:.1f}" stroke="#ddd"/>'
+                   f'<text x="{x0 - 6}" y="{y + 4:.1f}" text-anchor="end">{text}</text>')
+    step = _ticks(xmax)
+    k = 0
+    while k * step <= xmax * 1.0001:
+        x = fx(k * step)
+        out.append(f'<line x1="{x:.1f}" y1="{y0 + h}" x2="{x:.1f}" y2="{y0 + h + 4}" '
+                   f'stroke="black"/><text x="{x:.1f}" y="{y0 + h + 17}" '
+                   f'text-anchor="middle">{k * step / 1e6:g}</text>')
+        k += 1
+    out.append(f'<text x="{x0 + w / 2}" y="{y0 + h + 34}" text-anchor="middle">'
+               'events processed (millions)</text>')
+    out.append(f'<polyline points="{x0},{y0} {x0},{y0 + h} {x0 + w},{y0 + h}" fill="none" '
+               'stroke="black"/>')
+    for name, pts in series:
+        shown = " ".join(f"{fx(e):.1f},{fy(v):.1f}" for e, v in pts if e <= xmax and v > 0)
+        out.append(f'<polyline points="{shown}" fill="none" stroke="{COLOURS.get(name, "#555")}"'
+                   ' stroke-width="1.5"/>')
+
+
 def svg(runs: dict[str, dict[str, Any]]) -> str:
-    """Two panels (RSS; snapshot bytes, log scale) against events, one line per run."""
-    width, height, left, right, top, gap, panel = 900, 640, 90, 160, 40, 90, 220
-    colours = {"bounded": "#1f77b4", "unbounded": "#d62728"}
-    xmax = max((r["events"] for run in runs.values()
-                for r in run["steps"] + run["snapshots"] if r.get("events")), default=1)
-    xscale = (width - left - right) / xmax
+    """RSS (MiB) and snapshot bytes (log scale) against events: the whole bounded run on the
+    left, the first events of every run on the right (the unbounded run is short)."""
+    rss = [(name, [(r["events"], r["rss"] / 2**20) for r in run["steps"]
+                   if r.get("rss") and r.get("events")]) for name, run in runs.items()]
+    snap = [(name, [(r["events"], r["snapshot"]) for r in run["snapshots"]
+                    if r.get("snapshot") and r.get("events")]) for name, run in runs.items()]
+    full = max((e for _, pts in rss + snap for e, _ in pts), default=1)
+    short = [max((e for e, _ in pts), default=full) for name, pts in rss if name != "bounded"]
+    zoom = min(full, max(short, default=full) * 1.2)
+    width, height = 1000, 640
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-           f'font-family="sans-serif" font-size="12">',
+           'font-family="sans-serif" font-size="11">',
            '<rect width="100%" height="100%" fill="white"/>']
-
-    def axes(y0: float, label: str, ticks: list[tuple[float, str]]) -> None:
-        out.append(f'<line x1="{left}" y1="{y0 + panel}" x2="{width - right}" '
-                   f'y2="{y0 + panel}" stroke="black"/>')
-        out.append(f'<line x1="{left}" y1="{y0}" x2="{left}" y2="{y0 + panel}" stroke="black"/>')
-        out.append(f'<text x="{left - 70}" y="{y0 - 12}">{label}</text>')
-        for y, text in ticks:
-            out.append(f'<line x1="{left - 4}" y1="{y:.1f}" x2="{width - right}" y2="{y:.1f}" '
-                       f'stroke="#ddd"/><text x="{left - 8}" y="{y + 4:.1f}" '
-                       f'text-anchor="end">{text}</text>')
-        step = 10 ** math.floor(math.log10(max(xmax, 1) / 2))
-        step *= 5 if xmax / step > 25 else 2 if xmax / step > 10 else 1
-        x = 0.0
-        while x <= xmax:
-            px = left + x * xscale
-            out.append(f'<line x1="{px:.1f}" y1="{y0 + panel}" x2="{px:.1f}" '
-                       f'y2="{y0 + panel + 4}" stroke="black"/><text x="{px:.1f}" '
-                       f'y="{y0 + panel + 18}" text-anchor="middle">{x / 1e6:g}</text>')
-            x += step
-        out.append(f'<text x="{(left + width - right) / 2}" y="{y0 + panel + 36}" '
-                   f'text-anchor="middle">events processed (millions)</text>')
-
-    # panel 1: RSS, linear from 0
-    rss_max = max((r["rss"] for run in runs.values() for r in run["steps"] if r.get("rss")),
-                  default=1) / 2**20
-    top_rss = 10 ** math.floor(math.log10(rss_max)) * math.ceil(
-        rss_max / 10 ** math.floor(math.log10(rss_max)))
-    y0 = top
-    axes(y0, "RSS of the worker (MiB)",
-         [(y0 + panel - panel * k / 4, f"{top_rss * k / 4:g}") for k in range(5)])
-    for name, run in runs.items():
-        pts = " ".join(f"{left + r['events'] * xscale:.1f},"
-                       f"{y0 + panel - panel * r['rss'] / 2**20 / top_rss:.1f}"
-                       for r in run["steps"] if r.get("rss"))
-        out.append(f'<polyline points="{pts}" fill="none" stroke="{colours.get(name, "#555")}" '
-                   f'stroke-width="1.5"/>')
-    # panel 2: snapshot bytes, log scale
-    y0 = top + panel + gap
-    sizes = [r["snapshot"] for run in runs.values() for r in run["snapshots"] if r["snapshot"]]
-    lo = math.floor(math.log10(min(sizes, default=1)))
-    hi = max(lo + 1, math.ceil(math.log10(max(sizes, default=10))))
-    axes(y0, "snapshot of the shard's state (bytes, log scale)",
-         [(y0 + panel - panel * (e - lo) / (hi - lo), f"1e{e}") for e in range(lo, hi + 1)])
-    for name, run in runs.items():
-        pts = " ".join(f"{left + r['events'] * xscale:.1f},"
-                       f"{y0 + panel - panel * (math.log10(r['snapshot']) - lo) / (hi - lo):.1f}"
-                       for r in run["snapshots"] if r["snapshot"] and r.get("events"))
-        out.append(f'<polyline points="{pts}" fill="none" stroke="{colours.get(name, "#555")}" '
-                   f'stroke-width="1.5"/>')
-    for k, name in enumerate(runs):
-        y = top + 20 * k
-        meta = runs[name]["meta"]
-        text = f"{name} (max_history = {meta.get('window') or 'none'})"
-        out.append(f'<line x1="{width - right + 10}" y1="{y}" x2="{width - right + 30}" y2="{y}" '
-                   f'stroke="{colours.get(name, "#555")}" stroke-width="2"/>'
-                   f'<text x="{width - right + 34}" y="{y + 4}" font-size="10">{text}</text>')
+    _panel(out, (80, 50, 370, 200), full, rss, "RSS of the worker process (MiB)", False)
+    _panel(out, (590, 50, 370, 200), zoom, rss, "RSS, first events (MiB)", False)
+    _panel(out, (80, 360, 370, 200), full, snap, "snapshot of the shard's state (bytes)", True)
+    _panel(out, (590, 360, 370, 200), zoom, snap, "snapshot, first events (bytes)", True)
+    for k, (name, run) in enumerate(runs.items()):
+        window = run["meta"].get("window")
+        x = 80 + 380 * k
+        out.append(f'<line x1="{x}" y1="{height - 20}" x2="{x + 24}" y2="{height - 20}" '
+                   f'stroke="{COLOURS.get(name, "#555")}" stroke-width="2"/>'
+                   f'<text x="{x + 30}" y="{height - 16}">{name}: release.max_history = '
+                   f'{window or "none"}, b0 = {run["meta"]["block"]:,}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
 
