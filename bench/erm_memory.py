@@ -626,6 +626,12 @@ def report() -> None:
                   f"{'–' if snap_slope is None else f'{snap_slope:+,.0f} bytes'} per million "
                   f"events (least squares over every sample past it); peak RSS "
                   f"{_mib(peak)} MiB.", ""]
+        if run["done"] and snaps:
+            lines += [f"Last snapshot, taken once the input ended and every step was closed: "
+                      f"{snaps[-1]['snapshot']:,} bytes. During the run Bytewax snapshots "
+                      "mid-step, so a snapshot also holds the rows of the open step(s) "
+                      "(the shard's `pending`: up to one block and what the source read "
+                      "ahead), which is the size plotted.", ""]
         if tag == "bounded" and end >= 10_000_000:
             pairs = [(10_000_000, end)]
             for a, b in pairs:
