@@ -66,6 +66,9 @@ D = 64
 POOL = 1 << 15
 PARTITIONS = 3
 OUT = "issue25-memory"
+TAGS = ("bounded", "unbounded", "files-unbounded")
+"""The runs the report shows: ``bounded`` (file history, ``max_history``), ``unbounded`` (the
+in-memory history of issue 8, run on that code), ``files-unbounded`` (file history, no bound)."""
 
 
 def _samples_path(tag: str) -> Path:
@@ -301,6 +304,13 @@ def scratch(name: str) -> Path:
     return path
 
 
+def _revision() -> str | None:
+    """The checked-out commit of this repository (the code a run measures), if known."""
+    out = subprocess.run(["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"],
+                         capture_output=True, text=True, check=False)
+    return out.stdout.strip() or None
+
+
 def run(args: argparse.Namespace) -> None:
     """A sampled run (its samples: ``results/issue25-memory-<tag>.jsonl.tmp``)."""
     work = scratch(args.tag)
@@ -309,6 +319,7 @@ def run(args: argparse.Namespace) -> None:
     meta = {"meta": {"tag": args.tag, "events": args.events, "block": args.block,
                      "window": args.window or None, "learner": args.learner,
                      "snapshot_interval": args.snapshot_interval, "d": D,
+                     "code": _revision(),
                      "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}}
     samples.write_text(json.dumps(meta) + "\n")
     recovery = work / "recovery"
@@ -483,7 +494,7 @@ def _size(v: float | None) -> str:
     return f"{v / 2**20:,.1f} MiB" if v >= 2**20 else f"{v / 2**10:,.1f} KiB"
 
 
-COLOURS = {"bounded": "#1f77b4", "unbounded": "#d62728"}
+COLOURS = {"bounded": "#1f77b4", "unbounded": "#d62728", "files-unbounded": "#ff7f0e"}
 
 
 def _ticks(top: float) -> float:
@@ -569,7 +580,7 @@ def svg(runs: dict[str, dict[str, Any]]) -> str:
 
 def report() -> None:
     """results/issue25-memory.{md,json,svg} from the runs' samples."""
-    runs = {tag: run for tag in ("bounded", "unbounded") if (run := _load(tag)) is not None}
+    runs = {tag: run for tag in TAGS if (run := _load(tag)) is not None}
     if not runs:
         raise SystemExit("no samples: run `erm_memory.py run` first")
     resume_path = RESULTS / f"{OUT}-resume.json.tmp"
@@ -593,8 +604,13 @@ def report() -> None:
         lines += [f"## {tag}: {end:,} events, b0 = {meta['block']:,}, "
                   f"max_history = {window or 'none'}, learner = "
                   f"{meta.get('learner') or 'the default'}", "",
+                  *([f"Code: {meta['code']}" + (f" ({meta['note']})" if meta.get("note") else "")
+                     + "."] if meta.get("code") or meta.get("note") else []),
                   f"Started {meta.get('started')}; "
                   + (f"finished {run['done']}" if run["done"] else
+                     f"**did not finish**: {run['failed']['failed']} at {run['failed']['at']}"
+                     " (the samples up to then are shown)"
+                     if run["failed"] and "SIGTERM" in run["failed"]["failed"] else
                      f"**the flow failed** at {run['failed']['at']}: `{run['failed']['failed']}`"
                      " (the samples up to the failure are shown)" if run["failed"] else
                      "**did not finish** (cut short; the samples up to the cut are shown)")
@@ -607,24 +623,32 @@ def report() -> None:
         if not marks or marks[-1] != end:
             marks.append(end)
         for m in marks:
-            lines.append(f"| {m:,} | {_at(steps, m, 'step')} | {_mib(_at(steps, m, 'rss'))} | "
+            step = _at(steps, m, "step")
+            lines.append(f"| {m:,} | {'–' if step is None else step} | "
+                         f"{_mib(_at(steps, m, 'rss'))} | "
                          f"{_size(_at(snaps, m, 'snapshot'))} | "
                          f"{_mib(_at(snaps, m, 'recovery_files'))} | "
                          f"{_mib(_at(snaps, m, 'history'))} | "
                          f"{_at(steps, m, 'seconds') or 0:,.0f} |")
         rss_slope = _slope(steps, "rss", max(first, 2 * meta["block"]))
         snap_slope = _slope(snaps, "snapshot", max(first, 2 * meta["block"]))
+        hist_slope = _slope(snaps, "history", max(first, 2 * meta["block"]))
         peak = max((r["rss"] for r in steps), default=None)
         summary[tag] = {"meta": meta, "events": end, "events_per_second": rate,
                         "rss_slope_bytes_per_million_events": rss_slope,
                         "snapshot_slope_bytes_per_million_events": snap_slope,
+                        "history_slope_bytes_per_million_events": hist_slope,
                         "peak_rss": peak, "finished": run["done"] is not None,
                         "samples": {"steps": steps, "snapshots": snaps}}
-        lines += ["", f"After the first window ({first:,} events): RSS slope "
+        past = max(first, 2 * meta["block"])
+        lines += ["", f"After {'the first window' if window else 'the first two blocks'} "
+                  f"({past:,} events): RSS slope "
                   f"{'–' if rss_slope is None else f'{rss_slope / 2**20:+,.2f} MiB'} per million "
                   f"events, snapshot slope "
                   f"{'–' if snap_slope is None else f'{snap_slope:+,.0f} bytes'} per million "
-                  f"events (least squares over every sample past it); peak RSS "
+                  f"events, history files "
+                  f"{'–' if hist_slope is None else f'{hist_slope / 2**20:+,.2f} MiB'} per "
+                  f"million events (least squares over every sample past it); peak RSS "
                   f"{_mib(peak)} MiB.", ""]
         if run["done"] and snaps:
             lines += [f"Last snapshot, taken once the input ended and every step was closed: "
