@@ -550,30 +550,39 @@ def _panel(out: list[str], box: tuple[float, float, float, float], xmax: float,
 
 
 def svg(runs: dict[str, dict[str, Any]]) -> str:
-    """RSS (MiB) and snapshot bytes (log scale) against events: the whole bounded run on the
-    left, the first events of every run on the right (the unbounded run is short)."""
+    """RSS (MiB), snapshot bytes (log scale) and history files (MiB) against events: the
+    whole bounded run on the left, the first events of every run on the right (the unbounded
+    runs are short). Snapshots taken after the flow ended (no open step) are left out."""
     rss = [(name, [(r["events"], r["rss"] / 2**20) for r in run["steps"]
                    if r.get("rss") and r.get("events")]) for name, run in runs.items()]
-    snap = [(name, [(r["events"], r["snapshot"]) for r in run["snapshots"]
-                    if r.get("snapshot") and r.get("events")]) for name, run in runs.items()]
+    live = {name: [r for r in run["snapshots"] if r.get("events") and r.get("rss")]
+            for name, run in runs.items()}
+    snap = [(name, [(r["events"], r["snapshot"]) for r in rows]) for name, rows in live.items()]
+    hist = [(name, [(r["events"], r["history"] / 2**20) for r in rows])
+            for name, rows in live.items()]
     full = max((e for _, pts in rss + snap for e, _ in pts), default=1)
     short = [max((e for e, _ in pts), default=full) for name, pts in rss if name != "bounded"]
     zoom = min(full, max(short, default=full) * 1.2)
-    width, height = 1000, 640
+    width, height = 1000, 960
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
            'font-family="sans-serif" font-size="11">',
            '<rect width="100%" height="100%" fill="white"/>']
-    _panel(out, (80, 50, 370, 200), full, rss, "RSS of the worker process (MiB)", False)
-    _panel(out, (590, 50, 370, 200), zoom, rss, "RSS, first events (MiB)", False)
-    _panel(out, (80, 360, 370, 200), full, snap, "snapshot of the shard's state (bytes)", True)
-    _panel(out, (590, 360, 370, 200), zoom, snap, "snapshot, first events (bytes)", True)
+    rows = [(rss, "RSS of the worker process (MiB)", False),
+            (snap, "snapshot of the shard's state (bytes, log scale)", True),
+            (hist, "history files on disk (MiB)", False)]
+    for k, (series, title, log) in enumerate(rows):
+        y = 50 + 290 * k
+        _panel(out, (80, y, 370, 200), full, series, title, log)
+        _panel(out, (590, y, 370, 200), zoom, series, title.replace(" (", ", first events ("),
+               log)
     for k, (name, run) in enumerate(runs.items()):
         window = run["meta"].get("window")
-        x = 80 + 380 * k
-        out.append(f'<line x1="{x}" y1="{height - 20}" x2="{x + 24}" y2="{height - 20}" '
+        y = height - 60 + 16 * k
+        out.append(f'<line x1="80" y1="{y}" x2="104" y2="{y}" '
                    f'stroke="{COLOURS.get(name, "#555")}" stroke-width="2"/>'
-                   f'<text x="{x + 30}" y="{height - 16}">{name}: release.max_history = '
-                   f'{window or "none"}, b0 = {run["meta"]["block"]:,}</text>')
+                   f'<text x="110" y="{y + 4}">{name}: release.max_history = '
+                   f'{window or "none"}, b0 = {run["meta"]["block"]:,}'
+                   f'{"; " + run["meta"]["note"] if run["meta"].get("note") else ""}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
 
@@ -656,6 +665,26 @@ def report() -> None:
                       "mid-step, so a snapshot also holds the rows of the open step(s) "
                       "(the shard's `pending`: up to one block and what the source read "
                       "ahead), which is the size plotted.", ""]
+        if end > past:
+            import statistics
+
+            fifth = (end - past) / 5
+            early = (past, past + fifth)
+            late = (end - fifth, end)
+
+            def med(rows: list[dict[str, Any]], key: str, span: tuple[float, float]) -> Any:
+                got = [r[key] for r in rows if r.get(key) is not None
+                       and r.get("events") is not None and span[0] < r["events"] <= span[1]]
+                return statistics.median(got) if got else None
+            lines += [f"Medians over the first and the last fifth past that point "
+                      f"({early[0] / 1e6:.1f}–{early[1] / 1e6:.1f} M and "
+                      f"{late[0] / 1e6:.1f}–{late[1] / 1e6:.1f} M events): RSS "
+                      f"{_mib(med(steps, 'rss', early))} and {_mib(med(steps, 'rss', late))} "
+                      f"MiB; snapshot {_size(med(snaps, 'snapshot', early))} and "
+                      f"{_size(med(snaps, 'snapshot', late))}; history files "
+                      f"{_mib(med(snaps, 'history', early))} and "
+                      f"{_mib(med(snaps, 'history', late))} MiB (largest "
+                      f"{_mib(max((r['history'] for r in snaps), default=None))} MiB).", ""]
         if tag == "bounded" and end >= 10_000_000:
             pairs = [(10_000_000, end)]
             for a, b in pairs:
@@ -678,7 +707,8 @@ def report() -> None:
                   f"{resumed['mismatched']}, missing {resumed['missing']}, replayed copies "
                   f"identical: {resumed['duplicates_identical']}.", ""]
         summary["resume"] = resumed
-    lines += ["![RSS and snapshot size against events processed](issue25-memory.svg)", ""]
+    lines += ["![RSS, snapshot size and history files against events processed]"
+              "(issue25-memory.svg)", ""]
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{OUT}.md").write_text("\n".join(lines))
     (RESULTS / f"{OUT}.json").write_text(json.dumps(summary, indent=1) + "\n")
