@@ -604,7 +604,9 @@ def report() -> None:
              "process; history is the disk use of the history store's files.", ""]
     summary: dict[str, Any] = {}
     for tag, run in runs.items():
-        meta, steps, snaps = run["meta"], run["steps"], run["snapshots"]
+        meta, steps, every_snap = run["meta"], run["steps"], run["snapshots"]
+        # the snapshots taken while the flow ran (the last one, after the end, has no open step)
+        snaps = [r for r in every_snap if r.get("rss")]
         window = meta.get("window")
         first = (window or 0) * meta["block"]
         end = max((r["events"] for r in steps), default=0)
@@ -648,7 +650,7 @@ def report() -> None:
                         "snapshot_slope_bytes_per_million_events": snap_slope,
                         "history_slope_bytes_per_million_events": hist_slope,
                         "peak_rss": peak, "finished": run["done"] is not None,
-                        "samples": {"steps": steps, "snapshots": snaps}}
+                        "samples": {"steps": steps, "snapshots": every_snap}}
         past = max(first, 2 * meta["block"])
         lines += ["", f"After {'the first window' if window else 'the first two blocks'} "
                   f"({past:,} events): RSS slope "
@@ -659,9 +661,9 @@ def report() -> None:
                   f"{'–' if hist_slope is None else f'{hist_slope / 2**20:+,.2f} MiB'} per "
                   f"million events (least squares over every sample past it); peak RSS "
                   f"{_mib(peak)} MiB.", ""]
-        if run["done"] and snaps:
+        if run["done"] and every_snap and not every_snap[-1].get("rss"):
             lines += [f"Last snapshot, taken once the input ended and every step was closed: "
-                      f"{snaps[-1]['snapshot']:,} bytes. During the run Bytewax snapshots "
+                      f"{every_snap[-1]['snapshot']:,} bytes. During the run Bytewax snapshots "
                       "mid-step, so a snapshot also holds the rows of the open step(s) "
                       "(the shard's `pending`: up to one block and what the source read "
                       "ahead), which is the size plotted.", ""]
@@ -693,6 +695,27 @@ def report() -> None:
                              f"{_size(_at(snaps, a, 'snapshot'))} and "
                              f"{_size(_at(snaps, b, 'snapshot'))}.")
             lines.append("")
+    bounded = summary.get("bounded")
+    if bounded is not None:
+        meta, steps = bounded["meta"], bounded["samples"]["steps"]
+        live = [r for r in bounded["samples"]["snapshots"] if r.get("rss")]
+        at = min(10_000_000, bounded["events"])
+        head = [f"**Headline.** {bounded['events']:,} events at d = {D}, b0 = {meta['block']:,}, "
+                f"max_history = {meta['window']}, learner = {meta['learner']}: "
+                f"{'finished' if bounded['finished'] else 'cut short'}; RSS "
+                f"{_mib(_at(steps, at, 'rss'))} MiB at {at / 1e6:g} M events and "
+                f"{_mib(steps[-1]['rss'] if steps else None)} MiB at the end (slope "
+                f"{(bounded['rss_slope_bytes_per_million_events'] or 0) / 2**20:+.2f} MiB per "
+                f"million events past the first window); the snapshot "
+                f"{_size(_at(live, at, 'snapshot'))} at {at / 1e6:g} M and "
+                f"{_size(live[-1]['snapshot'] if live else None)} at the last snapshot "
+                f"before the end (slope "
+                f"{(bounded['snapshot_slope_bytes_per_million_events'] or 0):+,.0f} bytes per "
+                f"million events): flat."]
+        if resumed is not None:
+            head.append(f"kill -9 mid-run and resume ({resumed['events']:,} events): "
+                        f"byte-identical = {resumed['byte_identical']}.")
+        lines[2:2] = [" ".join(head), ""]
     if resumed is not None:
         lines += ["## kill -9 and resume", "",
                   f"{resumed['events']:,} events (b0 = {resumed['block']:,}, max_history = "
