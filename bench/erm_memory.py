@@ -10,36 +10,43 @@ of ``b0`` events each (one step is one block), three input partitions. Nothing i
 memory ahead of the flow: batch ``i`` is made when the source asks for it (``Batches``), so
 the process's memory is the flow's own.
 
-What is sampled, once per closed step (in the sink, when the step's models arrive; the
-sampling itself reads two files and ``/proc``):
+What is sampled:
 
-* events handed to the flow so far (the source's count) and the step;
-* the worker process's resident set (``VmRSS`` of ``/proc/self/status``; one worker, so the
-  process is the worker);
-* the shard's **snapshot bytes**: the size of the newest serialised state of the model shards'
-  stateful step in Bytewax's recovery partition (``snaps.ser_change``, SQLite), and the size of
-  the recovery partition files;
-* the disk use of the history store (files under the recovery directory other than Bytewax's
-  partitions, e.g. a file block store's segments).
+* once per closed step, in the flow's process (its sink, when the step's models arrive): the
+  events handed to the flow so far (the source's count), the step, and the worker process's
+  resident set (``VmRSS`` of ``/proc/self/status``; one worker, so the process is the worker);
+* once per snapshot, by the parent process (polling every ``--monitor-interval`` seconds for
+  a new epoch): the size of the newest serialised state of the model shards' stateful step in
+  Bytewax's recovery partition (``snaps.ser_change``, SQLite), the size of the partition
+  files, the disk use of the history store (every file under the recovery directory but
+  Bytewax's partitions: the shard's segment files) and the child's ``VmRSS``. SQLite is read
+  from another process on purpose: its POSIX locks are per process, and a second SQLite
+  library closing the file inside the flow's process dropped Bytewax's locks (the flow died
+  with SIGBUS).
 
-Modes::
+Modes (the results were made with these)::
 
     OPENBLAS_NUM_THREADS=1 python bench/erm_memory.py run --events 50000000 --block 50000 \\
-        --window 8 --tag bounded                      # the long run (samples as JSON lines)
-    OPENBLAS_NUM_THREADS=1 python bench/erm_memory.py run --events 2000000 --block 50000 \\
-        --tag unbounded                                # the same without max_history
+        --window 8 --learner objective --tag bounded  # the long run
+    OPENBLAS_NUM_THREADS=1 python bench/erm_memory.py run --events 3000000 --block 50000 \\
+        --learner objective --tag files-unbounded     # the same without max_history
     OPENBLAS_NUM_THREADS=1 python bench/erm_memory.py resume --events 2000000 --block 50000 \\
-        --window 8                                     # kill -9 mid-run, resume, compare
-    python bench/erm_memory.py report                  # results/issue25-memory.{md,json,svg}
+        --window 8 --learner objective                # kill -9 mid-run, resume, compare
+    python bench/erm_memory.py report                 # results/issue25-memory.{md,json,svg}
 
-``run`` and ``resume`` start every flow in a child process (``--one``), as the other benches
-do; a run's samples go to ``results/issue25-memory-<tag>.jsonl.tmp`` line by line, so a long run
-can be watched and a cut-short run still reports what it measured. ``resume`` runs the flow
-once uninterrupted, then once more in a child it kills with SIGKILL after ``--kill-at`` of the
-input (the child's sink appends every record to a file and fsyncs it), restarts it on the
-same recovery directory, and compares the model records: every record of the killed and the
-resumed run must be byte-identical to the uninterrupted run's record of the same (stream,
-step, role, level), and together they must cover all of them.
+``--tag unbounded`` is the run without ``max_history`` on the code before the bounded
+history (every block in the shard's state, as in issue 8): the report shows it beside the
+others when its samples are there.
+
+``run`` and ``resume`` start every flow in a child process (``one``), as the other benches
+do; a run's samples go to ``results/issue25-memory-<tag>.jsonl.tmp`` line by line, so a long
+run can be watched and a cut-short run still reports what it measured. ``resume`` runs the
+flow once uninterrupted, then once more in a child it kills with SIGKILL once that child has
+published ``--kill-at`` (a fraction) of the uninterrupted run's records (its sink appends
+every record to a file and fsyncs it), restarts it on the same recovery directory, and
+compares the model records: every record of the killed and the resumed run must be
+byte-identical to the uninterrupted run's record of the same (stream, step, role, level), the
+replayed copies identical, and together they must cover all of them.
 """
 
 from __future__ import annotations
