@@ -58,7 +58,7 @@ from test_multiprocess import (
     start_cluster,
 )
 
-from dpstream.client import DeadLetter, Model, Release, decode
+from dpstream.client import DeadLetter, Model, Release, Serving, decode
 from dpstream.io.broker import free_port
 from dpstream.io.topics import Record, ensure_topics, read_all
 from dpstream.platform import parse_config
@@ -362,8 +362,10 @@ def test_user_level_erm_through_the_broker_with_one_and_two_workers(
         without_people(out)
         got = outputs(bootstrap, topics, ("models", "dead"))
         published.append(got)
-        models = [decode(r.value) for r in got["models"]]
-        assert models and all(isinstance(m, Model) for m in models)
+        records = [decode(r.value) for r in got["models"]]
+        models = [m for m in records if isinstance(m, Model)]
+        servings = [m for m in records if isinstance(m, Serving)]  # the model to serve
+        assert models and servings and len(models) + len(servings) == len(records)
         for model in models:
             privacy = model.privacy  # type: ignore[union-attr]
             assert privacy.unit == "user" and privacy.person is not None
