@@ -151,7 +151,7 @@ def test_a_corrupt_record_is_refused_naming_where_never_what(tmp_path):
     data[record + 40] ^= 0x01
     data[record: record + 4] = b"XXXX"  # a damaged header: refused at restore already
     path.write_bytes(bytes(data))
-    with pytest.raises(HistoryError, match="has no valid record at byte"):
+    with pytest.raises(HistoryError, match="has an invalid record"):
         FileBlockStore(directory, erm_spec().columns, blocks_per_segment=4).restore(state,
                                                                                    first=0)
 
@@ -605,3 +605,56 @@ def test_a_bounded_history_keeps_its_disk_bounded_too(tmp_path):
     # unbounded keeps all 30 blocks of each stream; H = 2 keeps about 2 + 2 + the 3 snapshots'
     # blocks, well under half of them
     assert sizes[2] < sizes[None] / 2, sizes
+
+
+def test_a_second_crash_before_the_next_snapshot_resumes_from_the_same_snapshot(tmp_path):
+    """A resume from snapshot S, a replay that retires blocks across a segment boundary, and
+    a crash before any newer snapshot commits: the next resume is from S again and must find
+    every segment S needs (deleting them would lose the instance on every restart)."""
+    directory = tmp_path / "h"
+    columns = erm_spec().columns
+    store = FileBlockStore(directory, columns, blocks_per_segment=4)
+    store.restore(None, first=0)
+    for step in range(6):
+        store.append(step, a_block(3, step))
+    store.drop_before(2)
+    snapshot = store.state()  # S: blocks 2..5 live, in segments 0 and 1
+    store.close()
+    for _attempt in range(2):  # resume from S, replay steps 6..9 retiring as H = 3, crash
+        again = FileBlockStore(directory, columns, blocks_per_segment=4)
+        again.restore(snapshot, first=2)
+        assert same(again.read(2, 5), Block.concat([a_block(3, s) for s in range(2, 6)],
+                                                   columns))
+        for step in range(6, 10):
+            again.append(step, a_block(3, step))
+            again.drop_before(step + 1 - 3)
+        again.close()
+
+
+def test_history_errors_name_no_byte_offsets_or_sizes(tmp_path):
+    """A record's length gives its rows (44 + 8 rows (columns + 1) bytes): an offset or a file
+    size in a message would publish the events of each step (pitfall 5)."""
+    directory = tmp_path / "h"
+    columns = erm_spec().columns
+    store = FileBlockStore(directory, columns, blocks_per_segment=64)
+    store.restore(None, first=0)
+    for step, rows in enumerate((17, 5)):
+        store.append(step, a_block(rows, step))
+    state = store.state()
+    store.close()
+    path = next(directory.iterdir())
+    data = bytearray(path.read_bytes())
+    messages = []
+    for damaged in (bytes(data[:-20]) + bytes([data[-20] ^ 1]) + bytes(data[-19:]),
+                    bytes(data[:100]), bytes(data[:RECORD_OVERHEAD + 30])):
+        path.write_bytes(damaged)
+        try:
+            reader = FileBlockStore(directory, columns, blocks_per_segment=64)
+            reader.restore(state, first=0)
+            reader.read(0, 1)
+        except HistoryError as exc:
+            messages.append(str(exc))
+    assert len(messages) == 3
+    sizes = {str(n) for n in (len(data), 100, RECORD_OVERHEAD + 30,
+                              RECORD_OVERHEAD + 8 * 17 * (columns + 1))}
+    assert not any(n in m for m in messages for n in sizes), messages

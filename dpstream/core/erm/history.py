@@ -481,7 +481,7 @@ class FileBlockStore:
                 if offset + length > size:
                     raise HistoryError(
                         f"the block history segment {path.name} ends inside the record of step "
-                        f"{step} (at byte {offset}): it was cut short")
+                        f"{step}: it was cut short")
                 found.append((offset, step, rows))
                 offset += length
                 handle.seek(offset)
@@ -490,11 +490,11 @@ class FileBlockStore:
     def _check_header(self, header: bytes, path: Path, offset: int) -> tuple[int, int]:
         if len(header) < _HEADER.size:
             raise HistoryError(f"the block history segment {path.name} ends inside a record "
-                               f"header (at byte {offset}): it was cut short")
+                               "header: it was cut short")
         magic, version, _zero, columns, step, rows = _HEADER.unpack(header)
         if magic != _MAGIC or version != _VERSION or columns != self._columns:
             raise HistoryError(
-                f"the block history segment {path.name} has no valid record at byte {offset} "
+                f"the block history segment {path.name} has an invalid record "
                 f"(format {magic!r} version {version}, {columns} columns; this store reads "
                 f"{_MAGIC!r} version {_VERSION} with {self._columns} columns)")
         return int(step), int(rows)
@@ -517,7 +517,7 @@ class FileBlockStore:
         if handle.read(_DIGEST) != digest.digest():
             raise HistoryError(
                 f"the block history segment {path.name} fails its checksum at the record of "
-                f"step {step} (byte {offset}): the file was damaged; the rows cannot be "
+                f"step {step}: the file was damaged; the rows cannot be "
                 "trusted, start a new flow instance (or restore the recovery store and its "
                 "history together from a backup)")
 
@@ -588,7 +588,9 @@ class FileBlockStore:
         first = _check_step("first", first)
         self._close_file(sync=False)
         _private_directory(self.directory)
-        self._given = []
+        # the resumed snapshot stays resumable until newer ones replace it: a crash before
+        # the next snapshot commits resumes from it again
+        self._given = [first]
         if state is None or isinstance(state, list):
             for path in self._segments().values():
                 path.unlink()
@@ -623,8 +625,8 @@ class FileBlockStore:
         if size < offset:
             raise HistoryError(
                 f"the block history segment {tail.name} in {self.directory} is "
-                f"{'missing' if not tail.exists() else f'shorter ({size} bytes)'} but its "
-                f"snapshot wrote {offset} bytes to it: a shard's history directory must move "
+                f"{'missing' if not tail.exists() else 'shorter than its snapshot wrote it'}: "
+                "a shard's history directory must move "
                 "with its recovery store; resume where the history is, or start a new flow "
                 "instance")
         if size > offset:  # blocks appended after the snapshot, maybe a torn record

@@ -13,7 +13,8 @@ stream's ``window`` model, an ``independent`` model per block). A consumer needs
    model covers* are eligible: the freshest data.
 2. Among those, the model covering the **most blocks** (the union of its ranges: a continual
    ``update`` skips the blocks between its saved centre and its own block, and does not
-   count them).
+   count them). Coverage is nominal: with ``release.max_history = H`` a model trained on
+   the blocks of its ranges among the last H only (public: the configuration says H).
 3. Ties: the **smaller noise standard deviation** (``noise.std``, an analytic figure of the
    mechanism, never of the data; it is comparable between the models of one stream, which
    is all this rule compares: a stream's models all come from one learner, a fixed setting

@@ -23,7 +23,8 @@ recovery directory, else under a private temporary directory of the process (``0
 removed when the process exits normally. The shard's snapshot then holds each store's cursor,
 never the rows: RAM and snapshot stay O(window + one block) with ``release.max_history``
 (without it a cumulative schedule's files grow with the stream, about ``8·(d + 2)`` bytes per
-event, while RAM and snapshot stay flat). Every snapshot is taken after the store made its
+event and a base step reads its whole range into RAM while it trains; the snapshot stays
+flat). Every snapshot is taken after the store made its
 blocks durable (:meth:`~dpstream.core.erm.history.FileBlockStore.state` fsyncs first); a resume
 cuts off the blocks appended after the snapshot and the replay appends them again. Files
 rather than re-reading the input topic: :mod:`dpstream.core.erm.history` says why. A shard
