@@ -164,18 +164,12 @@ def _check_read(store: BlockStore, first: int, last: int) -> tuple[int, int]:
     return first, last
 
 
-class MemoryBlockStore:
-    """The blocks in RAM (the default): the state is the blocks' arrays, as before stores.
-
-    Args:
-        columns: the feature columns of every block.
-
-    """
+class _Steps:
+    """What both stores share: the columns of every block and the first step still kept."""
 
     def __init__(self, columns: int) -> None:
         self._columns = integer_at_least("columns", columns, 1)
         self._first = 0
-        self._blocks: list[Block] = []
 
     @property
     def columns(self) -> int:
@@ -186,6 +180,19 @@ class MemoryBlockStore:
     def first(self) -> int:
         """The first step still kept."""
         return self._first
+
+
+class MemoryBlockStore(_Steps):
+    """The blocks in RAM (the default): the state is the blocks' arrays, as before stores.
+
+    Args:
+        columns: the feature columns of every block.
+
+    """
+
+    def __init__(self, columns: int) -> None:
+        super().__init__(columns)
+        self._blocks: list[Block] = []
 
     @property
     def end(self) -> int:
@@ -284,7 +291,7 @@ def _private_directory(directory: Path) -> None:
         os.chmod(directory, _DIR_MODE)
 
 
-class FileBlockStore:
+class FileBlockStore(_Steps):
     """Append-only, checksummed segment files of one schedule's blocks (module docstring).
 
     The store starts unopened: :meth:`restore` (``None`` for a new schedule, which deletes
@@ -304,13 +311,12 @@ class FileBlockStore:
     def __init__(self, directory: str | os.PathLike[str], columns: int, *,
                  blocks_per_segment: int = 64, durable: bool = True,
                  keep_snapshots: int = 3) -> None:
+        super().__init__(columns)
         self.directory = Path(directory)
-        self._columns = integer_at_least("columns", columns, 1)
         self._per = integer_at_least("blocks_per_segment", blocks_per_segment, 1)
         self._durable = bool(durable)
         self._keep = integer_at_least("keep_snapshots", keep_snapshots, 1)
         self._open = False
-        self._first = 0
         self._end = 0
         self._file: BinaryIO | None = None
         self._file_segment = -1
@@ -319,16 +325,6 @@ class FileBlockStore:
         self._given: list[int] = []  # the `first` of the latest states handed out
 
     # -- what a schedule sees --
-    @property
-    def columns(self) -> int:
-        """The feature columns of every block."""
-        return self._columns
-
-    @property
-    def first(self) -> int:
-        """The first step still kept."""
-        return self._first
-
     @property
     def end(self) -> int:
         """The next step to append."""
