@@ -85,10 +85,15 @@ def config(algorithm: str = "continual", *, accounting: str = "pure", epsilon: f
            classes: tuple = ("no", "yes"), streams: tuple[str, ...] = ("a", "b"),
            sampling: bool = False, block_size: int = 16, base_blocks: int = 2,
            window_blocks: int = 3, regularization: float = 0.5, holdout: str | None = None,
-           clip_norm: float = 2.0, name: str = "nb", max_history: int | None = None):
+           clip_norm: float = 2.0, name: str = "nb", max_history: int | None = None,
+           learner: str | None = "output", contribution: dict | None = None,
+           release: dict | None = None):
+    """The flow of these tests; ``learner`` "output" by default (the grid coupling below is
+    its property; None: the configuration's default), ``release`` extra [release] settings."""
     model: dict[str, Any] = {"classes": list(classes), "dimension": D, "clip_norm": clip_norm,
-                             "regularization": regularization, "streams": list(streams),
-                             "learner": "output"}  # the grid coupling below is its property
+                             "regularization": regularization, "streams": list(streams)}
+    if learner is not None:
+        model["learner"] = learner
     if len(streams) > 1:
         model["stream_field"] = "s"
     raw: dict[str, Any] = {
@@ -100,10 +105,12 @@ def config(algorithm: str = "continual", *, accounting: str = "pure", epsilon: f
         "model": model,
         "release": {"algorithm": algorithm, "block_size": block_size,
                     "base_blocks": base_blocks, "window_blocks": window_blocks,
-                    "sampling": sampling},
+                    "sampling": sampling, **(release or {})},
     }
     if max_history is not None:
         raw["release"]["max_history"] = max_history
+    if contribution is not None:
+        raw["contribution"] = contribution
     if holdout is not None:
         raw["holdout"] = {"path": holdout}
     return parse_config(raw)

@@ -72,7 +72,6 @@ import pytest
 import test_person_neighbours as person
 from harness import PERSON_FIELD, Item, epsilon_lower_bound
 from test_erm_neighbours import (
-    ORIGIN_ISO,
     SCENARIOS,
     D,
     Event,
@@ -89,11 +88,11 @@ from test_erm_neighbours import (
     grid_integers,
     messages,
 )
+from test_erm_neighbours import config as output_config
 
 from dpstream.core.erm.objective import objective_budget
 from dpstream.core.erm.schedules import releases
 from dpstream.core.noise.keys import NoiseKey
-from dpstream.platform import parse_config
 
 pytestmark = [pytest.mark.privacy]
 
@@ -104,32 +103,9 @@ AXIS = [0.0, 0.0, -1.0e6]  # all its L1 norm on one coordinate: the largest L2 n
 
 
 def config(algorithm: str = "continual", *, learner: str | None = LEARNER,
-           accounting: str = "pure", epsilon: float = 1.0, classes: tuple = ("no", "yes"),
-           streams: tuple[str, ...] = ("a", "b"), sampling: bool = False, block_size: int = 16,
-           base_blocks: int = 2, window_blocks: int = 3, regularization: float = 0.5,
-           clip_norm: float = 2.0, name: str = "nb", contribution: dict | None = None,
-           release: dict | None = None) -> Any:
+           **settings: Any) -> Any:
     """test_erm_neighbours' flow, with the learner named (None: the configuration's default)."""
-    model: dict[str, Any] = {"classes": list(classes), "dimension": D, "clip_norm": clip_norm,
-                             "regularization": regularization, "streams": list(streams)}
-    if learner is not None:
-        model["learner"] = learner
-    if len(streams) > 1:
-        model["stream_field"] = "s"
-    raw: dict[str, Any] = {
-        "flow": {"kind": "erm", "name": name, "origin": ORIGIN_ISO, "step": "1s",
-                 "shards": 2},
-        "privacy": ({"accounting": "pure", "epsilon": epsilon} if accounting == "pure"
-                    else {"accounting": "zcdp", "rho": epsilon}),
-        "metrics": {"port": 0},
-        "model": model,
-        "release": {"algorithm": algorithm, "block_size": block_size,
-                    "base_blocks": base_blocks, "window_blocks": window_blocks,
-                    "sampling": sampling, **(release or {})},
-    }
-    if contribution is not None:
-        raw["contribution"] = contribution
-    return parse_config(raw)
+    return output_config(algorithm, learner=learner, **settings)
 
 
 # -- coupled runs --------------------------------------------------------------------------------
