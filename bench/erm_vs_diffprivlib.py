@@ -593,6 +593,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smoke run, writes nothing")
     parser.add_argument("--seeds", type=int, default=None, help="noise seeds per one-shot cell")
     parser.add_argument("--schedule-seeds", type=int, default=None)
+    parser.add_argument("--schedule-reps", type=int, default=None,
+                        help="surrogate repetitions (x 2 folds) per λ when tuning a schedule")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--diffprivlib-venv", type=Path, default=DEFAULT_VENV,
                         help="diffprivlib's own virtual environment (created when missing)")
@@ -611,7 +613,7 @@ def main() -> None:
     seeds = args.seeds or (3 if quick else 30)
     sched_seeds = args.schedule_seeds or (2 if quick else 30)
     reps = 1 if quick else 5
-    sched_reps = 1 if quick else 3
+    sched_reps = args.schedule_reps or (1 if quick else 3)
     n_list = [length_of(n) for n in ((4096,) if quick else N_LIST)]
     eps_list = (1.0,) if quick else EPS_LIST
     history = (None, 4) if quick else HISTORY

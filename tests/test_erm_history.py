@@ -586,6 +586,53 @@ def test_without_a_recovery_directory_the_history_is_private_and_removed_at_exit
 
 
 @pytest.mark.flow
+def test_a_killed_runs_temporary_history_is_removed_by_the_next_run(tmp_path):
+    """kill -9 leaves the rows of a run without recovery on disk; the next run of the user
+    removes the directories of processes that no longer exist, and nothing else."""
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    repo = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, TMPDIR=str(temp), PYTHONPATH=os.pathsep.join(
+        [str(Path(__file__).resolve().parent), str(repo)]))
+    killed = textwrap.dedent("""
+        import os, signal, sys
+        sys.path.insert(0, "tests")
+        from test_erm_history import flow_config, flow_events, run_flow
+        import dpstream.kinds.erm.shard as shard
+        run_flow(flow_config(max_history=4), flow_events(steps=6), [])
+        print(shard._temporary_root[0], flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    out = subprocess.run([sys.executable, "-c", killed], capture_output=True, text=True,
+                         env=env, cwd=repo)
+    assert out.returncode == -signal.SIGKILL
+    stale = Path(out.stdout.strip().splitlines()[-1])
+    assert stale.parent == temp and any(stale.rglob("segment-*"))  # the rows are still there
+    live = temp / f"dpstream-erm-history-{os.getpid()}-keep"  # a live process's: kept
+    live.mkdir()
+    other = temp / "dpstream-erm-history-abc"  # not ours by name: kept
+    other.mkdir()
+    later = textwrap.dedent("""
+        import json
+        import dpstream.kinds.erm.shard as shard
+        root = shard._temporary_history()
+        print(json.dumps(str(root)))
+    """)
+    out = subprocess.run([sys.executable, "-c", later], capture_output=True, text=True,
+                         check=True, env=env, cwd=repo)
+    new_root = Path(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert not stale.exists()
+    assert live.exists() and other.exists()
+    assert not new_root.exists()  # the second run exited normally
+    assert sorted(p.name for p in temp.iterdir()) == sorted([live.name, other.name])
+
+
+@pytest.mark.flow
 def test_a_bounded_history_keeps_its_disk_bounded_too(tmp_path):
     """With ``max_history = H`` the shard's segments hold at most H blocks each, so deleting
     whole segments keeps the files near H blocks a stream; with 64-block segments a 30-step

@@ -67,7 +67,9 @@ def test_the_split_sums_exactly_to_the_per_row_budget(classes, normalizer, regul
     assert b.output == e * OUTPUT_SHARE
     assert 0 < b.jacobian <= e * JACOBIAN_CAP and b.linear > 0
     # the Jacobian charge is an upper bound on the true rank * ln(1 + c_l / (n Lambda))
+    # c_l = the loss curvature times max ||z||_2^2 (1/2 with the intercept: the map's test)
     rank, c_l = (1, 0.25) if spec.binary else (len(classes) - 1, 0.5)
+    c_l *= 0.5 if spec.intercept else 1.0
     true = rank * math.log1p(c_l / (normalizer * b.regularization))
     assert float(b.jacobian) >= true * (1 - 1e-15)
     assert float(b.jacobian) <= true * (1 + 1e-9) + 1e-300
@@ -90,6 +92,32 @@ def test_lambda_is_raised_only_when_the_jacobian_would_exceed_half_the_budget():
     assert small.regularization > 1e-4 and small.jacobian <= Fraction(1, 2)
     large = objective_budget(spec, 1e6, Fraction(1))  # 1/(4 * 100) : ln(1.0025) < 1/2
     assert large.regularization == 1e-4
+
+
+@pytest.mark.parametrize("intercept", [True, False])
+@pytest.mark.parametrize("classes", [("no", "yes"), ("a", "b", "c", "d")])
+def test_the_jacobian_charge_covers_the_worst_row_and_is_tight(classes, intercept):
+    """The coupling's determinant ratio ``det(I + A^-1/2 H_z A^-1/2)`` at its worst (``H_D =
+    0`` so ``A = n̄ Lambda I``; a one-hot row, the largest ``||z||_2``; the loss at its largest
+    curvature) is at most ``exp(eps_jac)``, and within 1 % of it for binary models: a ``c_l``
+    half as large (or an ``||z||_2^2`` bound of the intercept map too small) fails here."""
+    spec = spec_of(classes, dimension=6, regularization=1e-9, intercept=intercept)
+    n = 100.0
+    budget = objective_budget(spec, n, Fraction(1))
+    assert budget.regularization > 1e-9  # raised: the cap binds, eps_jac = e/2 (nearly)
+    z = spec.features(np.eye(6)[2] * -50.0)[0]
+    k = len(classes)
+    if k == 2:
+        curvature = np.full((1, 1), 0.25)  # sigmoid'(0)
+    else:  # softmax at p = (1/2, 1/2, 0, ...): diag(p) - p p^T has the eigenvalue 1/2
+        prob = np.zeros(k)
+        prob[:2] = 0.5
+        curvature = np.diag(prob) - np.outer(prob, prob)
+    hessian = np.kron(curvature, np.outer(z, z))
+    ratio = np.linalg.det(np.eye(hessian.shape[0]) + hessian / (n * budget.regularization))
+    assert math.log(ratio) <= float(budget.jacobian) * (1 + 1e-12)
+    if k == 2:
+        assert math.log(ratio) >= float(budget.jacobian) * 0.99
 
 
 def test_the_model_reports_the_cost_and_public_constants():
@@ -236,10 +264,15 @@ def test_the_feature_map_clips_to_the_l1_ball_exactly(intercept):
         rng.normal(size=(200, 30)) * 10.0 ** rng.integers(-300, 300, size=(200, 1)),
         rng.normal(size=(50, 30)) * 0.01,  # inside the ball: not clipped
         np.full((1, 30), 1e308), np.zeros((1, 30)),
+        np.eye(30) * 1e6, -np.eye(30) * 2.0,  # one-hot rows: the largest L2 norm in the ball
     ])
     z = spec.features(x)
+    # exact L1 norm of the stored floats, and the L2 bound the Jacobian term's c_l uses
+    square = Fraction(1, 2) if intercept else Fraction(1)
     for row in z.tolist():
-        assert sum(abs(Fraction(v)) for v in row) <= 1  # exact L1 norm of the stored floats
+        assert sum(abs(Fraction(v)) for v in row) <= 1
+        assert sum(Fraction(v) ** 2 for v in row) <= square
+    assert max(float(np.sum(r**2)) for r in z) > float(square) * (1 - 1e-8)  # attained
     inside = x[200:250]
     half = 0.5 if intercept else 1.0
     np.testing.assert_allclose(z[200:250, :30], inside / 2.0 * half, rtol=1e-9)

@@ -515,13 +515,13 @@ def test_power_a_person_against_the_learner_with_beta_scaled_up(monkeypatch):
 
 def test_the_coupled_check_catches_a_solver_without_the_raised_regulariser(monkeypatch,
                                                                           recorder):
-    """Power of the coupled check: with lambda = 0.01 the Jacobian term makes the learner raise
+    """Power of the coupled check: with lambda = 0.005 the Jacobian term makes the learner raise
     Lambda (Chaudhuri et al.'s Delta); a learner that budgets with the raised Lambda but solves
     with the configured lambda moves models by more than the analysis allows (the correct one,
     run first on the same neighbours, stays within it)."""
     from dpstream.core.erm import objective
 
-    cfg = config("continual", regularization=0.01)
+    cfg = config("continual", regularization=0.005)
     classes = tuple(cfg.model.classes)
     base = base_events()
     noise = NoiseKey.for_tests(2522)

@@ -32,9 +32,11 @@ C``, linear under pure DP)::
     eps_jac = rank * ln(1 + c_l / (n̄ Lambda))          (Jacobian of the coupling)
     eps_b   = e - eps_out - eps_jac                     (the linear term's noise)
 
-with ``rank = 1, c_l = 1/4`` (binary logistic) resp. ``rank = K - 1, c_l = 1/2`` (softmax,
-Böhning 1992). ``Lambda = lambda`` if then ``eps_jac <= e/2``; otherwise ``Lambda`` is raised to
-a float making ``eps_jac <= e/2``, within a relative ``2^-30`` above the smallest such value (it
+with ``rank = 1, c_l = 1/4 m`` (binary logistic) resp. ``rank = K - 1, c_l = 1/2 m`` (softmax,
+Böhning 1992), ``m = max ||z||_2^2``: ``1/2`` with an intercept (``z = [x/R, 1]/2``, so
+``||z||_2^2 <= ||x/R||_1^2/4 + 1/4``), else ``1`` (:func:`_curvature`; mechanism version 4).
+``Lambda = lambda`` if then ``eps_jac <= e/2``; otherwise ``Lambda`` is raised to a float
+making ``eps_jac <= e/2``, within a relative ``2^-30`` above the smallest such value (it
 starts at ``1 + 2^-30`` times the analytic threshold ``c_l / (n̄ expm1(e / (2 rank)))`` and
 steps by that factor until the rounded-up ``eps_jac`` fits: Chaudhuri et al. Algorithm 2's
 ``Delta``; it depends on ``n̄`` and ``C`` only, both public). So ``eps_b >= e (1 - 1/100 - 1/2)
@@ -73,7 +75,7 @@ are ``f(B'(w)) |det(H_D + H_z + n̄ Lambda I)|`` and ``f(B(w)) |det(H_D + n̄ La
 ratio is at most ``exp(beta (L1 + gamma p))`` times ``det(I + A^-1/2 H_z A^-1/2)`` with ``A =
 H_D + n̄ Lambda I >= n̄ Lambda I``. ``H_z`` is ``sigmoid' z z^T`` (rank 1, ``<= ||z||_2^2/4``)
 resp. ``(diag(p) - p p^T) (x) z z^T`` (rank ``<= K - 1``, ``<= ||z||_2^2 / 2``), so the
-determinant is at most ``(1 + c_l / (n̄ Lambda))^rank = exp(eps_jac)`` (``||z||_2 <= 1``), and
+determinant is at most ``(1 + c_l / (n̄ Lambda))^rank = exp(eps_jac)`` (``||z||_2^2 <= m``), and
 in the other direction it is at most 1. With ``beta (L1 + gamma p) = eps_b``: the exact
 minimiser ``w*`` is ``(eps_b + eps_jac)``-DP (the argument of CMS 2011, Theorem 9, in the L1
 norm as KST 2012 do).
@@ -245,11 +247,21 @@ def _widening(scale: Fraction, root: Fraction) -> Fraction:
     return max(Fraction(1), scale * root / (1 << WIDE_BITS))
 
 
+def _curvature(spec: ErmSpec) -> Fraction:
+    """``c_l``: the loss's curvature bound times ``max ||z||_2^2`` (module docstring).
+
+    ``1/4`` (binary) resp. ``1/2`` (softmax) times ``||z||_2^2 <= 1/2`` with an intercept
+    (``z = [x/R, 1]/2``: ``||x/R||_2^2/4 <= ||x/R||_1^2/4 <= 1/4``, plus ``1/4``), ``<= 1``
+    without.
+    """
+    loss = Fraction(1, 4) if spec.binary else Fraction(1, 2)
+    return loss * (Fraction(1, 2) if spec.intercept else 1)
+
+
 def _jacobian(spec: ErmSpec, n: Fraction, lam: float) -> Fraction:
     """``rank * ln(1 + c_l / (n̄ Lambda))`` rounded up (module docstring)."""
     rank = 1 if spec.binary else len(spec.classes) - 1
-    c_l = Fraction(1, 4) if spec.binary else Fraction(1, 2)
-    return rank * _log1p_up(c_l / (n * Fraction(lam)))
+    return rank * _log1p_up(_curvature(spec) / (n * Fraction(lam)))
 
 
 def objective_budget(spec: ErmSpec, normalizer: float, cost: Fraction) -> ObjectiveBudget:
@@ -274,7 +286,7 @@ def objective_budget(spec: ErmSpec, normalizer: float, cost: Fraction) -> Object
     lam = float(spec.regularization)
     if _jacobian(spec, n, lam) > cap:  # raise Lambda (Chaudhuri et al. 2011, Algorithm 2)
         rank = 1 if spec.binary else len(spec.classes) - 1
-        c_l = 0.25 if spec.binary else 0.5
+        c_l = float(_curvature(spec))
         room = math.expm1(float(cap) / rank)
         if not room > 0.0:
             raise InvalidParameterError(f"cost {float(c):.3g} is too small for this model")

@@ -20,7 +20,8 @@ the choice is then complete again).
 :class:`~dpstream.core.erm.history.FileBlockStore` of its own: append-only, checksummed segment
 files under ``<recovery dir>/history/<instance>/<flow>/<stream>/<shard>`` when the run has a
 recovery directory, else under a private temporary directory of the process (``0700``),
-removed when the process exits normally. The shard's snapshot then holds each store's cursor,
+removed when the process exits normally, and by the next run's sweep when it was killed
+(:func:`sweep_stale_histories`). The shard's snapshot then holds each store's cursor,
 never the rows: RAM and snapshot stay O(window + one block) with ``release.max_history``
 (without it a cumulative schedule's files grow with the stream, about ``8·(d + 2)`` bytes per
 event and a base step reads its whole range into RAM while it trains; the snapshot stays
@@ -38,8 +39,10 @@ from __future__ import annotations
 
 import atexit
 import hashlib
+import os
 import re
 import shutil
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,10 +115,61 @@ def _path_part(name: object) -> str:
     return "x-" + hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
 
 
+_TEMPORARY_PREFIX = "dpstream-erm-history-"
+_TEMPORARY_NAME = re.compile(re.escape(_TEMPORARY_PREFIX) + r"(\d+)-[A-Za-z0-9_]+")
+
+
+def _process_is_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (one we may not signal counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_stale_histories(directory: str | Path | None = None) -> list[Path]:
+    """Remove the temporary histories of this user's dead processes; return what was removed.
+
+    A process killed without a normal exit (``kill -9``, an OOM kill) cannot remove its private
+    temporary history, and those files hold raw rows. Each directory is named after its
+    process id, so a later run removes those of processes that no longer exist, and only this
+    user's (never another user's, never one of a live process: a reused process id keeps its
+    directory until that process ends too).
+    """
+    base = Path(tempfile.gettempdir() if directory is None else directory)
+    removed: list[Path] = []
+    try:
+        entries = list(base.iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        match = _TEMPORARY_NAME.fullmatch(entry.name)
+        if match is None or int(match.group(1)) == os.getpid():
+            continue
+        try:
+            info = entry.lstat()
+        except OSError:
+            continue
+        if (not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid()
+                or _process_is_alive(int(match.group(1)))):
+            continue
+        shutil.rmtree(entry, ignore_errors=True)
+        removed.append(entry)
+    return removed
+
+
 def _temporary_history() -> Path:
-    """The process's private temporary history directory, removed when the process exits."""
+    """The process's private temporary history directory, removed when the process exits.
+
+    A later run's :func:`sweep_stale_histories` removes it when the process did not exit
+    normally.
+    """
     if not _temporary_root:
-        root = Path(tempfile.mkdtemp(prefix="dpstream-erm-history-"))  # mode 0700
+        sweep_stale_histories()
+        root = Path(tempfile.mkdtemp(prefix=f"{_TEMPORARY_PREFIX}{os.getpid()}-"))  # 0700
         _temporary_root.append(root)
         atexit.register(shutil.rmtree, root, ignore_errors=True)
     return _temporary_root[0]
