@@ -80,6 +80,26 @@ in the other direction it is at most 1. With ``beta (L1 + gamma p) = eps_b``: th
 minimiser ``w*`` is ``(eps_b + eps_jac)``-DP (the argument of CMS 2011, Theorem 9, in the L1
 norm as KST 2012 do).
 
+**The joint bound** (binary models). Both factors of the ratio above are taken at the *same*
+``w``, hence at the same margin ``s = <w, z>``: the shift is ``ell'(s) z`` and the Jacobian
+factor ``1 + ell''(s) z^T A^-1 z``. For the logistic loss, with ``a = |sigmoid(s) - y|`` in
+``[0, 1]``, ``|ell'(s)| = a`` and ``ell''(s) = sigmoid(s)(1 - sigmoid(s)) = a (1 - a)``: a row
+the model fits badly moves ``B`` far but bends the loss little. So the privacy loss of adding
+``z`` at ``w`` is at most ``beta a ||z||_1 + beta gamma p + ln(1 + a (1 - a) ||z||_2^2 /
+(n̄ Lambda))``, at most ``h(a) + beta gamma p`` with ``h(a) = beta a + ln(1 + a (1 - a) K)``,
+``K = m / (n̄ Lambda)`` (``||z||_1 <= 1``, ``||z||_2^2 <= m``). Removing ``z`` costs at most
+``beta (1 + gamma p)`` (its Jacobian factor is at most 1). With ``ln(1 + x) <= x``,
+``h(a) <= beta a + a (1 - a) K``, a concave quadratic: if ``K <= beta`` its derivative
+``beta + K (1 - 2a)`` is ``>= 0`` on ``[0, 1]``, so ``sup h = h(1) = beta`` (the Jacobian costs
+nothing); otherwise ``sup h <= (beta + K)^2 / (4 K)`` (the quadratic's maximum over all
+``a``). The separate bound ``sup h <= beta + ln(1 + K/4)`` always holds too. The learner takes
+the largest ``beta`` (exact rational check, :func:`_joint_beta`) with ``bound(beta) + beta
+gamma p <= e - eps_out``, and never less than the separate bound's ``beta``; it then reports
+``eps_b = beta (L1 + gamma p)`` and ``eps_jac = e - eps_out - eps_b`` (0 when ``K <= beta``),
+so the three still sum to ``e`` exactly. ``Lambda``'s floor (the cap above) is the separate
+bound's, unchanged; ``S'`` and ``s`` below use the separate bound's ``eps_b``, an upper bound on
+``1/beta`` for the larger ``beta`` too. Softmax models keep the separate bound.
+
 **The computed minimiser and the output noise** (Iyengar et al. 2019). The solver
 (:func:`~dpstream.core.erm.solver.solve` with ``linear = b``) certifies ``||w_hat - argmin
 J_b_fp|| <= tau = 2^-20 s / (n̄ Lambda)``, with ``s = max(1, S' sqrt(p) 2^-21)`` and ``S' = (L1
@@ -215,7 +235,9 @@ class ObjectiveBudget:
 
     Attributes:
         per_row: ``e = C / r``.
-        output: ``eps_out``; jacobian: ``eps_jac``; linear: ``eps_b`` (they sum to ``e``).
+        output: ``eps_out``; jacobian: ``eps_jac``; linear: ``eps_b`` (they sum to ``e``;
+            binary models: ``eps_b = beta (L1 + gamma p)`` under the joint bound and
+            ``eps_jac`` the rest, at most ``rank ln(1 + c_l / (n̄ Lambda))``).
         regularization: ``Lambda`` (a float: the one the solver uses).
         gamma: the lattice step of ``b``, ``2^-q``.
         beta: ``eps_b / (L1 + gamma p)``.
@@ -264,6 +286,30 @@ def _jacobian(spec: ErmSpec, n: Fraction, lam: float) -> Fraction:
     return rank * _log1p_up(_curvature(spec) / (n * Fraction(lam)))
 
 
+def _joint_beta(rest: Fraction, k: Fraction, lattice: Fraction) -> Fraction:
+    """The largest ``beta`` (within ``2^-40``) with ``bound(beta) + beta gamma p <= rest``.
+
+    ``bound(beta)`` upper-bounds ``sup_a beta a + ln(1 + a (1 - a) K)`` over ``a`` in
+    ``[0, 1]`` (binary models, *The joint bound* in the module docstring): ``beta`` when
+    ``K <= beta``, else ``(beta + K)^2 / (4 K)``. Returns 0 when no positive ``beta`` fits.
+    """
+    top = rest / (1 + lattice)  # K <= beta: the Jacobian term costs nothing
+    if k <= top:
+        return top
+    # (beta + K)^2/(4K) + beta gamma p = rest: beta = -K(1 + 2 gp) + sqrt(K^2(1 + 2 gp)^2 -
+    # K^2 + 4 K rest), from floats, then shrunk until the exact check holds
+    kf, gp, r = float(k), float(lattice), float(rest)
+    guess = -kf * (1 + 2 * gp) + math.sqrt(kf * kf * ((1 + 2 * gp) ** 2 - 1) + 4 * kf * r)
+    if not guess > 0.0:
+        return Fraction(0)
+    beta = Fraction(guess)
+    for _ in range(64):
+        if (beta + k) ** 2 / (4 * k) + beta * lattice <= rest:
+            return min(beta, top)
+        beta *= 1 - Fraction(1, 1 << 40)
+    return Fraction(0)
+
+
 def objective_budget(spec: ErmSpec, normalizer: float, cost: Fraction) -> ObjectiveBudget:
     """Return the split of ``cost`` and the public constants of one release (module docstring).
 
@@ -310,6 +356,11 @@ def objective_budget(spec: ErmSpec, normalizer: float, cost: Fraction) -> Object
     q = (p - 1).bit_length() + LATTICE_BITS - wide  # gamma = 2^-q, q >= 1
     gamma = Fraction(1, 1 << q)
     beta = lin / (l1 + gamma * p)
+    if spec.binary:  # the joint bound: never below the separate one (module docstring)
+        k = 4 * _curvature(spec) / (n * Fraction(lam))  # max ||z||_2^2 / (n̄ Lambda)
+        beta = max(beta, _joint_beta(e - out, k, gamma * p))
+        lin = beta * (l1 + gamma * p)
+        jac = e - out - lin  # what the coupling's Jacobian takes under the joint bound
     if Fraction(1 << LINEAR_BITS) * widening / root > _FLOAT_LIMIT:  # public: e near 2^-1000
         raise InvalidParameterError(f"cost {float(c):.3g} is too small for this model")
     n_lam = n * Fraction(lam)
