@@ -264,6 +264,37 @@ def test_a_row_outside_the_l1_ball_is_refused():
     with pytest.raises(InvalidParameterError, match="L1 norm"):
         objective_perturbation(spec, Block(z, np.array([1])), normalizer=10.0, center=None,
                                cost=Fraction(1), rng=KEY.stream("l1"))
+    # review: with an intercept c_l and the joint bound assume ||z||_2^2 <= 1/2, which a
+    # hand-built row in the L1 ball can break (the map's rows never do)
+    z = np.zeros((1, spec.columns))
+    z[0, 0] = 1.0
+    with pytest.raises(InvalidParameterError, match="squared L2 norm"):
+        objective_perturbation(spec, Block(z, np.array([1])), normalizer=10.0, center=None,
+                               cost=Fraction(1), rng=KEY.stream("l2"))
+    no_intercept = spec_of(intercept=False)
+    z = np.zeros((1, no_intercept.columns))
+    z[0, 0] = 1.0  # without an intercept the bound is 1: accepted
+    objective_perturbation(no_intercept, Block(z, np.array([1])), normalizer=10.0,
+                           center=None, cost=Fraction(1), rng=KEY.stream("l2"))
+
+
+@pytest.mark.parametrize(("rest", "k", "lattice"), [
+    (Fraction(1, 3), Fraction(4, 3) * (1 - Fraction(1, 10**6)), Fraction(1, 1 << 21)),
+    (Fraction(800), Fraction(10) ** 200, Fraction(1)),  # K far above 4 rest: no float work
+    (Fraction(2000), Fraction(4) * 2000, Fraction(1, 2)),
+    (Fraction(1, 10**300), Fraction(2, 10**300), Fraction(1, 1 << 20)),  # no underflow
+    (Fraction(700), Fraction(2000), Fraction(1, 1 << 21)),  # no overflow
+])
+def test_the_joint_beta_is_sound_at_its_edges(rest, k, lattice):
+    """Review: the float guess overflowed above K ~ 1e154 and cancelled near K = 4 rest."""
+    beta = objective._joint_beta(rest, k, lattice)
+    assert beta >= 0  # 0: nothing fits, the separate bound's beta is used
+    if beta > 0:
+        bound = beta if k <= beta else (beta + k) ** 2 / (4 * k)
+        assert bound + beta * lattice <= rest
+        assert bound + beta * (1 + Fraction(1, 10**6)) * lattice > rest * (1 - Fraction(1, 10**6))
+    if k < 4 * rest * (1 - Fraction(1, 10**3)):
+        assert beta > 0
 
 
 def test_the_learner_is_bound_into_the_spec_dict_only_when_not_output():

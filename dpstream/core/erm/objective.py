@@ -34,7 +34,8 @@ C``, linear under pure DP)::
 
 with ``rank = 1, c_l = 1/4 m`` (binary logistic) resp. ``rank = K - 1, c_l = 1/2 m`` (softmax,
 Böhning 1992), ``m = max ||z||_2^2``: ``1/2`` with an intercept (``z = [x/R, 1]/2``, so
-``||z||_2^2 <= ||x/R||_1^2/4 + 1/4``), else ``1`` (:func:`_curvature`; mechanism version 4).
+``||z||_2^2 <= ||x/R||_1^2/4 + 1/4``), else ``1`` (:func:`_curvature`; mechanism version 4,
+and 5 with the joint bound below).
 ``Lambda = lambda`` if then ``eps_jac <= e/2``; otherwise ``Lambda`` is raised to a float
 making ``eps_jac <= e/2``, within a relative ``2^-30`` above the smallest such value (it
 starts at ``1 + 2^-30`` times the analytic threshold ``c_l / (n̄ expm1(e / (2 rank)))`` and
@@ -296,13 +297,18 @@ def _joint_beta(rest: Fraction, k: Fraction, lattice: Fraction) -> Fraction:
     top = rest / (1 + lattice)  # K <= beta: the Jacobian term costs nothing
     if k <= top:
         return top
-    # (beta + K)^2/(4K) + beta gamma p = rest: beta = -K(1 + 2 gp) + sqrt(K^2(1 + 2 gp)^2 -
-    # K^2 + 4 K rest), from floats, then shrunk until the exact check holds
-    kf, gp, r = float(k), float(lattice), float(rest)
-    guess = -kf * (1 + 2 * gp) + math.sqrt(kf * kf * ((1 + 2 * gp) ** 2 - 1) + 4 * kf * r)
-    if not guess > 0.0:
+    if k >= 4 * rest:  # (beta + K)^2/(4K) >= K/4 >= rest: no positive beta (and no float work)
         return Fraction(0)
-    beta = Fraction(guess)
+    # (beta + K)^2/(4K) + beta gamma p = rest is homogeneous in (beta, K, rest): with rest = 1
+    # and kappa = K/rest in (1/(1 + gp), 4), beta/rest = -P + sqrt(P^2 - Q), P = kappa(1 +
+    # 2 gp), Q = kappa^2 - 4 kappa < 0, computed as -Q/(P + sqrt(P^2 - Q)) (no cancellation,
+    # no overflow or underflow), then shrunk until the exact check holds
+    kappa, gp = float(k / rest), float(lattice)
+    big_p, q = kappa * (1 + 2 * gp), kappa * kappa - 4 * kappa
+    guess = -q / (big_p + math.sqrt(big_p * big_p - q))
+    if not (math.isfinite(guess) and guess > 0.0):
+        return Fraction(0)
+    beta = Fraction(guess) * rest
     for _ in range(64):
         if (beta + k) ** 2 / (4 * k) + beta * lattice <= rest:
             return min(beta, top)
@@ -448,10 +454,13 @@ def objective_perturbation(
     budget = objective_budget(spec, normalizer, cost)
     if block.size and block.z.shape[1] == spec.columns:
         widest = float(np.max(np.sum(np.abs(block.z), axis=1)))
-        if not widest <= 1.0:  # also NaN
+        # c_l and the joint bound use max ||z||_2^2 = 1/2 with an intercept (the map's)
+        square = float(np.max(np.einsum("ij,ij->i", block.z, block.z)))
+        if not (widest <= 1.0 and square <= (0.5 if spec.intercept else 1.0)):  # also NaN
             raise InvalidParameterError(
                 "block features must come from ErmSpec.features with learner 'objective': a "
-                "row has L1 norm > 1 or is not finite"
+                "row has L1 norm > 1, a squared L2 norm above the map's bound (1/2 with an "
+                "intercept), or is not finite"
             )
     p = spec.parameter_count
     shape = (spec.rows, spec.columns)
