@@ -613,8 +613,15 @@ def test_a_killed_runs_temporary_history_is_removed_by_the_next_run(tmp_path):
     assert out.returncode == -signal.SIGKILL
     stale = Path(out.stdout.strip().splitlines()[-1])
     assert stale.parent == temp and any(stale.rglob("segment-*"))  # the rows are still there
-    live = temp / f"dpstream-erm-history-{os.getpid()}-keep"  # a live process's: kept
+    from dpstream.kinds.erm.shard import _process_space
+
+    space = _process_space()
+    assert stale.name.startswith(f"dpstream-erm-history-{space}-")
+    live = temp / f"dpstream-erm-history-{space}-{os.getpid()}-keep"  # a live process's: kept
     live.mkdir()
+    dead = int(stale.name.split("-")[4])  # the killed process's id, now free
+    foreign = temp / f"dpstream-erm-history-{'0' * 16}-{dead}-x"  # another container's: kept
+    foreign.mkdir()
     other = temp / "dpstream-erm-history-abc"  # not ours by name: kept
     other.mkdir()
     later = textwrap.dedent("""
@@ -627,9 +634,10 @@ def test_a_killed_runs_temporary_history_is_removed_by_the_next_run(tmp_path):
                          check=True, env=env, cwd=repo)
     new_root = Path(json.loads(out.stdout.strip().splitlines()[-1]))
     assert not stale.exists()
-    assert live.exists() and other.exists()
+    assert live.exists() and other.exists() and foreign.exists()
     assert not new_root.exists()  # the second run exited normally
-    assert sorted(p.name for p in temp.iterdir()) == sorted([live.name, other.name])
+    assert sorted(p.name for p in temp.iterdir()) == sorted([live.name, other.name,
+                                                            foreign.name])
 
 
 @pytest.mark.flow

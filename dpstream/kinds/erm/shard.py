@@ -42,6 +42,7 @@ import hashlib
 import os
 import re
 import shutil
+import socket
 import stat
 import tempfile
 from dataclasses import dataclass
@@ -116,7 +117,21 @@ def _path_part(name: object) -> str:
 
 
 _TEMPORARY_PREFIX = "dpstream-erm-history-"
-_TEMPORARY_NAME = re.compile(re.escape(_TEMPORARY_PREFIX) + r"(\d+)-[A-Za-z0-9_]+")
+_TEMPORARY_NAME = re.compile(re.escape(_TEMPORARY_PREFIX) + r"([0-9a-f]{16})-(\d+)-[A-Za-z0-9_]+")
+
+
+def _process_space() -> str:
+    """A token of where this process's ids mean something: the host and the pid namespace.
+
+    Two containers sharing a temporary directory number their processes apart, so a sweep
+    only judges the directories made in its own host and pid namespace.
+    """
+    try:
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        namespace = 0
+    text = f"{socket.gethostname()}/{namespace}"
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
 def _process_is_alive(pid: int) -> bool:
@@ -135,11 +150,13 @@ def sweep_stale_histories(directory: str | Path | None = None) -> list[Path]:
 
     A process killed without a normal exit (``kill -9``, an OOM kill) cannot remove its private
     temporary history, and those files hold raw rows. Each directory is named after its
-    process id, so a later run removes those of processes that no longer exist, and only this
-    user's (never another user's, never one of a live process: a reused process id keeps its
+    host and pid namespace (:func:`_process_space`) and its process id, so a later run removes
+    those of processes of its own space that no longer exist, and only this user's (never
+    another user's, another container's, or a live process's: a reused process id keeps its
     directory until that process ends too).
     """
     base = Path(tempfile.gettempdir() if directory is None else directory)
+    space = _process_space()
     removed: list[Path] = []
     try:
         entries = list(base.iterdir())
@@ -147,14 +164,14 @@ def sweep_stale_histories(directory: str | Path | None = None) -> list[Path]:
         return removed
     for entry in entries:
         match = _TEMPORARY_NAME.fullmatch(entry.name)
-        if match is None or int(match.group(1)) == os.getpid():
+        if match is None or match.group(1) != space or int(match.group(2)) == os.getpid():
             continue
         try:
             info = entry.lstat()
         except OSError:
             continue
         if (not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid()
-                or _process_is_alive(int(match.group(1)))):
+                or _process_is_alive(int(match.group(2)))):
             continue
         shutil.rmtree(entry, ignore_errors=True)
         removed.append(entry)
@@ -169,7 +186,8 @@ def _temporary_history() -> Path:
     """
     if not _temporary_root:
         sweep_stale_histories()
-        root = Path(tempfile.mkdtemp(prefix=f"{_TEMPORARY_PREFIX}{os.getpid()}-"))  # 0700
+        prefix = f"{_TEMPORARY_PREFIX}{_process_space()}-{os.getpid()}-"
+        root = Path(tempfile.mkdtemp(prefix=prefix))  # mode 0700
         _temporary_root.append(root)
         atexit.register(shutil.rmtree, root, ignore_errors=True)
     return _temporary_root[0]
