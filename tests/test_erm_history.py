@@ -587,12 +587,15 @@ def test_without_a_recovery_directory_the_history_is_private_and_removed_at_exit
 
 @pytest.mark.flow
 def test_a_killed_runs_temporary_history_is_removed_by_the_next_run(tmp_path):
-    """kill -9 leaves the rows of a run without recovery on disk; the next run of the user
-    removes the directories of processes that no longer exist, and nothing else."""
+    """kill -9 leaves the rows of a run without recovery on disk; the next run removes the
+    directories whose owner lock nobody holds (not while a process the run forked lives),
+    and nothing else: a held lock, no lock, a symbolic link, another name."""
+    import fcntl
     import signal
     import subprocess
     import sys
     import textwrap
+    import time
 
     temp = tmp_path / "tmp"
     temp.mkdir()
@@ -600,44 +603,74 @@ def test_a_killed_runs_temporary_history_is_removed_by_the_next_run(tmp_path):
     env = dict(os.environ, TMPDIR=str(temp), PYTHONPATH=os.pathsep.join(
         [str(Path(__file__).resolve().parent), str(repo)]))
     killed = textwrap.dedent("""
-        import os, signal, sys
+        import os, signal, sys, time
         sys.path.insert(0, "tests")
         from test_erm_history import flow_config, flow_events, run_flow
         import dpstream.kinds.erm.shard as shard
         run_flow(flow_config(max_history=4), flow_events(steps=6), [])
-        print(shard._temporary_root[0], flush=True)
+        child = os.fork()
+        if child == 0:  # inherits the owner lock, outlives its parent
+            null = os.open(os.devnull, os.O_RDWR)
+            for stream in (0, 1, 2):  # the test reads this process's pipes to their end
+                os.dup2(null, stream)
+            time.sleep(120)
+            os._exit(0)
+        print(shard._temporary_root[0], child, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
     """)
     out = subprocess.run([sys.executable, "-c", killed], capture_output=True, text=True,
                          env=env, cwd=repo)
     assert out.returncode == -signal.SIGKILL
-    stale = Path(out.stdout.strip().splitlines()[-1])
-    assert stale.parent == temp and any(stale.rglob("segment-*"))  # the rows are still there
-    from dpstream.kinds.erm.shard import _process_space
-
-    space = _process_space()
-    assert stale.name.startswith(f"dpstream-erm-history-{space}-")
-    live = temp / f"dpstream-erm-history-{space}-{os.getpid()}-keep"  # a live process's: kept
-    live.mkdir()
-    dead = int(stale.name.split("-")[4])  # the killed process's id, now free
-    foreign = temp / f"dpstream-erm-history-{'0' * 16}-{dead}-x"  # another container's: kept
-    foreign.mkdir()
-    other = temp / "dpstream-erm-history-abc"  # not ours by name: kept
-    other.mkdir()
+    path, child = out.stdout.strip().splitlines()[-1].split()
+    stale = Path(path)
+    assert stale.parent == temp and stale.name.startswith("dpstream-erm-history-held-")
+    assert any(stale.rglob("segment-*"))  # the rows are still there
     later = textwrap.dedent("""
         import json
         import dpstream.kinds.erm.shard as shard
-        root = shard._temporary_history()
-        print(json.dumps(str(root)))
+        print(json.dumps(str(shard._temporary_history())))
     """)
-    out = subprocess.run([sys.executable, "-c", later], capture_output=True, text=True,
-                         check=True, env=env, cwd=repo)
-    new_root = Path(json.loads(out.stdout.strip().splitlines()[-1]))
+
+    def next_run() -> Path:
+        done = subprocess.run([sys.executable, "-c", later], capture_output=True, text=True,
+                              check=True, env=env, cwd=repo)
+        return Path(json.loads(done.stdout.strip().splitlines()[-1]))
+
+    try:
+        next_run()
+        assert any(stale.rglob("segment-*"))  # the forked child still holds the lock: kept
+    finally:
+        os.kill(int(child), signal.SIGKILL)
+    live = temp / "dpstream-erm-history-held-live"  # its lock held (here): kept
+    live.mkdir()
+    fd = os.open(live / ".owner.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    unlocked = temp / "dpstream-erm-history-held-nolock"  # no owner lock: kept
+    unlocked.mkdir()
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (target / "rows").write_text("kept")
+    (target / ".owner.lock").write_text("")
+    link = temp / "dpstream-erm-history-held-link"  # a symbolic link: kept, target untouched
+    link.symlink_to(target, target_is_directory=True)
+    other = temp / "dpstream-erm-history-abc"  # another name: kept
+    other.mkdir()
+    for _ in range(100):  # the killed child's lock goes when the kernel reaps it
+        try:
+            os.kill(int(child), 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    try:
+        new_root = next_run()
+    finally:
+        os.close(fd)
     assert not stale.exists()
-    assert live.exists() and other.exists() and foreign.exists()
+    assert live.exists() and unlocked.exists() and other.exists()
+    assert link.is_symlink() and (target / "rows").read_text() == "kept"
     assert not new_root.exists()  # the second run exited normally
-    assert sorted(p.name for p in temp.iterdir()) == sorted([live.name, other.name,
-                                                            foreign.name])
+    assert sorted(p.name for p in temp.iterdir()) == sorted(
+        [live.name, unlocked.name, link.name, other.name])
 
 
 @pytest.mark.flow

@@ -280,20 +280,23 @@ def test_a_row_outside_the_l1_ball_is_refused():
 
 @pytest.mark.parametrize(("rest", "k", "lattice"), [
     (Fraction(1, 3), Fraction(4, 3) * (1 - Fraction(1, 10**6)), Fraction(1, 1 << 21)),
+    (Fraction(1), 4 * (1 - Fraction(1, 10**10)), Fraction(1, 1 << 21)),  # final read: cancelled
+    (Fraction(1), 4 * (1 - Fraction(1, 10**13)), Fraction(1, 1 << 21)),
     (Fraction(800), Fraction(10) ** 200, Fraction(1)),  # K far above 4 rest: no float work
     (Fraction(2000), Fraction(4) * 2000, Fraction(1, 2)),
     (Fraction(1, 10**300), Fraction(2, 10**300), Fraction(1, 1 << 20)),  # no underflow
     (Fraction(700), Fraction(2000), Fraction(1, 1 << 21)),  # no overflow
 ])
 def test_the_joint_beta_is_sound_at_its_edges(rest, k, lattice):
-    """Review: the float guess overflowed above K ~ 1e154 and cancelled near K = 4 rest."""
+    """Reviews: the float guess overflowed above K ~ 1e154 and cancelled near K = 4 rest (at
+    1 - 1e-10 it found no beta and fell back to the separate bound's)."""
     beta = objective._joint_beta(rest, k, lattice)
     assert beta >= 0  # 0: nothing fits, the separate bound's beta is used
     if beta > 0:
         bound = beta if k <= beta else (beta + k) ** 2 / (4 * k)
         assert bound + beta * lattice <= rest
         assert bound + beta * (1 + Fraction(1, 10**6)) * lattice > rest * (1 - Fraction(1, 10**6))
-    if k < 4 * rest * (1 - Fraction(1, 10**3)):
+    if k < 4 * rest:  # then a positive beta fits: (beta + K)^2/(4K) -> K/4 < rest
         assert beta > 0
 
 

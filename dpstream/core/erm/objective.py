@@ -34,8 +34,8 @@ C``, linear under pure DP)::
 
 with ``rank = 1, c_l = 1/4 m`` (binary logistic) resp. ``rank = K - 1, c_l = 1/2 m`` (softmax,
 Böhning 1992), ``m = max ||z||_2^2``: ``1/2`` with an intercept (``z = [x/R, 1]/2``, so
-``||z||_2^2 <= ||x/R||_1^2/4 + 1/4``), else ``1`` (:func:`_curvature`; mechanism version 4,
-and 5 with the joint bound below).
+``||z||_2^2 <= ||x/R||_1^2/4 + 1/4``), else ``1`` (:func:`_curvature`; mechanism version 4;
+5 and 6 with the joint bound below, 6 solving it without cancellation).
 ``Lambda = lambda`` if then ``eps_jac <= e/2``; otherwise ``Lambda`` is raised to a float
 making ``eps_jac <= e/2``, within a relative ``2^-30`` above the smallest such value (it
 starts at ``1 + 2^-30`` times the analytic threshold ``c_l / (n̄ expm1(e / (2 rank)))`` and
@@ -300,12 +300,13 @@ def _joint_beta(rest: Fraction, k: Fraction, lattice: Fraction) -> Fraction:
     if k >= 4 * rest:  # (beta + K)^2/(4K) >= K/4 >= rest: no positive beta (and no float work)
         return Fraction(0)
     # (beta + K)^2/(4K) + beta gamma p = rest is homogeneous in (beta, K, rest): with rest = 1
-    # and kappa = K/rest in (1/(1 + gp), 4), beta/rest = -P + sqrt(P^2 - Q), P = kappa(1 +
-    # 2 gp), Q = kappa^2 - 4 kappa < 0, computed as -Q/(P + sqrt(P^2 - Q)) (no cancellation,
-    # no overflow or underflow), then shrunk until the exact check holds
+    # and kappa = K/rest in (1/(1 + gp), 4), beta/rest = -P + sqrt(P^2 + R), P = kappa(1 +
+    # 2 gp), R = kappa (4 - kappa) > 0 (4 - kappa from the Fractions: no cancellation near
+    # kappa = 4), computed as R/(P + sqrt(P^2 + R)) (no overflow or underflow), then shrunk
+    # until the exact check holds
     kappa, gp = float(k / rest), float(lattice)
-    big_p, q = kappa * (1 + 2 * gp), kappa * kappa - 4 * kappa
-    guess = -q / (big_p + math.sqrt(big_p * big_p - q))
+    big_p, r = kappa * (1 + 2 * gp), kappa * float((4 * rest - k) / rest)
+    guess = r / (big_p + math.sqrt(big_p * big_p + r))
     if not (math.isfinite(guess) and guess > 0.0):
         return Fraction(0)
     beta = Fraction(guess) * rest

@@ -129,7 +129,7 @@ LINEAR_BITS: Final = 27
 RAISE_STEP_BITS: Final = 30
 """``Lambda`` is raised from ``(1 + 2^-RAISE_STEP_BITS)`` times the analytic threshold in steps
 of that factor."""
-VERSION: Final = 5
+VERSION: Final = 6
 """The mechanism's version, bound into the noise with its constants (:func:`learner_binding`).
 Bump it on every change of what a release draws or computes from its noise (pitfall 13)."""
 

@@ -20,8 +20,9 @@ the choice is then complete again).
 :class:`~dpstream.core.erm.history.FileBlockStore` of its own: append-only, checksummed segment
 files under ``<recovery dir>/history/<instance>/<flow>/<stream>/<shard>`` when the run has a
 recovery directory, else under a private temporary directory of the process (``0700``),
-removed when the process exits normally, and by the next run's sweep when it was killed
-(:func:`sweep_stale_histories`). The shard's snapshot then holds each store's cursor,
+removed when the process exits normally, and, when it was killed, by the sweep of a later run
+of the same user, once no process holds its owner lock (:func:`sweep_stale_histories`). The
+shard's snapshot then holds each store's cursor,
 never the rows: RAM and snapshot stay O(window + one block) with ``release.max_history``
 (without it a cumulative schedule's files grow with the stream, about ``8·(d + 2)`` bytes per
 event and a base step reads its whole range into RAM while it trains; the snapshot stays
@@ -38,11 +39,11 @@ components that are not plain names (``[A-Za-z0-9_.-]``, no leading dot) are rep
 from __future__ import annotations
 
 import atexit
+import fcntl
 import hashlib
 import os
 import re
 import shutil
-import socket
 import stat
 import tempfile
 from dataclasses import dataclass
@@ -117,64 +118,64 @@ def _path_part(name: object) -> str:
 
 
 _TEMPORARY_PREFIX = "dpstream-erm-history-"
-_TEMPORARY_NAME = re.compile(re.escape(_TEMPORARY_PREFIX) + r"([0-9a-f]{16})-(\d+)-[A-Za-z0-9_]+")
+_TEMPORARY_NAME = re.compile(re.escape(_TEMPORARY_PREFIX) + r"held-[A-Za-z0-9_]+")
+_OWNER_LOCK = ".owner.lock"
+_temporary_lock: list[int] = []  # the descriptor whose lock marks this process's directory
 
 
-def _process_space() -> str:
-    """A token of where this process's ids mean something: the host and the pid namespace.
+def _lock_if_free(directory: Path) -> int | None:
+    """Lock ``directory``'s owner lock without waiting; return the descriptor.
 
-    Two containers sharing a temporary directory number their processes apart, so a sweep
-    only judges the directories made in its own host and pid namespace.
+    None when the lock is held (its process, or a process it forked, still runs) or is not a
+    file we can open.
     """
     try:
-        namespace = os.stat("/proc/self/ns/pid").st_ino
+        fd = os.open(directory / _OWNER_LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
-        namespace = 0
-    text = f"{socket.gethostname()}/{namespace}"
-    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
-
-
-def _process_is_alive(pid: int) -> bool:
-    """Whether a process ``pid`` exists (one we may not signal counts as alive)."""
+        return None
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
 
 
 def sweep_stale_histories(directory: str | Path | None = None) -> list[Path]:
-    """Remove the temporary histories of this user's dead processes; return what was removed.
+    """Remove the temporary histories whose process has ended; return what was removed.
 
     A process killed without a normal exit (``kill -9``, an OOM kill) cannot remove its private
-    temporary history, and those files hold raw rows. Each directory is named after its
-    host and pid namespace (:func:`_process_space`) and its process id, so a later run removes
-    those of processes of its own space that no longer exist, and only this user's (never
-    another user's, another container's, or a live process's: a reused process id keeps its
-    directory until that process ends too).
+    temporary history, and those files hold raw rows. Each such directory holds an owner lock
+    (``flock``) for its process's whole life, shared by any process it forks; the lock goes
+    when the last of them ends, however it ends. A later run removes the directories of this
+    user whose lock it can take (never another user's, a symbolic link, or one whose lock is
+    held: no process ids, hosts or namespaces are guessed at). A directory is renamed to its
+    swept name only once its lock is held.
     """
     base = Path(tempfile.gettempdir() if directory is None else directory)
-    space = _process_space()
     removed: list[Path] = []
     try:
         entries = list(base.iterdir())
     except OSError:
         return removed
     for entry in entries:
-        match = _TEMPORARY_NAME.fullmatch(entry.name)
-        if match is None or match.group(1) != space or int(match.group(2)) == os.getpid():
+        if _TEMPORARY_NAME.fullmatch(entry.name) is None or entry in _temporary_root:
             continue
         try:
             info = entry.lstat()
         except OSError:
             continue
-        if (not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid()
-                or _process_is_alive(int(match.group(2)))):
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
             continue
-        shutil.rmtree(entry, ignore_errors=True)
-        removed.append(entry)
+        fd = _lock_if_free(entry)
+        if fd is None:
+            continue
+        try:
+            shutil.rmtree(entry, ignore_errors=True)
+        finally:
+            os.close(fd)
+        if not entry.exists():
+            removed.append(entry)
     return removed
 
 
@@ -182,12 +183,18 @@ def _temporary_history() -> Path:
     """The process's private temporary history directory, removed when the process exits.
 
     A later run's :func:`sweep_stale_histories` removes it when the process did not exit
-    normally.
+    normally. It is made under a staging name (never swept), its owner lock taken, and then
+    renamed to the name a sweep looks for.
     """
     if not _temporary_root:
         sweep_stale_histories()
-        prefix = f"{_TEMPORARY_PREFIX}{_process_space()}-{os.getpid()}-"
-        root = Path(tempfile.mkdtemp(prefix=prefix))  # mode 0700
+        staging = Path(tempfile.mkdtemp(prefix=f"{_TEMPORARY_PREFIX}new-"))  # mode 0700
+        fd = os.open(staging / _OWNER_LOCK, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+                     0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        root = staging.with_name(staging.name.replace("-new-", "-held-", 1))
+        os.rename(staging, root)
+        _temporary_lock.append(fd)
         _temporary_root.append(root)
         atexit.register(shutil.rmtree, root, ignore_errors=True)
     return _temporary_root[0]
