@@ -63,6 +63,7 @@ from pathlib import Path
 from typing import Any, Final, Protocol
 
 from dpstream.config import FlowConfig
+from dpstream.core._files import fsync_directory
 from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import ConfigError, RecoveryMismatchError
 from dpstream.store_lock import LOCK_PATTERN
@@ -126,14 +127,6 @@ def _fixed_settings(config: FlowConfig, spec: Mechanisms, noise: NoiseKey) -> di
     }
 
 
-def _fsync_directory(directory: Path) -> None:
-    handle = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(handle)
-    finally:
-        os.close(handle)
-
-
 def _create_durably(path: Path, data: dict[str, Any]) -> bool:
     """Create ``path`` (mode 0600) holding ``data`` as JSON, flushed to disk; False if it exists.
 
@@ -158,7 +151,7 @@ def _create_durably(path: Path, data: dict[str, Any]) -> bool:
                               f"{exc.strerror}") from None
     finally:
         tmp.unlink(missing_ok=True)
-    _fsync_directory(path.parent)
+    fsync_directory(path.parent)
     return True
 
 
@@ -297,7 +290,7 @@ def _replace_durably(path: Path, data: dict[str, Any]) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
-    _fsync_directory(path.parent)
+    fsync_directory(path.parent)
 
 
 def _read_skips(manifest: Path) -> tuple[dict[str, Any], list[Any], set[SkippedRecord]]:

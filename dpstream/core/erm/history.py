@@ -78,6 +78,7 @@ from typing import Any, BinaryIO, Final, Protocol, runtime_checkable
 import numpy as np
 
 from dpstream.core._checks import integer_at_least
+from dpstream.core._files import fsync_directory
 from dpstream.core.erm.spec import Block
 from dpstream.errors import InvalidParameterError, RecoveryMismatchError
 
@@ -263,14 +264,6 @@ def _raw(array: np.ndarray) -> memoryview:
     return array.data.cast("B")
 
 
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _private_directory(directory: Path) -> None:
     """Create ``directory`` (and missing parents) mode 0700; narrow it to 0700 if it exists."""
     missing = []
@@ -284,7 +277,7 @@ def _private_directory(directory: Path) -> None:
         except FileExistsError:
             pass
         os.chmod(path, _DIR_MODE)
-        _fsync_directory(path.parent)  # the new entry survives a power loss
+        fsync_directory(path.parent)  # the new entry survives a power loss
     if not directory.is_dir():
         raise HistoryError(f"the block history directory {directory} is not a directory")
     if stat.S_IMODE(directory.stat().st_mode) != _DIR_MODE:
@@ -543,7 +536,7 @@ class FileBlockStore(_Steps):
                 os.fsync(self._file.fileno())
         self._dirty = False
         if self._durable and self._dir_dirty:
-            _fsync_directory(self.directory)
+            fsync_directory(self.directory)
         self._dir_dirty = False
 
     def state(self) -> dict[str, Any]:
