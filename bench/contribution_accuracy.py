@@ -83,7 +83,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import venv
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -96,6 +95,9 @@ RESULTS = HERE / "results"
 BASELINES = HERE / "baselines"
 VENV = BASELINES / ".venv-pipelinedp"
 REQUIREMENTS = BASELINES / "pipelinedp-requirements.txt"
+sys.path.insert(0, str(HERE))
+from baseline_env import baseline_python, installed_versions  # noqa: E402
+
 ORIGIN = 1_790_000_000
 ORIGIN_ISO = "2026-09-21T14:13:20Z"
 PARTITIONS = 3
@@ -370,25 +372,11 @@ def run_dpstream(stream: Stream, cfg: Any, seeds: list[int]) -> dict[str, Any]:
 
 def ensure_pipelinedp() -> Path:
     """The baseline environment's interpreter; created from the pinned requirements once."""
-    python = VENV / "bin" / "python"
-    stamp = VENV / "requirements.txt"
-    wanted = REQUIREMENTS.read_text()
-    if python.exists() and stamp.exists() and stamp.read_text() == wanted:
-        return python
-    print(f"creating the PipelineDP environment in {VENV.relative_to(HERE.parent)} ...",
-          file=sys.stderr)
-    venv.EnvBuilder(with_pip=True, clear=True).create(VENV)
-    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "-r", str(REQUIREMENTS)],
-                   check=True)
-    stamp.write_text(wanted)
-    return python
+    return baseline_python(VENV, REQUIREMENTS, "PipelineDP")
 
 
 def pipelinedp_version(python: Path) -> str:
-    out = subprocess.run([str(python), "-c", "from importlib.metadata import version; "
-                          "print(version('pipeline-dp'), version('python-dp'))"],
-                         capture_output=True, text=True, check=True)
-    return out.stdout.strip()
+    return installed_versions(python, "pipeline-dp", "python-dp")
 
 
 def run_pipelinedp(stream: Stream, epsilon: float, max_keys: int, max_per_key: int,

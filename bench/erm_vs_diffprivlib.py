@@ -77,7 +77,6 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
-import venv  # noqa: E402
 from fractions import Fraction  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -87,6 +86,7 @@ import numpy as np  # noqa: E402
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import erm_data as D  # noqa: E402
+from baseline_env import baseline_python, installed_versions  # noqa: E402
 
 D._core()  # puts the repository root on sys.path
 from dpstream.core.erm.schedules.spec import ScheduleSpec  # noqa: E402
@@ -203,24 +203,11 @@ def dp_cell(args: tuple[str, int | None, float, int, int]) -> dict[str, Any]:
 
 def ensure_diffprivlib(where: Path) -> Path:
     """The baseline environment's interpreter; created from the pinned requirements once."""
-    python = where / "bin" / "python"
-    stamp = where / "requirements.txt"
-    wanted = REQUIREMENTS.read_text()
-    if python.exists() and stamp.exists() and stamp.read_text() == wanted:
-        return python
-    log(f"creating the diffprivlib environment in {where} ...")
-    venv.EnvBuilder(with_pip=True, clear=True).create(where)
-    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "-r", str(REQUIREMENTS)],
-                   check=True)
-    stamp.write_text(wanted)
-    return python
+    return baseline_python(where, REQUIREMENTS, "diffprivlib")
 
 
 def diffprivlib_version(python: Path) -> str:
-    out = subprocess.run([str(python), "-c", "from importlib.metadata import version; "
-                          "print(version('diffprivlib'), version('scikit-learn'))"],
-                         capture_output=True, text=True, check=True)
-    return out.stdout.strip()
+    return installed_versions(python, "diffprivlib", "scikit-learn")
 
 
 def dpl_fit(python: Path, sets: list[D.Split], jobs: list[tuple[int, float, float, bool, int]]
