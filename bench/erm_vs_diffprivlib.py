@@ -310,9 +310,7 @@ def schedule_run(algorithm: str, eps: float, lam: float, update_lam: float | Non
             fresh = [(serving.ServingCandidate.of("s", r["step"], r["role"], r["level"],
                                                   r["depends_on"], r["noise_std"]), r)
                      for r in every if r["step"] == step]
-            pool += fresh
-            latest = max(c.last_step for c, _ in pool)
-            pool = [(c, r) for c, r in pool if c.last_step == latest]
+            pool += fresh  # serving_choice itself keeps to the latest covered block
             pick = serving.serving_choice(c for c, _ in pool)
             chosen.append({**next(r for c, r in pool if c == pick), "step": step,
                            "released_at": pick.step})

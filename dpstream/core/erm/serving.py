@@ -48,7 +48,7 @@ from typing import Final
 
 from dpstream.errors import InvalidParameterError
 
-__all__ = ["ROLE_ORDER", "ServingCandidate", "serving_choice"]
+__all__ = ["ROLE_ORDER", "ServingCandidate", "serving_choice", "still_eligible"]
 
 ROLE_ORDER: Final[tuple[str, ...]] = ("base", "update", "window", "multi-resolution",
                                       "independent")
@@ -136,8 +136,18 @@ def serving_choice(candidates: Iterable[ServingCandidate]) -> ServingCandidate |
     See the module docstring for the rule; it reads only the candidates' public fields and
     does not depend on their order.
     """
+    eligible = still_eligible(candidates)
+    return min(eligible, key=_preference) if eligible else None
+
+
+def still_eligible(candidates: Iterable[ServingCandidate]) -> list[ServingCandidate]:
+    """The candidates whose covered blocks end at the latest covered block (rule 1), in order.
+
+    A later choice, after more releases, can pick none of the others: releases only ever
+    move the latest covered block forward. A stream keeps just these between steps.
+    """
     pool = list(candidates)
     if not pool:
-        return None
+        return []
     latest = max(c.last_step for c in pool)
-    return min((c for c in pool if c.last_step == latest), key=_preference)
+    return [c for c in pool if c.last_step == latest]

@@ -55,7 +55,7 @@ import numpy as np
 from dpstream.core.erm.history import FileBlockStore
 from dpstream.core.erm.model import PrivateModel, predict
 from dpstream.core.erm.schedules.schedule import ReleaseSchedule
-from dpstream.core.erm.serving import ServingCandidate, serving_choice
+from dpstream.core.erm.serving import ServingCandidate, serving_choice, still_eligible
 from dpstream.core.erm.spec import Block
 from dpstream.core.noise.keys import NoiseKey
 from dpstream.errors import BudgetExhaustedError
@@ -253,9 +253,7 @@ class _Stream:
                                      m.model.noise_std) for m in out
                  if isinstance(m, ModelRecord) and m.model is not None]
         if fresh:  # keep only the candidates that cover the latest released block
-            pool = (self.candidates or []) + fresh
-            latest = max(c.last_step for c in pool)
-            self.candidates = [c for c in pool if c.last_step == latest]
+            self.candidates = still_eligible((self.candidates or []) + fresh)
         if self.candidates is not None:
             out.append(ServingRecord(self.name, self.config.algorithm, step,
                                      serving_choice(self.candidates)))
