@@ -94,6 +94,9 @@ class Mechanisms(Protocol):
     def mechanisms_digest(self) -> str:
         """One digest of every mechanism's parameters."""
 
+    def mechanisms_hint(self, recorded: object) -> str:
+        """A hint appended when a store's digest ``recorded`` is not ours ("" if none)."""
+
 
 @dataclass(frozen=True)
 class FlowInstance:
@@ -211,7 +214,7 @@ def _resume(directory: Path, manifest: Path, fixed: dict[str, Any],
             hint: Callable[[object], str] | None = None) -> FlowInstance:
     """The instance recorded in ``manifest``, if its fixed settings (and id) are ours.
 
-    ``hint`` (the binding's optional ``mechanisms_hint``) explains a recorded mechanisms
+    ``hint`` (the binding's ``mechanisms_hint``) explains a recorded mechanisms
     digest that differs from ours, when it can (e.g. the other ERM learner).
     """
     _refuse_if_shared(manifest, "flow instance manifest", _PRIVATE_FILE_MODE)
@@ -383,7 +386,7 @@ def bind_instance(config: FlowConfig, spec: Mechanisms, noise: NoiseKey,
     private_directory(directory)
     manifest = directory / MANIFEST_NAME
     fixed = _fixed_settings(config, spec, noise)
-    hint = getattr(spec, "mechanisms_hint", None)
+    hint = spec.mechanisms_hint
     if instance_id is None and process > 0 and not manifest.exists():
         _await_manifest(directory, manifest, process, wait_seconds)
     if manifest.exists():

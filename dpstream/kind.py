@@ -82,7 +82,8 @@ class FlowKind(Protocol[ConfigT, BindingT_co, RecordT_co]):
     """One flow kind: its configuration, topics, step clock and wiring.
 
     Type parameters: ``ConfigT``, the kind's :class:`~dpstream.config.FlowConfig` subclass;
-    ``BindingT_co``, what :meth:`binding` returns (it has a ``mechanisms_digest``);
+    ``BindingT_co``, what :meth:`binding` returns (it has a ``mechanisms_digest`` and a
+    ``mechanisms_hint``);
     ``RecordT_co``, what :meth:`wire`'s stream carries (encoded records).
     """
 

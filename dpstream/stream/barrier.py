@@ -66,7 +66,7 @@ def check_binding(state: dict[str, Any], instance: str, mechanisms: str,
 
     A resume under another noise key would publish replayed outputs with fresh noise
     (pitfall 13); under other mechanisms, outputs whose cost was never charged. ``hint`` (a
-    binding's optional ``mechanisms_hint``) explains the recorded mechanisms when it can.
+    binding's ``mechanisms_hint``) explains the recorded mechanisms when it can.
     """
     if state.get("instance") != instance:
         raise RecoveryMismatchError(
@@ -273,7 +273,7 @@ class MechanismShard(StepBarrier):
         self._states: dict[str, Any] = {}
         if state is not None:
             check_binding(state, instance, config.mechanisms_digest, noise,
-                          getattr(config, "mechanisms_hint", None))
+                          config.mechanisms_hint)
             self._states = state[self.members_key]
             self.restore_barrier(state)
             self.pending = state["pending"]

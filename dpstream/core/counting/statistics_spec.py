@@ -193,6 +193,10 @@ class StatisticsSpec:
             return parameter_digest("scaled", _charge_digest(self.initial), self.max_per_key)
         return _charge_digest(self.initial)
 
+    def mechanisms_hint(self, recorded: object) -> str:
+        """What explains a store's other mechanisms digest ``recorded``: nothing to add here."""
+        return ""
+
     @functools.cached_property
     def mechanisms_digest(self) -> str:
         """One digest of every mechanism's parameters (what a resume must not change).

@@ -152,6 +152,10 @@ class PmwgConfig(FlowConfig):
     delta: float
     histograms: tuple[HistogramConfig, ...]
 
+    def mechanisms_hint(self, recorded: object) -> str:
+        """What explains a store's other mechanisms digest ``recorded``: nothing to add here."""
+        return ""
+
     @property
     def mechanisms_digest(self) -> str:
         """One digest of every histogram's parameters (what a resume must not change).
