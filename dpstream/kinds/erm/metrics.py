@@ -14,6 +14,7 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge
 
+from dpstream.kinds.erm.shard import ServingRecord
 from dpstream.metrics import FlowMetrics
 
 __all__ = ["ErmMetrics", "register_metrics"]
@@ -55,7 +56,7 @@ class ErmMetrics:
         self._model_series()
         flow = self.metrics.flow
         for m in models:
-            if not hasattr(m, "model"):  # a serving record names a model: nothing to count
+            if isinstance(m, ServingRecord):  # it names a model: nothing to count
                 continue
             self.models.labels(flow, m.stream, m.role).inc()
             self.model_spent.labels(flow, m.stream).set(m.spent)
