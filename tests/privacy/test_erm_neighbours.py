@@ -365,15 +365,11 @@ def assert_serving_names_released_models(cfg, run: Run) -> None:
     assert all(sorted(v) == steps for v in seen.values()) and set(seen) == set(cfg.streams)
 
 
-def assert_weights_within_charged_sensitivity(cfg, a: Run, b: Run, step: int,
-                                              stream: str = "a") -> int:
-    """Every trained model's grid difference is within what its computation was charged.
-
-    Returns how many models moved (the check is not vacuous).
-    """
-    spec = cfg.model
-    accounting = cfg.accounting
-    moved = 0
+def models_that_see_the_event(a: Run, b: Run, step: int, stream: str = "a"):
+    """Yield ``(name, chain, a's models, b's models, grid difference)`` of every trained
+    computation whose data hold ``step`` of ``stream``, after checking that both neighbours
+    trained the same computations with the same public constants and that every other
+    computation's model is identical."""
     assert set(a.trained) == set(b.trained)
     for name in a.trained:
         ta, tb = a.trained[name], b.trained[name]
@@ -386,17 +382,31 @@ def assert_weights_within_charged_sensitivity(cfg, a: Run, b: Run, step: int,
             if name != stream or not any(f <= step <= last for f, last in chain):
                 assert not diff.any(), ("a model that cannot see the event moved", name, chain)
                 continue
-            centre = tuple(chain[1:])
-            if centre and any(f <= step <= last for f, last in centre):
-                ca, cb = ta[centre], tb[centre]
-                moved_centre = float(ca.grid) * float(np.sqrt(np.square(
-                    (grid_integers(ca) - grid_integers(cb)).astype(np.float64)).sum()))
-                bound = claimed_grid_sensitivity(spec, ma, moved_centre)
-            else:  # the computation's own claim: the event is in its data, its centre is fixed
-                bound = claimed_grid_sensitivity(spec, ma)
-            distance = grid_distance(diff, accounting)
-            assert distance <= bound, (name, chain, diff.tolist(), distance, bound)
-            moved += bool(diff.any())
+            yield name, chain, ta, tb, diff
+
+
+def assert_weights_within_charged_sensitivity(cfg, a: Run, b: Run, step: int,
+                                              stream: str = "a") -> int:
+    """Every trained model's grid difference is within what its computation was charged.
+
+    Returns how many models moved (the check is not vacuous).
+    """
+    spec = cfg.model
+    accounting = cfg.accounting
+    moved = 0
+    for name, chain, ta, tb, diff in models_that_see_the_event(a, b, step, stream):
+        ma = ta[chain]
+        centre = tuple(chain[1:])
+        if centre and any(f <= step <= last for f, last in centre):
+            ca, cb = ta[centre], tb[centre]
+            moved_centre = float(ca.grid) * float(np.sqrt(np.square(
+                (grid_integers(ca) - grid_integers(cb)).astype(np.float64)).sum()))
+            bound = claimed_grid_sensitivity(spec, ma, moved_centre)
+        else:  # the computation's own claim: the event is in its data, its centre is fixed
+            bound = claimed_grid_sensitivity(spec, ma)
+        distance = grid_distance(diff, accounting)
+        assert distance <= bound, (name, chain, diff.tolist(), distance, bound)
+        moved += bool(diff.any())
     return moved
 
 
