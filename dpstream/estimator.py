@@ -61,6 +61,31 @@ class ServingStore(Protocol):
         """The model the latest serving record of ``stream`` names, if held."""
 
 
+def _served_in_order(records: Iterable[Record], stream: str
+                     ) -> dict[tuple[str, str | None], tuple[Serving, Model | None]]:
+    """Per (flow, instance): the latest serving record of ``stream`` and the model it names.
+
+    The model is the one of the named role and level as it stood when the serving record was
+    read (None if it was not read before it).
+    """
+    models: dict[tuple[str, str | None, str | None, int | None], Model] = {}
+    out: dict[tuple[str, str | None], tuple[Serving, Model | None]] = {}
+    for record in records:
+        if isinstance(record, Model) and record.stream == stream and record.has_weights:
+            models[(record.flow, record.instance, record.role, record.level)] = record
+        elif isinstance(record, Serving) and record.stream == stream:
+            slot = (record.flow, record.instance)
+            held = out.get(slot)
+            if held is not None and held[0].step >= record.step:
+                continue  # a replayed or older copy
+            named = record.model
+            model = None if named is None else models.get(
+                (record.flow, record.instance, named.role, named.level))
+            out[slot] = (record, model if model is not None and named is not None
+                         and model.step == named.step else None)
+    return out
+
+
 class ReleasedClassifier(*_BASES):  # type: ignore[misc]
     """A private logistic-regression model released by an ERM flow, ready to predict.
 
@@ -149,13 +174,11 @@ class ReleasedClassifier(*_BASES):  # type: ignore[misc]
         """
         if not isinstance(records, (list, tuple)) and hasattr(records, "served"):
             store: ServingStore = records  # type: ignore[assignment]
-        else:  # the store's own reading, in publication order (client imports this module)
-            from dpstream.client.latest import LatestValues  # noqa: PLC0415
-
-            store = LatestValues()
-            for record in records:
-                store.add(record)
-        slots = {(s.flow, s.instance) for s in store.servings() if s.stream == stream}
+            slots = {(s.flow, s.instance) for s in store.servings() if s.stream == stream}
+            found = None
+        else:
+            found = _served_in_order(records, stream)
+            slots = set(found)
         flows = sorted({f for f, _ in slots})
         if flow is None:
             if len(flows) > 1:
@@ -172,7 +195,10 @@ class ReleasedClassifier(*_BASES):  # type: ignore[misc]
             if not instances:
                 return None
             instance = instances[0]
-        model = store.served(flow, stream, instance)
+        if found is None:
+            model = store.served(flow, stream, instance)
+        else:
+            model = found.get((flow, instance), (None, None))[1]
         return None if model is None else cls.from_record(model)
 
     # -- scikit-learn's estimator interface --
